@@ -1,0 +1,172 @@
+"""The one Avro codec for every Kafka message: each message names the schema it was written with.
+
+Two framings, both standard:
+- Avro single-object encoding (default, no registry needed): ``C3 01`` + the writer schema's
+  CRC-64-AVRO fingerprint (8 bytes, little-endian) + the Avro body.
+- Confluent wire format when ``CLAWR1_SCHEMA_REGISTRY_URL`` is set: ``00`` + 4-byte big-endian
+  schema id from the registry + the Avro body.
+Readers look the writer schema up by fingerprint (or registry id) and resolve it to the current
+reader schema, so consumers keep reading events written by older producers.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import fastavro
+from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+SCHEMA_DIR = Path(__file__).resolve().parent
+HISTORY_DIR = SCHEMA_DIR / "history"
+SINGLE_OBJECT_MAGIC = b"\xc3\x01"
+CONFLUENT_MAGIC = b"\x00"
+
+
+class CodecError(ValueError):
+    """Base of the codec's errors; the message says what was wrong with the data."""
+
+
+class EncodeError(CodecError):
+    pass
+
+
+class DecodeError(CodecError):
+    pass
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    name: str
+    raw: dict[str, Any]
+    parsed: Any
+    fingerprint: bytes
+
+
+def schema_names() -> list[str]:
+    return sorted(p.stem for p in SCHEMA_DIR.glob("*.avsc"))
+
+
+def _version(name: str, raw: dict[str, Any]) -> SchemaVersion:
+    parsed = fastavro.parse_schema(raw, _write_hint=False, _force=True)
+    canonical = to_parsing_canonical_form(raw)
+    return SchemaVersion(name, raw, parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")))
+
+
+@lru_cache(maxsize=None)
+def current_schema(name: str) -> SchemaVersion:
+    path = SCHEMA_DIR / f"{name}.avsc"
+    if not path.exists():
+        raise CodecError(f"unknown schema {name!r}; known: {', '.join(schema_names())}")
+    return _version(name, json.loads(path.read_text()))
+
+
+def history_versions(name: str) -> list[SchemaVersion]:
+    """Earlier released versions, kept so old messages stay readable (``history/<name>.v<N>.avsc``)."""
+    paths = sorted(HISTORY_DIR.glob(f"{name}.v*.avsc"), key=lambda p: int(p.stem.rsplit(".v", 1)[1]))
+    return [_version(name, json.loads(p.read_text())) for p in paths]
+
+
+@lru_cache(maxsize=1)
+def _by_fingerprint() -> dict[bytes, SchemaVersion]:
+    table: dict[bytes, SchemaVersion] = {}
+    for name in schema_names():
+        for version in [*history_versions(name), current_schema(name)]:
+            table[version.fingerprint] = version
+    return table
+
+
+class SchemaRegistryClient:
+    """The few Confluent Schema Registry REST calls the codec needs, cached per process."""
+
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
+        import httpx
+
+        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        self._ids: dict[tuple[str, bytes], int] = {}
+        self._schemas: dict[int, SchemaVersion] = {}
+
+    def register(self, subject: str, version: SchemaVersion) -> int:
+        key = (subject, version.fingerprint)
+        if key not in self._ids:
+            reply = self._http.post(
+                f"/subjects/{subject}/versions",
+                json={"schema": json.dumps(version.raw)},
+                headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
+            )
+            reply.raise_for_status()
+            self._ids[key] = int(reply.json()["id"])
+            self._schemas[self._ids[key]] = version
+        return self._ids[key]
+
+    def schema(self, schema_id: int) -> SchemaVersion:
+        if schema_id not in self._schemas:
+            reply = self._http.get(f"/schemas/ids/{schema_id}")
+            if reply.status_code == 404:
+                raise DecodeError(f"schema id {schema_id} is not in the registry")
+            reply.raise_for_status()
+            raw = json.loads(reply.json()["schema"])
+            self._schemas[schema_id] = _version(raw.get("name", "?"), raw)
+        return self._schemas[schema_id]
+
+
+class AvroCodec:
+    """Encode records of a named schema; decode any known writer version into the current schema."""
+
+    def __init__(self, registry_url: str = "") -> None:
+        self.registry = SchemaRegistryClient(registry_url) if registry_url else None
+
+    def encode(self, name: str, record: dict[str, Any]) -> bytes:
+        version = current_schema(name)
+        body = io.BytesIO()
+        if self.registry is not None:
+            schema_id = self.registry.register(f"dev.clawr1.{name}", version)
+            body.write(CONFLUENT_MAGIC + struct.pack(">I", schema_id))
+        else:
+            body.write(SINGLE_OBJECT_MAGIC + version.fingerprint)
+        try:
+            fastavro.schemaless_writer(body, version.parsed, record, strict_allow_default=True)
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise EncodeError(f"record does not match schema {name!r}: {exc}") from exc
+        return body.getvalue()
+
+    def writer_of(self, data: bytes) -> SchemaVersion:
+        if data[:2] == SINGLE_OBJECT_MAGIC and len(data) >= 10:
+            version = _by_fingerprint().get(data[2:10])
+            if version is None:
+                raise DecodeError(f"unknown writer schema fingerprint {data[2:10].hex()}")
+            return version
+        if data[:1] == CONFLUENT_MAGIC and len(data) >= 5:
+            if self.registry is None:
+                raise DecodeError("Confluent-framed message but no schema registry is configured")
+            return self.registry.schema(struct.unpack(">I", data[1:5])[0])
+        raise DecodeError("not an Avro single-object or Confluent-framed message")
+
+    def decode(self, data: bytes, expect: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Returns (schema name, record in the current reader schema)."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        data = bytes(data)
+        writer = self.writer_of(data)
+        if expect is not None and writer.name != expect:
+            raise DecodeError(f"expected a {expect!r} message, got {writer.name!r}")
+        reader = current_schema(writer.name)
+        offset = 10 if data[:2] == SINGLE_OBJECT_MAGIC else 5
+        try:
+            record = fastavro.schemaless_reader(
+                io.BytesIO(data[offset:]), writer.parsed,
+                None if reader.fingerprint == writer.fingerprint else reader.parsed,
+            )
+        except Exception as exc:  # noqa: BLE001 - fastavro raises many types on corrupt bodies
+            raise DecodeError(f"corrupt {writer.name!r} body: {exc}") from exc
+        return writer.name, record  # type: ignore[return-value]
+
+
+@lru_cache(maxsize=4)
+def codec_for(registry_url: str = "") -> AvroCodec:
+    return AvroCodec(registry_url)
