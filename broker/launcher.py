@@ -110,7 +110,9 @@ class KafkaBroker:
         java_home = os.environ.get("JAVA_HOME")
         java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
         if not java:
-            raise BrokerError("java not found: install a JDK 17+ (e.g. apt-get install openjdk-17-jre-headless)")
+            raise BrokerError(
+                "java not found: install a JDK 17+ (e.g. apt-get install openjdk-17-jre-headless)"
+            )
         return java
 
     def prepare(self) -> Path:
@@ -125,9 +127,18 @@ class KafkaBroker:
             if not cluster_id_file.exists():
                 cluster_id_file.write_text(_kafka_uuid())
             result = subprocess.run(
-                self._command("kafka.tools.StorageTool", "format", "-t", cluster_id_file.read_text().strip(),
-                              "-c", str(config), "--ignore-formatted"),
-                capture_output=True, text=True, check=False,
+                self._command(
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id_file.read_text().strip(),
+                    "-c",
+                    str(config),
+                    "--ignore-formatted",
+                ),
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if result.returncode != 0:
                 raise BrokerError(f"formatting KRaft storage failed: {result.stderr or result.stdout}")
@@ -135,10 +146,17 @@ class KafkaBroker:
 
     def _command(self, main_class: str, *args: str) -> list[str]:
         return [
-            self._java(), f"-Xms{self.heap}", f"-Xmx{self.heap}", "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+            self._java(),
+            f"-Xms{self.heap}",
+            f"-Xmx{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={(self.data_dir / 'log4j2.xml').resolve()}",
-            "-cp", classpath(), main_class, *args,
+            "-cp",
+            classpath(),
+            main_class,
+            *args,
         ]
 
     def start(self, wait: float = 90.0) -> KafkaBroker:
@@ -204,8 +222,10 @@ def run_foreground(data_dir: Path, port: int, heap: str, controller_port: int | 
     broker = KafkaBroker(data_dir=data_dir, port=port, heap=heap, controller_port=controller_port)
     started = time.monotonic()
     broker.start()
-    print(f"kafka ready on {broker.bootstrap} in {time.monotonic() - started:.1f}s (data: {data_dir})",
-          flush=True)
+    print(
+        f"kafka ready on {broker.bootstrap} in {time.monotonic() - started:.1f}s (data: {data_dir})",
+        flush=True,
+    )
     stopping = False
 
     def _stop(signum: int, _frame: object) -> None:

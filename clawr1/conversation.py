@@ -44,7 +44,10 @@ def _canonical_part(part: Any) -> Any:
 
 def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     """The parts of a message that carry meaning: role, content, tool calls and their ids."""
-    out: dict[str, Any] = {"role": message.get("role", ""), "content": _canonical_content(message.get("content"))}
+    out: dict[str, Any] = {
+        "role": message.get("role", ""),
+        "content": _canonical_content(message.get("content")),
+    }
     calls = message.get("tool_calls") or []
     if calls:
         out["tool_calls"] = [

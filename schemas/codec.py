@@ -15,7 +15,7 @@ import io
 import json
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +58,7 @@ def _version(name: str, raw: dict[str, Any]) -> SchemaVersion:
     return SchemaVersion(name, raw, parsed, bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO")))
 
 
-@lru_cache(maxsize=None)
+@cache
 def current_schema(name: str) -> SchemaVersion:
     path = SCHEMA_DIR / f"{name}.avsc"
     if not path.exists():
