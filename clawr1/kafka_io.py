@@ -47,14 +47,16 @@ def make_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
     return Consumer(config)
 
 
-def ensure_topics(bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4,
-                  timeout: float = 30.0) -> None:
+def ensure_topics(
+    bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4, timeout: float = 30.0
+) -> None:
     """Create missing topics; existing ones are left as they are (Faust checks partition counts)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     wanted = list(names) if names is not None else [t.name for t in ALL_TOPICS]
     existing = set(admin.list_topics(timeout=timeout).topics)
-    missing = [NewTopic(n, num_partitions=partitions, replication_factor=1) for n in wanted
-               if n not in existing]
+    missing = [
+        NewTopic(n, num_partitions=partitions, replication_factor=1) for n in wanted if n not in existing
+    ]
     if not missing:
         return
     for name, future in admin.create_topics(missing, operation_timeout=timeout).items():

@@ -106,3 +106,17 @@ def load_settings(environ: dict[str, str] | None = None) -> Settings:
     known = set(env_names().values())
     extra = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX) and k not in known}
     return Settings(**values, extra=extra)  # type: ignore[arg-type]
+
+
+def settings_to_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child process load exactly these settings."""
+    env: dict[str, str] = {}
+    for name, var in env_names().items():
+        value = getattr(settings, name)
+        if isinstance(value, bool):
+            env[var] = "true" if value else "false"
+        elif isinstance(value, Path):
+            env[var] = str(value.resolve())
+        else:
+            env[var] = str(value)
+    return env

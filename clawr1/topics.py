@@ -24,9 +24,7 @@ RAW_LLM = Topic(
     "trajectory hint (X-Claw-Trajectory-Id) when given, else the conversation root hash",
     "one captured LLM call from the proxy: request and response as sent, timings, tokens",
 )
-RAW_STEPS = Topic(
-    "clawr1.raw.steps", "whitebox_step", "trajectory_id", "steps submitted by white-box agents"
-)
+RAW_STEPS = Topic("clawr1.raw.steps", "whitebox_step", "trajectory_id", "steps submitted by white-box agents")
 RAW_EVENTS = Topic(
     "clawr1.raw.events", "service_event", "trajectory_id", "live events from black-box services"
 )

@@ -1,0 +1,41 @@
+# The two commands a newcomer needs are `make run` and `make test`; both do their own set-up.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+KAFKA_LIB := $(CURDIR)/.cache/kafka/lib
+
+.PHONY: install run test lint bench clean
+
+install: $(VENV)/.installed $(KAFKA_LIB)/.resolved
+
+# Idempotent: re-runs only when the dependency files change.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q --prefer-binary -c constraints.txt -e '.[all,test,tokenizer]'
+	touch $@
+
+# Apache Kafka (KRaft) jars from Maven Central, as pinned in broker/pom.xml.
+$(KAFKA_LIB)/.resolved: broker/pom.xml
+	@command -v java >/dev/null || { echo "java (JDK 17+) is required to run Kafka"; exit 1; }
+	@command -v mvn >/dev/null || { echo "maven is required to resolve Kafka from Maven Central"; exit 1; }
+	mvn -q -B -f broker/pom.xml -Dkafka.lib.dir=$(KAFKA_LIB) dependency:copy-dependencies
+	touch $@
+
+run: install
+	$(BIN)/clawr1 up --demo
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: install
+	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) .cache .clawr1 .pytest_cache

@@ -1,0 +1,205 @@
+"""The ``clawr1`` command: one entry point for every role of the stack.
+
+Flags override ``CLAWR1_*`` environment variables; both feed the one ``Settings`` object.
+Role modules are imported inside their command, so a trainer's SDK-only install never needs
+mitmproxy or Faust.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+from clawr1.settings import Settings, load_settings
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", dest="data_dir", help="state directory (default ./.clawr1)")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clawr1", description="Claw-R1: data middleware for agentic RL")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    kafka = sub.add_parser("kafka", help="run the single-node Kafka broker (KRaft) in the foreground")
+    _common(kafka)
+    kafka.add_argument("--port", dest="kafka_port", type=int)
+    kafka.add_argument("--heap", dest="kafka_heap")
+
+    up = sub.add_parser("up", help="run the whole local stack in the foreground")
+    _common(up)
+    up.add_argument("--proxy-port", dest="proxy_port", type=int)
+    up.add_argument("--reverse-port", dest="reverse_port", type=int)
+    up.add_argument("--upstream")
+    up.add_argument("--api-port", dest="api_port", type=int)
+    up.add_argument("--kafka-port", dest="kafka_port", type=int)
+    up.add_argument("--capture-token-ids", dest="capture_token_ids", action="store_true", default=None)
+    up.add_argument("--demo", action="store_true", help="start a stand-in LLM engine and a demo workload")
+
+    sql = sub.add_parser("sql", help="query the pool (interactive without a query)")
+    _common(sql)
+    sql.add_argument("--api", help="the running stack's API URL, e.g. http://127.0.0.1:8000")
+    sql.add_argument("--format", default="TabSeparatedWithNames")
+    sql.add_argument("query", nargs="?")
+
+    status = sub.add_parser("status", help="health of a running stack and what its pool holds")
+    status.add_argument("--api", default=None)
+
+    api = sub.add_parser("api", help="the API process: gateway, pool SQL and sink (owns the embedded pool)")
+    _common(api)
+    api.add_argument("--api-port", dest="api_port", type=int)
+    api.add_argument("--expect-parts", default="", help="comma-separated parts /healthz waits for")
+    api.add_argument("--no-sink", action="store_true", help="serve only; a separate `clawr1 sink` writes")
+
+    for name, text in (
+        ("worker", "run one stream worker"),
+        ("sink", "run the pool sink alone"),
+        ("ca", "print the path of the proxy's CA certificate"),
+    ):
+        _common(sub.add_parser(name, help=text))
+
+    proxy = sub.add_parser("proxy", help="run the capture proxy alone")
+    _common(proxy)
+    proxy.add_argument("--proxy-port", dest="proxy_port", type=int)
+    proxy.add_argument("--reverse-port", dest="reverse_port", type=int)
+    proxy.add_argument("--upstream")
+    proxy.add_argument("--capture-token-ids", dest="capture_token_ids", action="store_true", default=None)
+
+    engine = sub.add_parser("standin-engine", help="a local stand-in for an LLM serving engine (demo, tests)")
+    engine.add_argument("--host", default="127.0.0.1")
+    engine.add_argument("--port", type=int, default=8091)
+    return parser
+
+
+_SETTING_FLAGS = (
+    "data_dir",
+    "kafka_port",
+    "kafka_heap",
+    "proxy_port",
+    "reverse_port",
+    "upstream",
+    "api_port",
+    "capture_token_ids",
+)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings().with_overrides(**{k: getattr(args, k, None) for k in _SETTING_FLAGS})
+
+
+def _ready_marker(settings: Settings, part: str) -> Callable[[], None]:
+    from clawr1 import readiness
+
+    return lambda: readiness.mark_ready(settings.data_dir.resolve(), part)
+
+
+def _cmd_kafka(settings: Settings) -> int:
+    from broker.launcher import run_foreground
+
+    return run_foreground(settings.data_dir / "kafka", settings.kafka_port, settings.kafka_heap)
+
+
+def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> int:
+    """Serve the API and run the sink in one process: the one process that may own the chDB pool."""
+    import asyncio
+
+    from gateway.app import create_app
+    from gateway.server import serve
+    from pool.api import pool_router
+    from pool.store import PoolStore
+    from sinks.runner import run_sink
+
+    from clawr1 import readiness
+
+    data_dir = settings.data_dir.resolve()
+    store = PoolStore(settings.pool_dsn)
+    store.migrate()
+    stop = threading.Event()
+    sink_ready = threading.Event()
+    sink = threading.Thread(
+        target=run_sink, args=(settings, store, stop, sink_ready.set), name="sink", daemon=True
+    )
+    if with_sink:
+        sink.start()
+
+    def parts() -> dict[str, bool]:
+        status = {"pool": True}
+        if with_sink:
+            status["sink"] = sink_ready.is_set() and sink.is_alive()
+        status.update({part: readiness.is_ready(data_dir, part) for part in expect_parts})
+        return status
+
+    app = create_app(settings, routers=[pool_router(store)], readiness=parts)
+
+    async def main() -> None:
+        shutdown = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, shutdown.set)
+        await serve(app, settings.api_host, settings.api_port, shutdown)
+
+    try:
+        asyncio.run(main())
+    finally:
+        stop.set()
+        if with_sink:
+            sink.join(30)
+        store.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "standin-engine":
+        from demo.standin_engine import main as engine_main
+
+        return engine_main(["--host", args.host, "--port", str(args.port)])
+    if args.command == "status":
+        from clawr1.status import print_status
+
+        return print_status(args.api or f"http://127.0.0.1:{load_settings().api_port}")
+    settings = _settings(args)
+    if args.command == "kafka":
+        return _cmd_kafka(settings)
+    if args.command == "up":
+        from clawr1.stack import run_stack
+
+        return run_stack(settings, demo=args.demo)
+    if args.command == "sql":
+        from pool.sql_cli import interactive, run_sql
+
+        if args.query is None:
+            return interactive(api_url=args.api, dsn=None if args.api else settings.pool_dsn, fmt=args.format)
+        sys.stdout.write(
+            run_sql(
+                args.query, api_url=args.api, dsn=None if args.api else settings.pool_dsn, fmt=args.format
+            )
+        )
+        return 0
+    if args.command == "api":
+        return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
+    if args.command == "worker":
+        from streams.worker import run_worker
+
+        return run_worker(settings, ready=_ready_marker(settings, "worker"))
+    if args.command == "proxy":
+        from proxy.runner import run_proxy
+
+        return run_proxy(settings, ready=_ready_marker(settings, "proxy"))
+    if args.command == "sink":
+        from sinks.runner import run_sink_process
+
+        return run_sink_process(settings)
+    if args.command == "ca":
+        from proxy.runner import ca_cert_path
+
+        print(ca_cert_path(settings))
+        return 0
+    raise SystemExit(f"unknown command {args.command}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""Readiness of the local stack's processes, shared through files under ``<data_dir>/run``.
+
+Each part writes ``<part>.ready`` with its pid once it serves; the API's /healthz reads them, so
+the health answer reflects processes it does not own without any extra RPC.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _run_dir(data_dir: Path) -> Path:
+    return data_dir / "run"
+
+
+def mark_ready(data_dir: Path, part: str) -> None:
+    folder = _run_dir(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{part}.tmp"
+    tmp.write_text(str(os.getpid()))
+    tmp.replace(folder / f"{part}.ready")
+
+
+def clear(data_dir: Path) -> None:
+    for path in _run_dir(data_dir).glob("*.ready"):
+        path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_ready(data_dir: Path, part: str) -> bool:
+    path = _run_dir(data_dir) / f"{part}.ready"
+    try:
+        pid = int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return False
+    return _alive(pid)

@@ -1,0 +1,175 @@
+"""Every schema round-trips through the codec, and schema evolution stays backward compatible."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+
+from schemas.codec import (
+    SCHEMA_DIR,
+    AvroCodec,
+    DecodeError,
+    EncodeError,
+    current_schema,
+    history_versions,
+    schema_names,
+)
+from schemas.compat import incompatibilities
+
+EXPECTED = {
+    "raw_llm_call",
+    "whitebox_step",
+    "service_event",
+    "feedback",
+    "step",
+    "prefix_node",
+    "dead_letter",
+}
+
+
+def _example(schema: Any, names: dict[str, Any]) -> Any:
+    """A record with a non-default value in every field, so the round trip checks each one."""
+    if isinstance(schema, list):
+        non_null = [s for s in schema if s != "null"]
+        return _example(non_null[0], names) if non_null else None
+    if isinstance(schema, str):
+        if schema in names:
+            return _example(names[schema], names)
+        return {
+            "string": "x-é",
+            "bytes": b"\x00\xff",
+            "int": 7,
+            "long": 1_700_000_000_123,
+            "double": 0.25,
+            "float": 0.5,
+            "boolean": True,
+            "null": None,
+        }[schema]
+    kind = schema["type"]
+    if kind == "record":
+        names[schema["name"]] = schema
+        return {f["name"]: _example(f["type"], names) for f in schema["fields"]}
+    if kind == "array":
+        return [_example(schema["items"], names), _example(schema["items"], names)]
+    if kind == "map":
+        return {"k": _example(schema["values"], names)}
+    if kind == "enum":
+        return schema["symbols"][-1]
+    return _example(kind, names)
+
+
+def test_every_event_kind_has_a_schema() -> None:
+    assert set(schema_names()) >= EXPECTED
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_round_trip(name: str) -> None:
+    codec = AvroCodec()
+    record = _example(current_schema(name).raw, {})
+    data = codec.encode(name, record)
+    assert data[:2] == b"\xc3\x01"
+    assert data[2:10] == current_schema(name).fingerprint
+    decoded_name, decoded = codec.decode(data)
+    assert decoded_name == name
+    assert decoded == record
+
+
+def test_encode_rejects_a_record_missing_a_required_field() -> None:
+    with pytest.raises(EncodeError, match="whitebox_step"):
+        AvroCodec().encode("whitebox_step", {"step_id": "s"})
+
+
+@pytest.mark.parametrize(
+    "data", [b"", b"garbage", b"\xc3\x01" + b"\x00" * 8 + b"body", b"\x00\x00\x00\x00\x01x"]
+)
+def test_decode_rejects_unknown_or_malformed_bytes(data: bytes) -> None:
+    with pytest.raises(DecodeError):
+        AvroCodec().decode(data)
+
+
+def test_decode_rejects_truncated_body() -> None:
+    codec = AvroCodec()
+    data = codec.encode("feedback", _example(current_schema("feedback").raw, {}))
+    with pytest.raises(DecodeError, match="corrupt"):
+        codec.decode(data[:14])
+
+
+def test_decode_checks_the_expected_kind() -> None:
+    codec = AvroCodec()
+    data = codec.encode("feedback", _example(current_schema("feedback").raw, {}))
+    with pytest.raises(DecodeError, match="expected a 'step'"):
+        codec.decode(data, expect="step")
+
+
+def _committed_versions(name: str) -> list[dict[str, Any]]:
+    """The schema as committed at HEAD (when this is a git checkout) and every released history version."""
+    versions = [v.raw for v in history_versions(name)]
+    path = Path("schemas") / f"{name}.avsc"
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{path}"], cwd=SCHEMA_DIR.parent, capture_output=True, text=True, check=False
+    )
+    if shown.returncode == 0:
+        versions.append(json.loads(shown.stdout))
+    return versions
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_current_schema_reads_every_committed_version(name: str) -> None:
+    current = current_schema(name).raw
+    for old in _committed_versions(name):
+        assert incompatibilities(old, current) == [], f"{name}: incompatible with a committed version"
+        # fastavro itself must agree: data written with the old version reads with the current one.
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, fastavro.parse_schema(old, _force=True), _example(old, {}))
+        buf.seek(0)
+        fastavro.schemaless_reader(
+            buf, fastavro.parse_schema(old, _force=True), fastavro.parse_schema(current, _force=True)
+        )
+
+
+def test_compatibility_check_catches_a_deliberately_incompatible_change() -> None:
+    old = current_schema("step").raw
+    broken = copy.deepcopy(old)
+    broken["fields"].append({"name": "new_required", "type": "string"})  # no default: old data can't fill it
+    retyped = copy.deepcopy(old)
+    next(f for f in retyped["fields"] if f["name"] == "step_index")["type"] = "string"
+    assert any("new_required" in e for e in incompatibilities(old, broken))
+    assert any("step_index" in e for e in incompatibilities(old, retyped))
+    widened = copy.deepcopy(old)
+    widened["fields"].append({"name": "optional", "type": ["null", "string"], "default": None})
+    next(f for f in widened["fields"] if f["name"] == "step_index")["type"] = "long"  # int -> long promotes
+    assert incompatibilities(old, widened) == []
+
+
+def test_old_writer_versions_decode_into_the_current_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message written with an older version resolves to the current reader schema, defaults filled."""
+    import schemas.codec as codec_module
+
+    old = copy.deepcopy(current_schema("feedback").raw)
+    old["fields"] = [f for f in old["fields"] if f["name"] != "comment"]
+    history = tmp_path / "history"
+    history.mkdir()
+    (history / "feedback.v1.avsc").write_text(json.dumps(old))
+    monkeypatch.setattr(codec_module, "HISTORY_DIR", history)
+    codec_module._by_fingerprint.cache_clear()
+    try:
+        old_version = codec_module.history_versions("feedback")[0]
+        record = _example(old, {})
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, old_version.parsed, record)
+        data = b"\xc3\x01" + old_version.fingerprint + body.getvalue()
+        name, decoded = AvroCodec().decode(data)
+        assert name == "feedback"
+        assert decoded["comment"] is None
+        assert decoded["target_id"] == record["target_id"]
+    finally:
+        codec_module._by_fingerprint.cache_clear()

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clawr1.settings import Settings, env_names, load_settings, settings_to_env
+
+
+def test_defaults_are_the_embedded_local_stack() -> None:
+    settings = load_settings({})
+    assert settings.proxy_port == 8080 and settings.api_port == 8000 and settings.kafka_port == 9092
+    assert settings.data_dir == Path(".clawr1")
+    assert settings.manages_kafka
+    assert settings.pool_dsn == f"chdb://{Path('.clawr1/pool').resolve()}"
+    assert settings.is_embedded_pool
+
+
+def test_environment_is_typed_and_external_services_are_honoured() -> None:
+    settings = load_settings(
+        {
+            "CLAWR1_KAFKA_BOOTSTRAP": "k1:9092,k2:9092",
+            "CLAWR1_CLICKHOUSE_DSN": "http://u:p@ch:8123/db",
+            "CLAWR1_API_PORT": "9000",
+            "CLAWR1_CAPTURE_TOKEN_IDS": "yes",
+        }
+    )
+    assert settings.bootstrap_servers == "k1:9092,k2:9092" and not settings.manages_kafka
+    assert settings.pool_dsn == "http://u:p@ch:8123/db" and not settings.is_embedded_pool
+    assert settings.api_port == 9000 and settings.capture_token_ids is True
+
+
+@pytest.mark.parametrize(
+    ("var", "value"), [("CLAWR1_API_PORT", "eighty"), ("CLAWR1_CAPTURE_TOKEN_IDS", "maybe")]
+)
+def test_malformed_values_fail_fast_with_the_variable_name(var: str, value: str) -> None:
+    with pytest.raises(ValueError, match=var):
+        load_settings({var: value})
+
+
+def test_flags_override_environment_and_round_trip_through_env() -> None:
+    settings = load_settings({"CLAWR1_PROXY_PORT": "1"}).with_overrides(
+        proxy_port=2, upstream=None, data_dir="d"
+    )
+    assert settings.proxy_port == 2 and settings.upstream == "" and settings.data_dir == Path("d")
+    again = load_settings(settings_to_env(settings))
+    assert again.proxy_port == 2 and again.data_dir == Path("d").resolve()
+    assert set(settings_to_env(Settings())) == set(env_names().values())
