@@ -159,7 +159,8 @@ class AvroCodec:
         offset = 10 if data[:2] == SINGLE_OBJECT_MAGIC else 5
         try:
             record = fastavro.schemaless_reader(
-                io.BytesIO(data[offset:]), writer.parsed,
+                io.BytesIO(data[offset:]),
+                writer.parsed,
                 None if reader.fingerprint == writer.fingerprint else reader.parsed,
             )
         except Exception as exc:  # noqa: BLE001 - fastavro raises many types on corrupt bodies

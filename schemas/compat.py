@@ -52,8 +52,12 @@ class _Resolver:
     def _deref(self, schema: Any, names: dict[str, dict[str, Any]]) -> Any:
         if isinstance(schema, str) and schema in names:
             return names[schema]
-        if isinstance(schema, dict) and isinstance(schema.get("type"), dict | list | str) and \
-                schema["type"] not in _NAMED | {"array", "map"} and "logicalType" in schema:
+        if (
+            isinstance(schema, dict)
+            and isinstance(schema.get("type"), dict | list | str)
+            and schema["type"] not in _NAMED | {"array", "map"}
+            and "logicalType" in schema
+        ):
             return schema["type"]
         if isinstance(schema, dict) and set(schema) <= {"type"}:
             return self._deref(schema["type"], names)
@@ -109,8 +113,9 @@ class _Resolver:
         if key in self._seen:
             return
         self._seen.add(key)
-        if writer["name"].rsplit(".", 1)[-1] != reader["name"].rsplit(".", 1)[-1] and \
-                writer["name"] not in reader.get("aliases", []):
+        if writer["name"].rsplit(".", 1)[-1] != reader["name"].rsplit(".", 1)[-1] and writer[
+            "name"
+        ] not in reader.get("aliases", []):
             self.errors.append(f"{path}: record {writer['name']} cannot be read as {reader['name']}")
             return
         writer_fields = {f["name"]: f for f in writer["fields"]}

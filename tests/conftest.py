@@ -29,8 +29,9 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield external
         return
     port = free_port()
-    broker = KafkaBroker(data_dir=Path(tmp_path_factory.mktemp("kafka")), port=port,
-                         controller_port=free_port(), heap="768m")
+    broker = KafkaBroker(
+        data_dir=Path(tmp_path_factory.mktemp("kafka")), port=port, controller_port=free_port(), heap="768m"
+    )
     broker.start()
     try:
         yield broker.bootstrap
