@@ -1,3 +1,61 @@
-"""Pool tables owned by the consumer SDK (group commits, curation presets), run by the pool's migrations."""
+"""Pool tables owned by the consumer SDK (group commits, group positions, curation presets).
 
-CONSUMER_MIGRATIONS: list[tuple[str, str]] = []
+The pool's migration runner executes ``CONSUMER_MIGRATIONS`` in order; the pool API lets SDK clients
+write only the tables in ``CONSUMER_WRITABLE_TABLES``. The SDK never updates a row: every change is a
+new row, so the tables work the same on chDB and on a ClickHouse server, and over an insert-only API.
+
+* ``consumer_commits``: one row per (group, epoch, step) a consumer committed. A group's committed
+  set is the rows of its current epoch; ``seek`` starts a new epoch, which forgets older commits.
+* ``consumer_positions``: one row per ``seek``: the group's epoch and its floor (steps whose current
+  version landed in the pool before the floor are skipped). The newest row by ``set_at_ns`` wins.
+* ``consumer_presets``: named curation filter sets (JSON); the newest row per name by ``saved_at_ns``.
+
+``*_ns`` orderings are client clock nanoseconds: two saves in the same millisecond still order.
+"""
+
+COMMITS_TABLE = "consumer_commits"
+POSITIONS_TABLE = "consumer_positions"
+PRESETS_TABLE = "consumer_presets"
+
+CONSUMER_WRITABLE_TABLES: frozenset[str] = frozenset({COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE})
+
+CONSUMER_MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "consumer_0001_commits",
+        f"""
+        CREATE TABLE IF NOT EXISTS {COMMITS_TABLE} (
+            group_name String,
+            epoch String,
+            step_id String,
+            step_version Int64,
+            consumer_id String DEFAULT '',
+            committed_at DateTime64(3, 'UTC') DEFAULT now64(3)
+        ) ENGINE = ReplacingMergeTree(committed_at)
+        ORDER BY (group_name, epoch, step_id)
+        """,
+    ),
+    (
+        "consumer_0002_positions",
+        f"""
+        CREATE TABLE IF NOT EXISTS {POSITIONS_TABLE} (
+            group_name String,
+            epoch String,
+            floor_ms Int64,
+            set_at_ns Int64,
+            consumer_id String DEFAULT ''
+        ) ENGINE = MergeTree
+        ORDER BY (group_name, set_at_ns)
+        """,
+    ),
+    (
+        "consumer_0003_presets",
+        f"""
+        CREATE TABLE IF NOT EXISTS {PRESETS_TABLE} (
+            name String,
+            filters_json String,
+            saved_at_ns Int64
+        ) ENGINE = ReplacingMergeTree(saved_at_ns)
+        ORDER BY name
+        """,
+    ),
+]

@@ -1,0 +1,182 @@
+"""Benchmark of the consumer SDK: steps/s and tokens/s a trainer loop receives, against a plain SELECT.
+
+One embedded pool is seeded with synthetic ready steps (default 20,000 steps of 256 prompt + 128
+response tokens with logprobs). Then, in the same run and on the same rows:
+
+* ``plain_direct``: one ``SELECT`` of those rows and columns through clickhouse-connect (Arrow);
+* ``plain_api``: the same ``SELECT`` through the pool API's ``POST /v1/sql`` (Arrow stream);
+* ``sdk_direct`` / ``sdk_api``: a trainer loop over ``PoolConsumer``: ``poll(max_steps=B)``,
+  ``to_numpy()`` (padded ids, masks, logprobs) and ``commit()`` until the group is drained.
+
+The plain SELECT is the floor of reading those bytes at all; the ratio ``sdk / plain`` (same
+transport) is what offsets, curation and padding cost. The API is served by hypercorn in this
+process, as ``clawr1 up`` serves the embedded pool to other processes.
+
+Run: ``.venv/bin/python bench/bench_sdk.py [--steps N] [--batch B]``; the table is printed and the
+figures are written to ``bench/results/bench_sdk.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pyarrow as pa
+from fastapi import FastAPI
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package holds the server helper
+
+from consumer_sdk import PoolConsumer  # noqa: E402
+from pool.api import pool_router  # noqa: E402
+from pool.sql import SqlLimits  # noqa: E402
+from pool.store import PoolStore  # noqa: E402
+from tests.integration.sdk.serving import served  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_sdk.json"
+VOCAB = 151_936
+SELECT = "SELECT * EXCEPT (prompt_messages, response_text, tool_calls_json) FROM steps WHERE ready = 1"
+SEED_COLUMNS = [
+    "step_id", "version", "trajectory_id", "step_index", "prompt_id", "response_id", "source_kind",
+    "token_provenance", "prompt_token_ids", "response_token_ids", "response_logprobs", "reward",
+    "reward_status", "ready", "created_at_ms", "updated_at_ms",
+]
+
+
+def seed(store: PoolStore, steps: int, prompt_len: int, response_len: int, seed: int = 0) -> None:
+    """Ready steps written straight into the pool's step table, in inserts of 2,000 rows."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, steps, 2000):
+        rows = [
+            [f"s{i:08d}", 1, f"t{i // 8}", i % 8, f"p{i // 8}", f"r{i}", "whitebox_agent", "engine",
+             rng.integers(0, VOCAB, prompt_len).tolist(), rng.integers(0, VOCAB, response_len).tolist(),
+             (-rng.random(response_len)).tolist(), float(rng.random()), "final", 1,
+             1_760_000_000_000, 1_760_000_000_000]
+            for i in range(start, min(start + 2000, steps))
+        ]
+        store.insert("step_versions", rows, SEED_COLUMNS)
+
+
+def tokens_of(table: pa.Table) -> int:
+    lengths = [np.asarray(table.column(c).combine_chunks().value_lengths()) for c in
+               ("prompt_token_ids", "response_token_ids")]
+    return int(sum(x.sum() for x in lengths))
+
+
+def timed(fn: Callable[[], tuple[int, int]], repeats: int) -> dict[str, float]:
+    """Best of ``repeats`` runs of ``fn`` (which returns steps and tokens delivered)."""
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        started = time.perf_counter()
+        steps, tokens = fn()
+        seconds = time.perf_counter() - started
+        if not best or seconds < best["seconds"]:
+            best = {"seconds": seconds, "steps": steps, "tokens": tokens,
+                    "steps_per_s": steps / seconds, "tokens_per_s": tokens / seconds}
+    return best
+
+
+def plain_direct(dsn: str) -> tuple[int, int]:
+    with PoolStore(dsn) as store:
+        table = store.query_arrow(SELECT)
+    return table.num_rows, tokens_of(table)
+
+
+def plain_api(url: str) -> tuple[int, int]:
+    with httpx.Client(base_url=url, timeout=120) as client:
+        response = client.post("/v1/sql", json={"query": SELECT, "format": "ArrowStream"})
+        response.raise_for_status()
+    table = pa.ipc.open_stream(response.content).read_all()
+    return table.num_rows, tokens_of(table)
+
+
+def trainer_loop(source: str, group: str, batch_steps: int) -> tuple[int, int]:
+    """What a trainer does per batch: poll, pad to arrays, commit. Returns steps and tokens received."""
+    steps = tokens = 0
+    with PoolConsumer(source, group) as consumer:
+        while batch := consumer.poll(max_steps=batch_steps):
+            arrays = batch.to_numpy()
+            steps += len(batch)
+            tokens += int(arrays.attention_mask.sum())
+            consumer.commit()
+    return steps, tokens
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="clawr1-bench-sdk-") as tmp:
+        dsn = f"chdb://{Path(tmp).resolve() / 'pool'}"
+        store = PoolStore(dsn)
+        api_store = PoolStore(dsn)
+        try:
+            store.migrate()
+            started = time.perf_counter()
+            seed(store, args.steps, args.prompt_tokens, args.response_tokens)
+            seed_s = time.perf_counter() - started
+            app = FastAPI()
+            limits = SqlLimits(max_execution_time=600, max_result_rows=max(100_000, args.steps + 1),
+                               max_result_bytes=8 * 1024**3)
+            app.include_router(pool_router(api_store, limits))
+            with served(app) as url:
+                groups = iter(range(1_000_000))  # a fresh consumer group per run: each run drains all
+
+                def loop(source: str) -> Callable[[], tuple[int, int]]:
+                    return lambda: trainer_loop(source, f"bench-{next(groups)}", args.batch)
+
+                results = {
+                    "plain_direct": timed(lambda: plain_direct(dsn), args.repeats),
+                    "plain_api": timed(lambda: plain_api(url), args.repeats),
+                    "sdk_direct": timed(loop(dsn), args.repeats),
+                    "sdk_api": timed(loop(url), args.repeats),
+                }
+        finally:
+            api_store.close()
+            store.close()
+    for name, figures in results.items():
+        if figures["steps"] != args.steps:
+            raise RuntimeError(f"{name} delivered {figures['steps']} of {args.steps} steps")
+    rate = {name: figures["steps_per_s"] for name, figures in results.items()}
+    ratios = {
+        "sdk_direct_vs_plain_direct": rate["sdk_direct"] / rate["plain_direct"],
+        "sdk_api_vs_plain_api": rate["sdk_api"] / rate["plain_api"],
+        "sdk_api_vs_sdk_direct": rate["sdk_api"] / rate["sdk_direct"],
+    }
+    return {
+        "config": {"steps": args.steps, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+                   "response_tokens": args.response_tokens, "repeats": args.repeats, "seed_seconds": seed_s},
+        "machine": {"python": platform.python_version(), "platform": platform.platform()},
+        "results": results,
+        "ratios": ratios,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="consumer SDK throughput against a plain SELECT")
+    parser.add_argument("--steps", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=512, help="max_steps per poll")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--response-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per figure")
+    parser.add_argument("--json", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    report = run(args)
+    print(f"{'path':<14}{'seconds':>10}{'steps/s':>12}{'Mtokens/s':>12}")
+    for name, f in report["results"].items():
+        print(f"{name:<14}{f['seconds']:>10.3f}{f['steps_per_s']:>12.0f}{f['tokens_per_s'] / 1e6:>12.2f}")
+    for name, value in report["ratios"].items():
+        print(f"{name:<32}{value:>8.3f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2, sort_keys=True))
+    print(f"written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

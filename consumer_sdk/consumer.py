@@ -1,0 +1,266 @@
+"""PoolConsumer: trainers pull curated steps from the pool with consumer-group offsets.
+
+Delivery contract, per group (groups are fully independent):
+
+* a ready step matching the group's filters is delivered once; ``commit()`` records what was
+  delivered in the pool, and a committed step is never delivered to the group again;
+* what was delivered but not committed (the consumer crashed, or closed without committing) is
+  delivered again to the next consumer of the group: at-least-once, so commit right after the
+  update a batch fed (a crash between the two replays just that batch);
+* a step that becomes eligible later (a newer version turns it ready, or its reward final) is
+  delivered when it does, in the version current at that time;
+* ``seek()`` moves the whole group: ``earliest`` replays everything, ``latest`` skips what the pool
+  holds now, a time skips step versions that landed in the pool before it. A seek starts a new
+  epoch of the group, which forgets older commits.
+
+Several consumers share a group's work by static membership: consumer ``member=i`` of
+``members=n`` receives only steps with ``cityHash64(step_id) % n == i`` (``prompt_group_id`` in
+``whole_groups`` mode, so a group is never split). Each step hashes to exactly one member, so members
+never overlap, and their union is everything. All members must use the same ``members``; a member
+that is down holds back its share until a consumer with its index returns.
+
+A consumer is not thread-safe; give each thread its own.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Literal
+
+from consumer_sdk.batch import StepBatch
+from consumer_sdk.errors import ConsumerClosed, UsageError
+from consumer_sdk.filters import Filters, filter_sql, to_epoch_ms
+from consumer_sdk.presets import read_preset
+from consumer_sdk.queries import (
+    LATEST_FLOOR_SQL,
+    POSITION_SQL,
+    Scope,
+    select_list,
+    steps_sql,
+    whole_groups_sql,
+)
+from consumer_sdk.source import TransportKind, parse_source
+from consumer_sdk.transport import Transport, open_transport
+from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
+
+__all__ = ["PoolConsumer"]
+
+_COMMIT_COLUMNS = ["group_name", "epoch", "step_id", "step_version", "consumer_id"]
+_POSITION_COLUMNS = ["group_name", "epoch", "floor_ms", "set_at_ns", "consumer_id"]
+_FIRST_WAIT_S = 0.05
+_MAX_WAIT_S = 1.0
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+class PoolConsumer:
+    """Pull batches of curated steps for consumer group ``group`` from ``source``.
+
+    ``source`` is the stack's API URL (``http(s)://``) or a ClickHouse DSN (``chdb:///path``,
+    ``clickhouse[+http|+https]://``); ``transport`` forces one reading (see ``consumer_sdk.source``).
+    ``preset`` names saved filters; keyword ``filters`` (see :class:`Filters`) refine them.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        group: str,
+        *,
+        preset: str | None = None,
+        member: int = 0,
+        members: int = 1,
+        whole_groups: bool = False,
+        with_text: bool = False,
+        transport: TransportKind | None = None,
+        api_key: str | None = None,
+        request_timeout: float = 30.0,
+        **filters: Any,
+    ) -> None:
+        if not isinstance(group, str) or not group or len(group) > 256:
+            raise UsageError(f"group must be a non-empty string of at most 256 characters, got {group!r}")
+        _positive_int("members", members)
+        if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < members:
+            raise UsageError(f"member must be an integer in [0, {members}), got {member!r}")
+        explicit = Filters.from_kwargs(**filters)
+        parsed = parse_source(source, transport)
+        self.group = group
+        self.member = member
+        self.members = members
+        self.whole_groups = bool(whole_groups)
+        self.consumer_id = uuid.uuid4().hex
+        self._select = select_list(with_text)
+        self._policy_version: int | None = None
+        self._epoch: str | None = None
+        self._in_flight: dict[str, tuple[str, int]] = {}
+        self._transport: Transport | None = open_transport(parsed, api_key=api_key,
+                                                           request_timeout=request_timeout)
+        try:
+            self.filters: Filters = (
+                read_preset(self._transport, preset).merged(**filters) if preset is not None else explicit
+            )
+            if self.whole_groups and self.filters.ready is not True:
+                raise UsageError("whole_groups delivers only ready groups: leave ready=True")
+        except BaseException:
+            self.close()
+            raise
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._transport is None
+
+    @property
+    def uncommitted(self) -> int:
+        """Steps delivered by this consumer and not committed yet."""
+        return len(self._in_flight)
+
+    def _link(self) -> Transport:
+        if self._transport is None:
+            raise ConsumerClosed(f"consumer of group {self.group!r} is closed")
+        return self._transport
+
+    def report_policy_version(self, version: int) -> None:
+        """The policy version the trainer is at now; ``max_staleness`` counts back from it."""
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise UsageError(f"policy version must be an integer, got {version!r}")
+        self._policy_version = version
+
+    # -- fetching ------------------------------------------------------------------------------
+
+    def poll(
+        self,
+        max_steps: int = 256,
+        max_tokens: int | None = None,
+        timeout: float | None = 0.0,
+        max_groups: int | None = None,
+    ) -> StepBatch:
+        """The next batch: at most ``max_steps`` steps and ``max_tokens`` tokens (at least one step).
+
+        Waits up to ``timeout`` seconds for something to arrive (``None``: until something does) and
+        returns an empty batch if nothing did. ``max_groups`` caps prompt groups in ``whole_groups`` mode.
+        """
+        _positive_int("max_steps", max_steps)
+        _positive_int("max_tokens", max_tokens, allow_none=True)
+        _positive_int("max_groups", max_groups, allow_none=True)
+        if max_groups is not None and not self.whole_groups:
+            raise UsageError("max_groups applies only to whole_groups consumers")
+        if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
+            raise UsageError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        wait = _FIRST_WAIT_S
+        while True:
+            batch = self._fetch(max_steps, max_tokens, max_groups)
+            remaining = deadline - time.monotonic()
+            if len(batch) or remaining <= 0:
+                return batch
+            time.sleep(min(wait, remaining))
+            wait = min(wait * 2, _MAX_WAIT_S)
+
+    def _fetch(self, max_steps: int, max_tokens: int | None, max_groups: int | None) -> StepBatch:
+        link = self._link()
+        position = link.query(POSITION_SQL, {"group": self.group}).to_pylist()[0]
+        epoch, floor_ms = str(position["epoch"]), int(position["floor_ms"])
+        if epoch != self._epoch:
+            # The group was sought elsewhere: what this consumer holds belongs to a forgotten epoch.
+            self._in_flight.clear()
+            self._epoch = epoch
+        clauses, params = filter_sql(self.filters, self._policy_version)
+        scope = Scope(self.group, epoch, floor_ms, tuple(self._in_flight), self.member, self.members)
+        if self.whole_groups:
+            sql, scope_params = whole_groups_sql(
+                self._select, clauses, scope, max_steps, max_tokens, max_groups
+            )
+        else:
+            sql, scope_params = steps_sql(self._select, clauses, scope, max_steps, max_tokens)
+        batch = StepBatch(link.query(sql, {**params, **scope_params}))
+        versions = batch.to_arrow().column("version").to_pylist()
+        for step_id, version in zip(batch.step_ids, versions, strict=True):
+            self._in_flight[step_id] = (epoch, int(version))
+        return batch
+
+    def iter_batches(
+        self, max_steps: int = 256, max_tokens: int | None = None, idle_timeout: float | None = None
+    ) -> Iterator[StepBatch]:
+        """Batches as they come; ends after ``idle_timeout`` seconds without one, or when closed."""
+        while not self.closed:
+            batch = self.poll(max_steps=max_steps, max_tokens=max_tokens, timeout=idle_timeout)
+            if not len(batch):
+                return
+            yield batch
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        return self.iter_batches()
+
+    # -- offsets -------------------------------------------------------------------------------
+
+    def commit(self, batch: StepBatch | None = None) -> int:
+        """Record as consumed everything delivered so far (or just ``batch``); returns the step count.
+
+        Steps of ``batch`` that are not in flight here (already committed, or forgotten by a seek)
+        are skipped.
+        """
+        link = self._link()
+        ids = list(self._in_flight) if batch is None else [s for s in batch.step_ids if s in self._in_flight]
+        if not ids:
+            return 0
+        rows = []
+        for step_id in ids:
+            epoch, version = self._in_flight[step_id]
+            rows.append([self.group, epoch, step_id, version, self.consumer_id])
+        link.insert(COMMITS_TABLE, rows, _COMMIT_COLUMNS)
+        for step_id in ids:
+            del self._in_flight[step_id]
+        return len(ids)
+
+    def seek(self, position: Literal["earliest", "latest"] | datetime | int) -> None:
+        """Move the whole group to ``earliest``, ``latest``, or a time (aware datetime / epoch ms).
+
+        Uncommitted deliveries are dropped; every member of the group sees the new position on its
+        next poll.
+        """
+        link = self._link()
+        if position == "earliest":
+            floor_ms = 0
+        elif position == "latest":
+            floor_ms = int(link.query(LATEST_FLOOR_SQL, {}).to_pylist()[0]["floor_ms"])
+        elif isinstance(position, str):
+            raise UsageError(f"seek position must be 'earliest', 'latest' or a time, got {position!r}")
+        else:
+            floor_ms = to_epoch_ms(position, "seek position")
+        epoch = uuid.uuid4().hex
+        link.insert(POSITIONS_TABLE, [[self.group, epoch, floor_ms, time.time_ns(), self.consumer_id]],
+                    _POSITION_COLUMNS)
+        self._in_flight.clear()
+        self._epoch = epoch
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the connection. Uncommitted deliveries are not committed: they will come again."""
+        if self._transport is not None:
+            transport, self._transport = self._transport, None
+            transport.close()
+
+    def __enter__(self) -> PoolConsumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"uncommitted={self.uncommitted}"
+        return f"<PoolConsumer group={self.group!r} member={self.member}/{self.members} {state}>"

@@ -1,0 +1,171 @@
+"""The SQL a consumer runs, built as text with ``{name:Type}`` placeholders plus the values they bind.
+
+One poll is one query, so it costs one round trip over the API and reads a single snapshot:
+
+* a step is eligible when it matches the filters, its current version landed at or after the
+  group's floor, it is not in the group's committed set for the current epoch, not in flight in
+  this consumer, and (with static membership) it hashes to this member;
+* ``whole_groups`` first picks complete GRPO prompt groups (every trajectory of the group present,
+  terminal, with contiguous step indices, every step ready and matching the filters, none taken),
+  then returns all their steps.
+
+Batches stop at ``max_steps`` and ``max_tokens`` (prompt + response tokens) but always hold at
+least one step (one group), so a single oversized step or group cannot stall a group forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
+
+STEPS_VIEW = "steps"
+
+TEXT_COLUMNS: tuple[str, ...] = ("prompt_messages", "response_text", "tool_calls_json")
+"""Wide text a trainer rarely needs; left out unless asked for (``with_text=True``)."""
+
+
+def select_list(with_text: bool) -> str:
+    """Every column of the steps view (so new step fields reach ``Step.metadata`` on their own)."""
+    return "*" if with_text else f"* EXCEPT ({', '.join(TEXT_COLUMNS)})"
+
+
+_TOKENS = "length(prompt_token_ids) + length(response_token_ids)"
+_ORDER = "ingested_at, step_id"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where one member of a group stands: its epoch, floor, in-flight steps and hash partition."""
+
+    group: str
+    epoch: str
+    floor_ms: int
+    in_flight: tuple[str, ...]
+    member: int = 0
+    members: int = 1
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "c_group": self.group,
+            "c_epoch": self.epoch,
+            "c_floor": self.floor_ms,
+            "c_in_flight": list(self.in_flight),
+            "c_member": self.member,
+            "c_members": self.members,
+        }
+
+
+_NOT_COMMITTED = (
+    f"step_id NOT IN (SELECT step_id FROM {COMMITS_TABLE} "
+    "WHERE group_name = {c_group:String} AND epoch = {c_epoch:String})"
+)
+_NOT_IN_FLIGHT = "step_id NOT IN {c_in_flight:Array(String)}"
+_AFTER_FLOOR = "fromUnixTimestamp64Milli({c_floor:Int64}, 'UTC')"
+
+
+def _partition(key: str, scope: Scope) -> list[str]:
+    return [f"cityHash64({key}) % {{c_members:UInt64}} = {{c_member:UInt64}}"] if scope.members > 1 else []
+
+
+def _and(clauses: list[str]) -> str:
+    return " AND ".join(f"({c})" for c in clauses) if clauses else "1"
+
+
+def steps_sql(
+    select: str,
+    filter_clauses: list[str],
+    scope: Scope,
+    max_steps: int,
+    max_tokens: int | None,
+) -> tuple[str, dict[str, Any]]:
+    """The next eligible steps in pool order (ingested_at, step_id)."""
+    where = _and([
+        *filter_clauses,
+        f"ingested_at >= {_AFTER_FLOOR}",
+        _NOT_COMMITTED,
+        _NOT_IN_FLIGHT,
+        *_partition("step_id", scope),
+    ])
+    params = {**scope.params(), "c_max_steps": max_steps}
+    inner = (
+        f"SELECT {select}, {_TOKENS} AS _tokens FROM {STEPS_VIEW} WHERE {where} "
+        f"ORDER BY {_ORDER} LIMIT {{c_max_steps:UInt64}}"
+    )
+    if max_tokens is None:
+        return f"SELECT * EXCEPT (_tokens) FROM ({inner}) ORDER BY {_ORDER}", params
+    params["c_max_tokens"] = max_tokens
+    windowed = (
+        f"SELECT *, sum(_tokens) OVER (ORDER BY {_ORDER} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
+        f"AS _cum, row_number() OVER (ORDER BY {_ORDER}) AS _rn FROM ({inner})"
+    )
+    sql = (f"SELECT * EXCEPT (_tokens, _cum, _rn) FROM ({windowed}) "
+           f"WHERE _rn = 1 OR _cum <= {{c_max_tokens:UInt64}} ORDER BY {_ORDER}")
+    return sql, params
+
+
+def whole_groups_sql(
+    select: str,
+    filter_clauses: list[str],
+    scope: Scope,
+    max_steps: int,
+    max_tokens: int | None,
+    max_groups: int | None,
+) -> tuple[str, dict[str, Any]]:
+    """All steps of the next complete prompt groups, a group never split across batches."""
+    match = _and(["ready = 1", *filter_clauses])
+    grouped = _and(["prompt_group_id IS NOT NULL", *_partition("prompt_group_id", scope)])
+    per_trajectory = (
+        "SELECT prompt_group_id, trajectory_id, count() AS n, "
+        f"sum({_TOKENS}) AS tokens, max(ingested_at) AS last_at, "
+        "max(toUInt8(terminal)) AS has_terminal, "
+        "uniqExact(step_index) = count() AND max(step_index) - min(step_index) + 1 = count() AS contiguous, "
+        f"min(ifNull({match}, 0)) AS all_match, "
+        "max(ifNull(prompt_group_size, 0)) AS group_size, "
+        f"countIf(({_NOT_COMMITTED}) = 0 OR ({_NOT_IN_FLIGHT}) = 0) AS taken "
+        f"FROM {STEPS_VIEW} WHERE {grouped} "
+        "GROUP BY prompt_group_id, trajectory_id"
+    )
+    per_group = (
+        "SELECT prompt_group_id, sum(n) AS steps, sum(tokens) AS group_tokens, max(last_at) AS group_last_at "
+        f"FROM ({per_trajectory}) GROUP BY prompt_group_id "
+        "HAVING count() = max(group_size) AND min(has_terminal) = 1 AND min(contiguous) = 1 "
+        f"AND min(all_match) = 1 AND sum(taken) = 0 AND max(last_at) >= {_AFTER_FLOOR}"
+    )
+    group_order = "group_last_at, prompt_group_id"
+    fits = ["_cum_steps <= {c_max_steps:UInt64}"]
+    params = {**scope.params(), "c_max_steps": max_steps}
+    if max_tokens is not None:
+        fits.append("_cum_tokens <= {c_max_tokens:UInt64}")
+        params["c_max_tokens"] = max_tokens
+    if max_groups is not None:
+        fits.append("_rn <= {c_max_groups:UInt64}")
+        params["c_max_groups"] = max_groups
+    running = f"OVER (ORDER BY {group_order} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+    ranked = (
+        f"SELECT prompt_group_id, sum(steps) {running} AS _cum_steps, "
+        f"sum(group_tokens) {running} AS _cum_tokens, "
+        f"row_number() OVER (ORDER BY {group_order}) AS _rn FROM ({per_group})"
+    )
+    chosen = f"SELECT prompt_group_id FROM ({ranked}) WHERE _rn = 1 OR ({_and(fits)})"
+    sql = (
+        f"SELECT {select} FROM {STEPS_VIEW} WHERE prompt_group_id IN ({chosen}) "
+        "ORDER BY prompt_group_id, trajectory_id, step_index"
+    )
+    return sql, params
+
+
+POSITION_SQL = (
+    "SELECT argMax(epoch, set_at_ns) AS epoch, argMax(floor_ms, set_at_ns) AS floor_ms "
+    f"FROM {POSITIONS_TABLE} WHERE group_name = {{group:String}}"
+)
+"""The group's current epoch and floor; a group never sought reads ('', 0): epoch zero, from the start."""
+
+LATEST_FLOOR_SQL = f"SELECT toUnixTimestamp64Milli(max(ingested_at)) + 1 AS floor_ms FROM {STEPS_VIEW}"
+"""Just past the newest step version in the pool: ``seek('latest')`` skips everything there now."""
+
+PRESETS_SQL = (
+    f"SELECT name, argMax(filters_json, saved_at_ns) AS filters_json FROM {PRESETS_TABLE} "
+    "WHERE empty({names:Array(String)}) OR has({names:Array(String)}, name) GROUP BY name ORDER BY name"
+)

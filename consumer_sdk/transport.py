@@ -1,0 +1,134 @@
+"""Thin adapters that carry the consumer's SQL to the pool: directly, or through the Claw-R1 API.
+
+Both speak the same two calls, so the consumer's logic never knows which one it has:
+``query(sql, parameters) -> pyarrow.Table`` and ``insert(table, rows, column_names)``.
+Errors of clickhouse-connect, the pool store and httpx are translated here into the SDK's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import pyarrow as pa
+from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
+
+from consumer_sdk.errors import PoolRequestError, PoolUnavailable
+from consumer_sdk.source import Source
+from pool.store import PoolError, PoolStore
+
+_STORE_ERRORS = (PoolError, ClickHouseError)
+
+
+class Transport(Protocol):
+    def query(self, sql: str, parameters: Mapping[str, Any]) -> pa.Table: ...
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DirectTransport:
+    """clickhouse-connect through the pool's own store: chDB in this process, or a ClickHouse server."""
+
+    def __init__(self, dsn: str) -> None:
+        try:
+            self._store = PoolStore(dsn)
+        except (*_STORE_ERRORS, OSError, RuntimeError) as exc:
+            raise PoolUnavailable(f"cannot open the pool at {_redact(dsn)}: {exc}") from exc
+
+    @staticmethod
+    def _translate(exc: Exception) -> Exception:
+        if isinstance(exc, OperationalError) or isinstance(exc.__cause__, OperationalError):
+            return PoolUnavailable(f"the pool did not answer: {exc}")
+        return PoolRequestError(f"the pool refused the request: {exc}", code=getattr(exc, "code", None))
+
+    def query(self, sql: str, parameters: Mapping[str, Any]) -> pa.Table:
+        try:
+            return self._store.query_arrow(sql, parameters=parameters)
+        except _STORE_ERRORS as exc:
+            raise self._translate(exc) from exc
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
+        try:
+            self._store.insert(table, rows, column_names)
+        except _STORE_ERRORS as exc:
+            raise self._translate(exc) from exc
+
+    def close(self) -> None:
+        self._store.close()
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+_INSERT_CHUNK_ROWS = 5000
+
+
+class ApiTransport:
+    """The Claw-R1 API's pool routes: ``POST /v1/sql`` (answered as an Arrow stream) and
+    ``POST /v1/pool/insert/{table}`` (JSON rows, only the SDK's own tables)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._base_url = base_url
+        self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
+
+    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        try:
+            response = self._http.post(path, json=body)
+        except httpx.TransportError as exc:
+            where = _redact(self._base_url)
+            raise PoolUnavailable(f"the pool API at {where} did not answer: {exc!r}") from exc
+        if response.is_success:
+            return response
+        raise PoolRequestError(
+            f"the pool API refused {path} with HTTP {response.status_code}: {_reason(response)}",
+            status=response.status_code,
+        )
+
+    def query(self, sql: str, parameters: Mapping[str, Any]) -> pa.Table:
+        body = {"query": sql, "format": "ArrowStream", "parameters": dict(parameters)}
+        content = self._post("/v1/sql", body).content
+        try:
+            return pa.ipc.open_stream(content).read_all()
+        except pa.ArrowInvalid as exc:
+            raise PoolRequestError(f"the pool API answered /v1/sql with no Arrow stream: {exc}") from exc
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
+        # Chunks keep each body far below the API's request size limit. If a later chunk fails, the
+        # caller repeats the whole insert: commit rows are keyed, so the repeated ones collapse.
+        for start in range(0, len(rows), _INSERT_CHUNK_ROWS):
+            chunk = rows[start:start + _INSERT_CHUNK_ROWS]
+            records = [dict(zip(column_names, row, strict=True)) for row in chunk]
+            self._post(f"/v1/pool/insert/{table}", {"rows": records})
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def _reason(response: httpx.Response) -> str:
+    """The error text of the gateway's error body (``message``) or FastAPI's (``detail``)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(body, dict):
+        for key in ("message", "detail"):
+            if key in body:
+                return str(body[key])[:500]
+    return str(body)[:500]
+
+
+def open_transport(source: Source, api_key: str | None = None, request_timeout: float = 30.0) -> Transport:
+    if source.kind == "direct":
+        return DirectTransport(source.url)
+    return ApiTransport(source.url, api_key=api_key, timeout=request_timeout)
