@@ -1,0 +1,307 @@
+"""The stack's API process: ingest routes under /v1, /healthz, /openapi.json, plus routers others mount.
+
+``create_app`` builds everything but connects to nothing: the Kafka producer is created in the
+lifespan, so importing or building the app is free and a test can build many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel
+
+from clawr1.settings import Settings
+from clawr1.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
+from gateway.auth import ANONYMOUS, KeyRing, parse_api_keys
+from gateway.config import GatewayConfig, GatewayTopics
+from gateway.errors import ApiError, ErrorBody, install_error_handlers
+from gateway.idempotency import IdempotencyConflict, IdempotencyStore
+from gateway.limits import BodyLimitMiddleware
+from gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn, Health, StepIn, TurnPayload
+from gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
+from gateway.records import Outgoing, event_record, feedback_record, step_record
+from gateway.validation import Check, check_event, check_feedback, check_step, parse_items
+from schemas.codec import AvroCodec, EncodeError, codec_for
+
+log = logging.getLogger(__name__)
+
+Readiness = Callable[[], dict[str, bool]]
+
+
+@dataclass(frozen=True)
+class Ingest:
+    """One submission route: what it parses, how it becomes a record and where that goes."""
+
+    kind: str
+    model: type[BaseModel]
+    check: Check
+    to_record: Callable[[Any, str, int], Outgoing]
+    schema: str
+    summary: str
+
+    def topic(self, topics: GatewayTopics) -> str:
+        return str(getattr(topics, self.kind))
+
+
+INGESTS = (
+    Ingest("steps", StepIn, check_step, step_record, RAW_STEPS.schema,
+           "Submit white-box steps (one object or a batch)"),
+    Ingest("feedback", FeedbackIn, check_feedback, feedback_record, RAW_FEEDBACK.schema,
+           "Submit rewards and human feedback for steps, responses or trajectories"),
+    Ingest("events", EventIn, check_event, event_record, RAW_EVENTS.schema,
+           "Submit live events from black-box services (turns, tool results, user actions)"),
+)
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    topics: GatewayTopics
+    keys: KeyRing
+    idempotency: IdempotencyStore
+    codec: AvroCodec
+    readiness: Readiness | None
+    publisher: KafkaPublisher | None = None
+
+
+def gateway_state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.gateway
+    return state
+
+
+_bearer = HTTPBearer(auto_error=False, description="an API key from CLAWR1_API_KEYS (when keys are set)")
+
+
+def source_for(kind: str, keys: KeyRing) -> Callable[..., Any]:
+    """Dependency answering the source name of the caller allowed to submit ``kind``. Without keys
+    it asks for no credentials, so the published spec declares no security either."""
+
+    async def anonymous() -> str:
+        return ANONYMOUS
+
+    async def authenticate(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> str:
+        challenge = {"WWW-Authenticate": "Bearer"}
+        if credentials is None:
+            raise ApiError(401, "unauthorized", "send an API key as `Authorization: Bearer <key>`",
+                           headers=challenge)
+        key = keys.identify(credentials.credentials)
+        if key is None:
+            raise ApiError(401, "unauthorized", "the API key is not valid", headers=challenge)
+        if kind not in key.kinds:
+            raise ApiError(403, "forbidden", f"the API key of {key.name!r} may not submit {kind}")
+        return key.name
+
+    return authenticate if keys.enabled else anonymous
+
+
+def _require_json(request: Request) -> None:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise ApiError(415, "unsupported_media_type",
+                       f"send the body as application/json (got {media or 'no Content-Type'})")
+
+
+def _unavailable(message: str, retry_after_s: int) -> ApiError:
+    return ApiError(503, "kafka_unavailable", message, headers={"Retry-After": str(retry_after_s)})
+
+
+# Bodies above this are parsed and encoded in a worker thread, so one 1000-step batch does not
+# hold the event loop (health checks, delivery reports, small requests) for its whole parse.
+_INLINE_BODY_BYTES = 64 * 1024
+
+
+def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
+            source_name: str) -> tuple[list[OutMessage], list[str]]:
+    """Validate the body and turn it into Kafka messages with their ids; ``ApiError`` on bad input."""
+    items = parse_items(raw, ingest.model, ingest.check, state.config.max_batch)
+    received_at_ms = int(time.time() * 1000)
+    outgoing = [ingest.to_record(item, source_name, received_at_ms) for item in items]
+    topic = ingest.topic(state.topics)
+    try:
+        messages = [OutMessage(topic, o.key, state.codec.encode(ingest.schema, o.record)) for o in outgoing]
+    except EncodeError as exc:
+        raise ApiError(422, "invalid_request", str(exc)) from exc
+    return messages, [o.id for o in outgoing]
+
+
+async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name: str) -> bytes:
+    config = state.config
+    if len(raw) > _INLINE_BODY_BYTES:
+        messages, ids = await asyncio.to_thread(_encode, state, ingest, raw, source_name)
+    else:
+        messages, ids = _encode(state, ingest, raw, source_name)
+    if state.publisher is None:
+        raise _unavailable("the gateway is starting or stopping", config.retry_after_s)
+    try:
+        await state.publisher.publish(messages)
+    except KafkaUnavailable as exc:
+        raise _unavailable(str(exc), config.retry_after_s) from exc
+    except RecordTooLarge as exc:
+        raise ApiError(413, "record_too_large", str(exc)) from exc
+    return Accepted(accepted=len(ids), ids=ids).model_dump_json().encode()
+
+
+async def accept(request: Request, ingest: Ingest, source_name: str, idempotency_key: str | None) -> Response:
+    """Validate, produce, and answer 202 once Kafka acknowledged; replay the answer for a reused key."""
+    state = gateway_state(request)
+    _require_json(request)
+    raw = await request.body()
+    scope = (source_name, ingest.kind, idempotency_key) if idempotency_key else None
+    if scope is not None:
+        try:
+            replay = state.idempotency.claim(scope, hashlib.sha256(raw).hexdigest())
+        except IdempotencyConflict as conflict:
+            if conflict.reason == "in_flight":
+                raise ApiError(409, "idempotency_in_flight", "a request with this Idempotency-Key is still "
+                               "running; retry later", headers={"Retry-After": "1"}) from conflict
+            raise ApiError(422, "idempotency_mismatch",
+                           "this Idempotency-Key was used with a different request body") from conflict
+        if replay is not None:
+            return Response(replay, 202, media_type="application/json",
+                            headers={"Idempotent-Replayed": "true"})
+    try:
+        body = await _produce(state, ingest, raw, source_name)
+    except BaseException:
+        if scope is not None:
+            state.idempotency.abandon(scope)
+        raise
+    if scope is not None:
+        state.idempotency.finish(scope, body)
+    return Response(body, 202, media_type="application/json")
+
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in {
+        400: "malformed JSON", 401: "missing or invalid API key", 403: "the key may not submit this kind",
+        409: "the same Idempotency-Key is still in flight", 413: "body, batch or record too large",
+        415: "not application/json", 422: "invalid fields (each named with its reason)",
+        503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
+    }.items()
+}
+
+
+def _body_schema(model: type[BaseModel], max_batch: int) -> dict[str, Any]:
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"oneOf": [ref, {"type": "array", "items": ref, "minItems": 1, "maxItems": max_batch}]}
+
+
+def ingest_router(max_batch: int, keys: KeyRing) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["ingest"])
+    for ingest in INGESTS:
+        router.add_api_route(
+            f"/{ingest.kind}", _endpoint(ingest, keys), methods=["POST"], status_code=202,
+            response_model=Accepted, responses=_ERRORS, summary=ingest.summary,
+            openapi_extra={"requestBody": {"required": True, "content": {
+                "application/json": {"schema": _body_schema(ingest.model, max_batch)}}}},
+        )
+    return router
+
+
+_IDEMPOTENCY_KEY = Header(
+    None, alias="Idempotency-Key", min_length=1, max_length=255,
+    description="makes a retry a no-op: the same key and body get the first answer back")
+
+
+def _endpoint(ingest: Ingest, keys: KeyRing) -> Callable[..., Any]:
+    authenticated = Depends(source_for(ingest.kind, keys))
+
+    async def endpoint(request: Request, source_name: str = authenticated,
+                       idempotency_key: str | None = _IDEMPOTENCY_KEY) -> Response:
+        return await accept(request, ingest, source_name, idempotency_key)
+
+    endpoint.__name__ = f"submit_{ingest.kind}"
+    return endpoint
+
+
+async def healthz(request: Request) -> JSONResponse:
+    """200 only when Kafka is ready and every part the stack registered says ready."""
+    state = gateway_state(request)
+    parts = {"kafka": state.publisher is not None and await state.publisher.ready()}
+    if state.readiness is not None:
+        try:
+            parts.update({name: bool(ok) for name, ok in state.readiness().items()})
+        except Exception:
+            log.exception("readiness check failed")
+            parts["readiness"] = False
+    ready = all(parts.values())
+    body = Health(status="ok" if ready else "unavailable", parts=parts)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+def _install_openapi(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
+    """Publish the body models the ingest routes parse themselves (see ``accept``)."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                model_schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(model_schema.pop("$defs", {}))
+                components[model.__name__] = model_schema
+            components[EventIn.__name__].update(EVENT_TURN_RULE)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readiness: Readiness | None = None,
+               topics: GatewayTopics | None = None,
+               producer_overrides: dict[str, Any] | None = None) -> FastAPI:
+    """The whole API app. ``topics`` renames the raw topics (tests, side-by-side stacks);
+    ``producer_overrides`` go to librdkafka as they are."""
+    config = GatewayConfig.from_settings(settings)
+    state = GatewayState(
+        config=config,
+        topics=topics or GatewayTopics(),
+        keys=parse_api_keys(config.api_keys),
+        idempotency=IdempotencyStore(config.idempotency_ttl_s, config.idempotency_max_keys,
+                                     config.idempotency_max_bytes),
+        codec=codec_for(config.registry_url),
+        readiness=readiness,
+    )
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        publisher = KafkaPublisher(
+            config.bootstrap, state.topics.names(), partitions=config.topic_partitions,
+            max_in_flight=config.max_in_flight, delivery_timeout_s=config.delivery_timeout_s,
+            producer_overrides=producer_overrides)
+        await publisher.start()
+        state.publisher = publisher
+        try:
+            yield
+        finally:
+            state.publisher = None
+            await publisher.close()
+
+    app = FastAPI(title="Claw-R1 API", version="1",
+                  description="Ingest of white-box steps, feedback and service events into Kafka.",
+                  lifespan=lifespan, openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+                  # No OpenTelemetry is set up in the stack; FastAPI's probe for it costs ~0.2 ms a request.
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app.state.gateway = state
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    app.include_router(ingest_router(config.max_batch, state.keys))
+    app.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health, tags=["health"],
+                      responses={503: {"model": Health, "description": "a part is not ready"}})
+    for router in routers:
+        app.include_router(router)
+    _install_openapi(app, [StepIn, FeedbackIn, EventIn, TurnPayload])
+    return app

@@ -1,0 +1,106 @@
+"""API keys: who is submitting (the source name recorded on every event) and what they may submit.
+
+``CLAWR1_API_KEYS`` holds comma-separated entries ``name:key`` or ``name:key:kind1|kind2`` (kinds:
+steps, feedback, events), or ``@/path/to/file`` with one entry per line (``#`` comments allowed).
+The source name always comes from the key, never from the request body. Keys are compared with
+``hmac.compare_digest`` against every configured key, so timing reveals neither a key nor which
+one matched. Error messages name entries by position, never by their secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+KINDS = frozenset({"steps", "feedback", "events"})
+ANONYMOUS = "anonymous"
+
+
+class ApiKeyError(ValueError):
+    """The key configuration is malformed; the message says which entry and why."""
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    secret: str
+    kinds: frozenset[str] = KINDS
+
+    def __repr__(self) -> str:
+        return f"ApiKey(name={self.name!r}, kinds={sorted(self.kinds)})"
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    keys: tuple[ApiKey, ...] = ()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.keys)
+
+    def identify(self, presented: str) -> ApiKey | None:
+        """The key matching ``presented``, comparing fixed-length digests against all keys without an
+        early exit, so neither the length nor the position of a key shows in the timing."""
+        given = _digest(presented)
+        found = None
+        for key in self.keys:
+            if hmac.compare_digest(_digest(key.secret), given):
+                found = key
+        return found
+
+
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
+def parse_entry(entry: str, where: str) -> ApiKey:
+    parts = entry.split(":")
+    if len(parts) not in (2, 3):
+        raise ApiKeyError(f"{where}: expected name:key or name:key:kind1|kind2")
+    name, secret = parts[0].strip(), parts[1].strip()
+    if not name:
+        raise ApiKeyError(f"{where}: empty name")
+    if not secret:
+        raise ApiKeyError(f"{where} ({name}): empty key")
+    if len(parts) == 2:
+        return ApiKey(name, secret)
+    kinds = frozenset(k.strip() for k in parts[2].split("|") if k.strip())
+    unknown = kinds - KINDS
+    if not kinds or unknown:
+        raise ApiKeyError(f"{where} ({name}): kinds must be among {'|'.join(sorted(KINDS))}, "
+                          f"got {parts[2].strip()!r}")
+    return ApiKey(name, secret, kinds)
+
+
+def _entries(spec: str) -> Iterable[tuple[str, str]]:
+    for position, item in enumerate(spec.split(","), start=1):
+        item = item.strip()
+        if not item:
+            continue
+        if not item.startswith("@"):
+            yield item, f"CLAWR1_API_KEYS entry {position}"
+            continue
+        path = Path(item[1:]).expanduser()
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            raise ApiKeyError(f"cannot read API key file {path}: {exc.strerror}") from exc
+        for number, line in enumerate(lines, start=1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                yield line, f"{path}:{number}"
+
+
+def parse_api_keys(spec: str) -> KeyRing:
+    keys: list[ApiKey] = []
+    seen: dict[str, str] = {}
+    for entry, where in _entries(spec):
+        key = parse_entry(entry, where)
+        if key.secret in seen:
+            raise ApiKeyError(f"{where} ({key.name}): the same key is already given to {seen[key.secret]!r}")
+        seen[key.secret] = key.name
+        keys.append(key)
+    return KeyRing(tuple(keys))

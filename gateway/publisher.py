@@ -1,0 +1,195 @@
+"""The gateway's one Kafka producer, awaited per request: a request is answered 202 only after the
+broker acknowledged every one of its messages (idempotent producer, acks=all).
+
+Memory stays bounded: at most ``max_in_flight`` messages wait for acknowledgement over all
+requests; beyond that a request is refused at once (503) instead of queueing. A message the broker
+does not acknowledge within ``delivery_timeout_s`` (librdkafka's message.timeout.ms) fails its
+request with a 503, and the client retries. A background thread serves librdkafka's delivery
+reports and hands them to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from clawr1.kafka_io import ensure_topics, make_producer
+
+log = logging.getLogger(__name__)
+
+_HEALTH_CACHE_S = 1.0
+_METADATA_TIMEOUT_S = 2.0
+_TOPIC_RETRY_S = 1.0
+
+
+class KafkaUnavailable(Exception):
+    """Kafka cannot take the messages now: retry later (HTTP 503)."""
+
+
+class RecordTooLarge(Exception):
+    """The broker refuses a message for its size: retrying cannot help (HTTP 413)."""
+
+
+@dataclass(frozen=True)
+class OutMessage:
+    topic: str
+    key: str
+    value: bytes
+
+
+class KafkaPublisher:
+    def __init__(self, bootstrap: str, topics: Sequence[str], *, partitions: int, max_in_flight: int,
+                 delivery_timeout_s: float, producer_overrides: dict[str, Any] | None = None) -> None:
+        self.bootstrap = bootstrap
+        self.topics = list(topics)
+        self.partitions = partitions
+        self.max_in_flight = max_in_flight
+        self.delivery_timeout_s = delivery_timeout_s
+        self._overrides = {
+            "message.timeout.ms": int(delivery_timeout_s * 1000),
+            "queue.buffering.max.messages": max(100_000, max_in_flight),
+            "logger": logging.getLogger("gateway.kafka"),
+            "error_cb": self._on_error,
+            **(producer_overrides or {}),
+        }
+        self._producer: Producer | None = None
+        self._in_flight = 0
+        self._topics_ready = False
+        self._fatal: str | None = None
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._topics_task: asyncio.Task[None] | None = None
+        self._health_lock = asyncio.Lock()
+        self._health: tuple[float, bool] = (0.0, False)
+
+    async def start(self) -> None:
+        self._producer = make_producer(self.bootstrap, **self._overrides)
+        self._poller = threading.Thread(target=self._poll_loop, name="gateway-kafka-poll", daemon=True)
+        self._poller.start()
+        self._topics_task = asyncio.create_task(self._prepare_topics())
+
+    async def close(self, flush_timeout_s: float = 10.0) -> None:
+        if self._topics_task is not None:
+            self._topics_task.cancel()
+        self._stop.set()
+        if self._poller is not None:
+            await asyncio.to_thread(self._poller.join)
+        if self._producer is not None:
+            left = await asyncio.to_thread(self._producer.flush, flush_timeout_s)
+            if left:
+                log.warning("%d message(s) were still unacknowledged at shutdown", left)
+
+    async def publish(self, messages: Sequence[OutMessage]) -> None:
+        """Returns once the broker acknowledged every message; raises otherwise."""
+        producer = self._producer
+        if producer is None or not self._topics_ready:
+            raise KafkaUnavailable("Kafka is not ready yet (broker unreachable or topics not created)")
+        if self._fatal is not None:
+            raise KafkaUnavailable(f"the Kafka producer failed: {self._fatal}")
+        if self._in_flight + len(messages) > self.max_in_flight:
+            raise KafkaUnavailable(f"{self._in_flight} messages are waiting for Kafka already (limit "
+                                   f"{self.max_in_flight}); retry later")
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None]] = []
+        refused: Exception | None = None
+        for message in messages:
+            future: asyncio.Future[None] = loop.create_future()
+            try:
+                producer.produce(message.topic, message.value, message.key,
+                                 on_delivery=partial(self._on_delivery, loop, future))
+            except BufferError:
+                refused = KafkaUnavailable("the Kafka producer queue is full; retry later")
+                break
+            except KafkaException as exc:
+                refused = _classify(exc.args[0])
+                break
+            self._in_flight += 1
+            futures.append(future)
+        if futures:
+            await self._acknowledged(futures)
+        if refused is not None:
+            raise refused
+
+    async def _acknowledged(self, futures: list[asyncio.Future[None]]) -> None:
+        # librdkafka fails each message after message.timeout.ms; the margin only guards against a stall.
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True),
+                                             timeout=self.delivery_timeout_s + 5.0)
+        except TimeoutError as exc:
+            raise KafkaUnavailable("Kafka did not acknowledge in time; retry later") from exc
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            raise next((f for f in failures if isinstance(f, RecordTooLarge)), failures[0])
+
+    async def ready(self) -> bool:
+        """Topics exist and the broker answers metadata requests (cached for a second)."""
+        if self._producer is None or not self._topics_ready or self._fatal is not None:
+            return False
+        async with self._health_lock:
+            checked_at, ok = self._health
+            if time.monotonic() - checked_at >= _HEALTH_CACHE_S:
+                ok = await asyncio.to_thread(self._metadata_ok)
+                self._health = (time.monotonic(), ok)
+            return ok
+
+    def _metadata_ok(self) -> bool:
+        assert self._producer is not None
+        try:
+            metadata = self._producer.list_topics(timeout=_METADATA_TIMEOUT_S)
+        except KafkaException:
+            return False
+        return bool(metadata.brokers) and all(
+            name in metadata.topics and metadata.topics[name].error is None for name in self.topics)
+
+    async def _prepare_topics(self) -> None:
+        """Create the topics with the stack's partition count before the first produce; otherwise the
+        broker would auto-create them with its default count and break co-partitioning."""
+        while True:
+            try:
+                await asyncio.to_thread(ensure_topics, self.bootstrap, self.topics, self.partitions, 3.0)
+            except (KafkaException, RuntimeError) as exc:
+                log.warning("Kafka topics not ready, retrying: %s", exc)
+                await asyncio.sleep(_TOPIC_RETRY_S)
+                continue
+            self._topics_ready = True
+            return
+
+    def _poll_loop(self) -> None:
+        assert self._producer is not None
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error.str()
+            log.error("fatal Kafka producer error: %s", error.str())
+
+    def _on_delivery(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None],
+                     error: KafkaError | None, _message: Message) -> None:
+        try:
+            loop.call_soon_threadsafe(self._settle, future, error)
+        except RuntimeError:
+            log.warning("delivery report after the event loop closed: %s", error)
+
+    def _settle(self, future: asyncio.Future[None], error: KafkaError | None) -> None:
+        self._in_flight -= 1
+        if future.done():
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(_classify(error))
+
+
+def _classify(error: KafkaError) -> Exception:
+    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+        return RecordTooLarge(f"Kafka refused a record as too large: {error.str()}")
+    return KafkaUnavailable(f"Kafka did not take the record: {error.str()}")

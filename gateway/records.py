@@ -1,0 +1,152 @@
+"""Validated submissions -> Avro records with deterministic ids and their Kafka keys.
+
+Ids the client leaves out are derived from content (UUIDv5), so a request retried without an
+Idempotency-Key, or replayed after a restart, still names the same logical item and the streams /
+pool deduplicate it by id. A step's id covers its identity (source, trajectory, position, prompt,
+response), not its reward: re-submitting a step with a final reward updates that step. Its
+``content_digest`` covers everything, so the streams can tell a pure duplicate from an update.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import sys
+import uuid
+from array import array
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
+
+ID_NAMESPACE = uuid.UUID("6f1d2c1e-5b0a-4c55-9a36-2f0b7c1e8d42")
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """One record to produce: its id (answered to the client), Kafka key and Avro record."""
+
+    id: str
+    key: str
+    record: dict[str, Any]
+
+
+def compact_json(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces); raises ValueError on non-finite numbers."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
+def uuid5_of(data: bytes) -> str:
+    """RFC 4122 name-based UUID (v5) of raw bytes (``uuid.uuid5`` takes only text on Python 3.11)."""
+    return str(uuid.UUID(bytes=hashlib.sha1(ID_NAMESPACE.bytes + data).digest()[:16], version=5))
+
+
+def deterministic_id(*parts: Any) -> str:
+    return uuid5_of(compact_json(list(parts)).encode())
+
+
+def _packed(values: list[int] | list[float] | None, code: str) -> bytes:
+    """Token ids / logprobs as fixed-width little-endian bytes, length first: hashing a 2k-token step
+    this way costs microseconds, where JSON-serializing it costs a millisecond."""
+    packed = array(code, values or [])
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return struct.pack("<I", len(packed)) + packed.tobytes()
+
+
+def step_identity(step: StepIn, source_name: str) -> bytes:
+    """Who, where in which trajectory, seeing what, doing what: not the reward or the metadata."""
+    head = compact_json(["step", source_name, step.trajectory_id, step.step_index, step.prompt_messages,
+                         step.response_text])
+    return head.encode() + _packed(step.prompt_token_ids, "i") + _packed(step.response_token_ids, "i")
+
+
+def content_digest(step: StepIn, source_name: str) -> str:
+    rest = step.model_dump(exclude={"step_id", "prompt_token_ids", "response_token_ids", "response_logprobs"})
+    digest = hashlib.sha256(step_identity(step, source_name))
+    digest.update(compact_json(rest).encode() + _packed(step.response_logprobs, "d"))
+    digest.update(b"logprobs" if step.response_logprobs is not None else b"")
+    return digest.hexdigest()
+
+
+def step_record(step: StepIn, source_name: str, received_at_ms: int) -> Outgoing:
+    step_id = step.step_id or uuid5_of(step_identity(step, source_name))
+    record = {
+        "step_id": step_id,
+        "trajectory_id": step.trajectory_id,
+        "step_index": step.step_index,
+        "prompt_group_id": step.prompt_group_id,
+        "prompt_group_size": step.prompt_group_size,
+        "prompt_token_ids": step.prompt_token_ids,
+        "response_token_ids": step.response_token_ids,
+        "response_logprobs": step.response_logprobs,
+        "prompt_messages": None if step.prompt_messages is None else compact_json(step.prompt_messages),
+        "response_text": step.response_text,
+        "reward": step.reward,
+        "reward_final": step.reward_final,
+        "terminal": step.terminal,
+        "policy_version": step.policy_version,
+        "model": step.model,
+        "agent": step.agent,
+        "source_name": source_name,
+        "metadata_json": compact_json(step.metadata),
+        "received_at_ms": received_at_ms,
+        "content_digest": content_digest(step, source_name),
+    }
+    return Outgoing(step_id, step.trajectory_id, record)
+
+
+def feedback_target(feedback: FeedbackIn) -> tuple[str, str]:
+    """(target_kind, target_id); validation guarantees exactly one target is set."""
+    for kind, value in (("step", feedback.step_id), ("response", feedback.response_id),
+                        ("trajectory", feedback.trajectory_id)):
+        if value is not None:
+            return kind, value
+    raise ValueError("feedback without a target")
+
+
+def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int) -> Outgoing:
+    feedback_id = feedback.feedback_id or deterministic_id(
+        "feedback", source_name, feedback.model_dump(exclude={"feedback_id"}))
+    target_kind, target_id = feedback_target(feedback)
+    record = {
+        "feedback_id": feedback_id,
+        "target_kind": target_kind,
+        "target_id": target_id,
+        "reward": feedback.reward,
+        "components": feedback.components,
+        "final": feedback.final,
+        "source": feedback.source,
+        "source_name": source_name,
+        "label": feedback.label,
+        "comment": feedback.comment,
+        "correction": feedback.correction,
+        "received_at_ms": received_at_ms,
+    }
+    return Outgoing(feedback_id, target_id, record)
+
+
+def event_payload(event: EventIn) -> dict[str, Any]:
+    """A turn's payload as validated (``3.0`` -> ``3``, only the fields given), so the streams read
+    exactly the documented TurnPayload; any other kind's payload as sent."""
+    if event.kind != "turn":
+        return event.payload
+    return TurnPayload.model_validate(event.payload).model_dump(mode="json", exclude_unset=True)
+
+
+def event_record(event: EventIn, source_name: str, received_at_ms: int) -> Outgoing:
+    event_id = event.event_id or deterministic_id(
+        "event", source_name, event.model_dump(exclude={"event_id"}))
+    record = {
+        "event_id": event_id,
+        "kind": event.kind,
+        "trajectory_id": event.trajectory_id,
+        "step_id": event.step_id,
+        "step_index": event.step_index,
+        "timestamp_ms": received_at_ms if event.timestamp_ms is None else event.timestamp_ms,
+        "payload_json": compact_json(event_payload(event)),
+        "source_name": source_name,
+        "received_at_ms": received_at_ms,
+    }
+    return Outgoing(event_id, event.trajectory_id, record)

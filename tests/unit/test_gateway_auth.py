@@ -1,0 +1,83 @@
+"""API key parsing, kind limits, constant-time identification and the loopback rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.auth import KINDS, ApiKeyError, parse_api_keys
+from gateway.server import InsecureBindError, bind_address, check_bind, is_loopback
+
+
+def test_entries_with_and_without_kinds() -> None:
+    ring = parse_api_keys(" agent:k1 , rater:k2:feedback|events,")
+    assert ring.enabled
+    assert [(k.name, sorted(k.kinds)) for k in ring.keys] == [
+        ("agent", sorted(KINDS)), ("rater", ["events", "feedback"])]
+
+
+def test_file_entries_skip_comments_and_blank_lines(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# trainers\nagent:k1:steps\n\nsvc:k2\n")
+    ring = parse_api_keys(f"@{keys},extra:k3")
+    assert [k.name for k in ring.keys] == ["agent", "svc", "extra"]
+    assert ring.identify("k1").kinds == frozenset({"steps"})
+
+
+def test_empty_spec_disables_auth() -> None:
+    assert not parse_api_keys("").enabled
+    assert not parse_api_keys(" , ").enabled
+
+
+@pytest.mark.parametrize(("spec", "reason"), [
+    ("agent", "expected name:key"),
+    (":S3CRET", "empty name"),
+    ("agent:", "empty key"),
+    ("agent:S3CRET:steps|train", "kinds must be among"),
+    ("agent:S3CRET:", "kinds must be among"),
+    ("a:S3CRET:steps:x", "expected name:key"),
+    ("a:S3CRET,b:S3CRET", "entry 2 \\(b\\): the same key is already given to 'a'"),
+])
+def test_malformed_entries_are_refused_without_echoing_the_secret(spec: str, reason: str) -> None:
+    with pytest.raises(ApiKeyError, match=reason) as error:
+        parse_api_keys(spec)
+    assert "S3CRET" not in str(error.value)
+
+
+def test_unreadable_key_file_is_reported(tmp_path: Path) -> None:
+    with pytest.raises(ApiKeyError, match="cannot read API key file"):
+        parse_api_keys(f"@{tmp_path / 'missing'}")
+
+
+def test_identify_matches_exact_keys_only() -> None:
+    ring = parse_api_keys("a:alpha-key,b:beta-key")
+    assert ring.identify("beta-key").name == "b"
+    assert ring.identify("alpha-key").name == "a"
+    for wrong in ("", "alpha", "alpha-key ", "ALPHA-KEY", "beta-key-x"):
+        assert ring.identify(wrong) is None
+
+
+def test_key_repr_hides_the_secret() -> None:
+    key = parse_api_keys("a:super-secret").keys[0]
+    assert "super-secret" not in repr(key)
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.5.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.2", False), ("example.org", False),
+])
+def test_loopback_detection(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
+
+
+def test_public_bind_needs_keys() -> None:
+    check_bind("127.0.0.1", keys_enabled=False)
+    check_bind("0.0.0.0", keys_enabled=True)
+    with pytest.raises(InsecureBindError, match="without API keys"):
+        check_bind("0.0.0.0", keys_enabled=False)
+
+
+def test_bind_address_brackets_ipv6() -> None:
+    assert bind_address("::1", 8000) == "[::1]:8000"
+    assert bind_address("127.0.0.1", 8000) == "127.0.0.1:8000"

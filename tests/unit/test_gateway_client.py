@@ -1,0 +1,100 @@
+"""Client protocol: batching, one Idempotency-Key per batch kept across retries, Retry-After, errors.
+
+The gateway side is played by recorded HTTP answers (httpx.MockTransport); the live gateway is
+exercised by tests/integration/gateway/test_gateway_client_live.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import httpx
+import pytest
+
+from gateway.client import GatewayClient, GatewayError
+
+
+def client(handler: Callable[[httpx.Request], httpx.Response], **kwargs: object) -> GatewayClient:
+    return GatewayClient("http://gw", "key-1", transport=httpx.MockTransport(handler), backoff_s=0.0,
+                         max_backoff_s=0.01, **kwargs)  # type: ignore[arg-type]
+
+
+def accepted(request: httpx.Request) -> httpx.Response:
+    items = json.loads(request.content)
+    return httpx.Response(202, json={"accepted": len(items), "ids": [f"id-{i['step_index']}" for i in items]})
+
+
+def test_steps_are_sent_in_batches_with_auth_and_distinct_keys() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return accepted(request)
+
+    steps = [{"trajectory_id": "t", "step_index": i} for i in range(5)]
+    with client(handler, batch_size=2) as c:
+        assert c.submit_steps(steps) == [f"id-{i}" for i in range(5)]
+    assert [len(json.loads(r.content)) for r in seen] == [2, 2, 1]
+    assert {r.headers["authorization"] for r in seen} == {"Bearer key-1"}
+    assert len({r.headers["idempotency-key"] for r in seen}) == 3
+
+
+def test_retries_reuse_the_idempotency_key() -> None:
+    answers = iter([httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "kafka_unavailable"}),
+                    httpx.Response(409, json={"error": "idempotency_in_flight"})])
+    keys: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["idempotency-key"])
+        return next(answers, None) or accepted(request)
+
+    with client(handler) as c:
+        assert c.submit_step({"trajectory_id": "t", "step_index": 7}) == "id-7"
+    assert len(keys) == 3 and len(set(keys)) == 1
+
+
+def test_transport_errors_are_retried() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise httpx.ConnectError("refused", request=request)
+        return accepted(request)
+
+    with client(handler) as c:
+        assert c.submit_steps([{"trajectory_id": "t", "step_index": 1}]) == ["id-1"]
+    assert calls == 2
+
+
+def test_client_errors_are_raised_with_the_body() -> None:
+    body = {"error": "invalid_request", "message": "1 invalid field(s)",
+            "errors": [{"field": "step_index", "reason": "Field required", "type": "missing"}]}
+    with client(lambda request: httpx.Response(422, json=body)) as c, pytest.raises(GatewayError) as error:
+        c.submit_feedback({"step_id": "s"})
+    assert error.value.status == 422 and error.value.body == body
+
+
+def test_gives_up_after_max_retries() -> None:
+    calls = 0
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        return httpx.Response(503, json={"error": "kafka_unavailable", "message": "down"})
+
+    with client(handler, max_retries=2) as c, pytest.raises(GatewayError, match="after 2 retries"):
+        c.submit_events([{"kind": "x", "trajectory_id": "t"}])
+    assert calls == 3
+
+
+def test_retry_delay_backs_off_and_honors_retry_after() -> None:
+    c = GatewayClient("http://gw", backoff_s=0.5, max_backoff_s=5.0)
+    assert [c.retry_delay(n, "") for n in (1, 2, 3, 6)] == [0.5, 1.0, 2.0, 5.0]
+    assert c.retry_delay(1, "3") == 3.0
+    assert c.retry_delay(1, "60") == 5.0
+    assert c.retry_delay(3, "1") == 2.0
+    assert c.retry_delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5
+    c.close()
