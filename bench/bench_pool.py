@@ -1,0 +1,271 @@
+"""Benchmark of the Data Pool (embedded chDB): storage per token, insert throughput, lookup latency.
+
+Sections, each with a baseline measured in the same run:
+
+* ``codecs``: bytes on disk per token of multi-turn agent trajectories (8 turns; each prompt is the
+  previous prompt + response + a new observation; ids Zipf-distributed over a 151,936-token vocabulary)
+  for several column codecs and two sort orders, against the raw 4 bytes per token.
+* ``insert``: rows/s and tokens/s through ``PoolStore.insert`` into ``step_versions`` (the sink's path:
+  full schema, skip indexes, ZSTD), against the same token arrays inserted into a bare two-column
+  MergeTree (LZ4, no indexes).
+* ``scale``: N steps generated in SQL (trajectories of 8 steps with growing, prefix-sharing prompts);
+  id-lookup latency (step, prompt, response, trajectory ids) and curated-scan latency (ready, final,
+  one policy version) through the ``steps`` view, against the same lookup with skip indexes disabled;
+  bytes on disk per token for the whole table.
+
+Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 1-2 minutes on 2 cores);
+``--steps 1000000 10000000`` adds 10M steps (several minutes on 2 cores and ~1 GB of disk).
+Figures are printed and written to ``bench/results/bench_pool.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pool.store import PoolStore, quote_identifier
+from schemas.codec import current_schema
+from sinks.rows import STEP_COLUMNS, Origin, step_row
+
+VOCAB = 151_936
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_pool.json"
+CODECS = {
+    "LZ4": "LZ4",
+    "ZSTD(1)": "ZSTD(1)",
+    "ZSTD(3)": "ZSTD(3)",
+    "Delta+ZSTD(1)": "Delta(4), ZSTD(1)",
+    "T64+ZSTD(1)": "T64, ZSTD(1)",
+}
+ORIGIN = Origin("clawr1.steps", 0, 0, None, None)
+
+
+# ---------------------------------------------------------------------- data
+def zipf_tokens(rng: np.random.Generator, n: int) -> list[int]:
+    return (rng.zipf(1.15, n) % VOCAB).astype(np.uint32).tolist()
+
+
+def agent_trajectories(trajectories: int, turns: int = 8, seed: int = 7) -> list[dict[str, Any]]:
+    """Step records of agent conversations: a shared system prompt, then growing turn histories."""
+    rng = np.random.default_rng(seed)
+    defaults = {f["name"]: f.get("default") for f in current_schema("step").raw["fields"]}
+    system = zipf_tokens(rng, 300)
+    steps: list[dict[str, Any]] = []
+    for t in range(trajectories):
+        prompt = system + zipf_tokens(rng, int(rng.integers(50, 300)))
+        for i in range(turns):
+            response = zipf_tokens(rng, int(rng.integers(30, 400)))
+            steps.append({
+                **defaults,
+                "step_id": f"{rng.integers(1 << 62):016x}", "version": 1, "trajectory_id": f"traj-{t:06d}",
+                "step_index": i, "prompt_id": f"{rng.integers(1 << 62):016x}",
+                "response_id": f"{rng.integers(1 << 62):016x}", "source_kind": "blackbox_agent",
+                "policy_version": t % 4, "created_at_ms": 1_760_000_000_000,
+                "updated_at_ms": 1_760_000_000_000, "token_provenance": "engine",
+                "prompt_token_ids": prompt, "response_token_ids": response, "terminal": i == turns - 1,
+            })
+            prompt = prompt + response + zipf_tokens(rng, int(rng.integers(10, 200)))
+    return steps
+
+
+def token_count(steps: list[dict[str, Any]]) -> int:
+    return sum(len(s["prompt_token_ids"]) + len(s["response_token_ids"]) for s in steps)
+
+
+# ---------------------------------------------------------------------- helpers
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def column_bytes(store: PoolStore, table: str, columns: tuple[str, ...]) -> int:
+    names = ", ".join(f"'{c}'" for c in columns)
+    rows = store.query(f"SELECT sum(data_compressed_bytes) AS b FROM system.columns WHERE "
+                       f"database = currentDatabase() AND table = '{table}' AND name IN ({names})")
+    return int(rows[0]["b"])
+
+
+def insert_batches(store: PoolStore, table: str, rows: list[tuple[Any, ...]], columns: tuple[str, ...],
+                   batch: int = 2000) -> None:
+    for i in range(0, len(rows), batch):
+        store.insert(table, rows[i:i + batch], columns)
+
+
+def median_ms(store: PoolStore, sqls: list[str], settings: dict[str, Any] | None = None) -> float:
+    times = [timed(lambda q=q: store.query(q, settings=settings)) for q in sqls]
+    return round(statistics.median(times) * 1000, 2)
+
+
+# ---------------------------------------------------------------------- sections
+def bench_codecs(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = token_count(steps)
+    rows = [(s["step_id"], s["trajectory_id"], s["step_index"], s["prompt_token_ids"],
+             s["response_token_ids"]) for s in steps]
+    columns = ("step_id", "trajectory_id", "step_index", "p", "r")
+    cases = [(name, codec, "(trajectory_id, step_id)") for name, codec in CODECS.items()]
+    cases.append(("ZSTD(1), sorted by step_id", "ZSTD(1)", "step_id"))
+    out: dict[str, Any] = {"steps": len(steps), "tokens": tokens, "raw_bytes_per_token": 4.0, "codecs": {}}
+    for name, codec, order in cases:
+        table = f"codec_{len(out['codecs'])}"
+        store.command(f"CREATE TABLE {table} (step_id String, trajectory_id String, step_index Int32, "
+                      f"p Array(UInt32) CODEC({codec}), r Array(UInt32) CODEC({codec})) "
+                      f"ENGINE = MergeTree ORDER BY {order}")
+        seconds = timed(lambda t=table: insert_batches(store, t, rows, columns))
+        store.command(f"OPTIMIZE TABLE {table} FINAL")
+        per_token = column_bytes(store, table, ("p", "r")) / tokens
+        out["codecs"][name] = {"bytes_per_token": round(per_token, 4),
+                               "vs_raw": round(4.0 / per_token, 2), "insert_s": round(seconds, 2)}
+        print(f"  codec {name:32s} {per_token:6.3f} B/token  ({4.0 / per_token:5.2f}x smaller than raw)")
+    return out
+
+
+def bench_insert(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    tokens = token_count(steps)
+    full_rows = [step_row(s, ORIGIN, 1_760_000_000_000) for s in steps]
+    bare_rows = [(s["step_id"], s["prompt_token_ids"], s["response_token_ids"]) for s in steps]
+    store.command("CREATE TABLE bare (step_id String, p Array(UInt32), r Array(UInt32)) "
+                  "ENGINE = MergeTree ORDER BY tuple()")
+    bare_s = timed(lambda: insert_batches(store, "bare", bare_rows, ("step_id", "p", "r")))
+    full_s = timed(lambda: insert_batches(store, "step_versions", full_rows, STEP_COLUMNS))
+    result = {
+        "steps": len(steps), "tokens": tokens, "batch_rows": 2000,
+        "rows_per_s": round(len(steps) / full_s), "tokens_per_s": round(tokens / full_s),
+        "baseline_bare_rows_per_s": round(len(steps) / bare_s),
+        "baseline_bare_tokens_per_s": round(tokens / bare_s),
+        "full_schema_vs_bare": round(bare_s / full_s, 3),
+    }
+    print(f"  insert: {result['rows_per_s']} rows/s, {result['tokens_per_s']} tokens/s "
+          f"({result['full_schema_vs_bare']}x the bare-table speed)")
+    return result
+
+
+GENERATE = """
+INSERT INTO step_versions (step_id, version, trajectory_id, step_index, prompt_group_id, prompt_id,
+    response_id, source_kind, source_name, model, policy_version, created_at_ms, updated_at_ms,
+    prompt_token_ids, response_token_ids, token_provenance, reward, reward_status, ready, status,
+    trajectory_reward_status)
+SELECT concat('step-', toString(number)), 1, concat('traj-', toString(intDiv(number, 8))), number % 8,
+       concat('group-', toString(intDiv(number, 64))), hex(sipHash64(number, 'p')),
+       hex(sipHash64(number, 'r')),
+       'blackbox_agent', 'bench', 'm', intDiv(number, {per_version}),
+       fromUnixTimestamp64Milli(toInt64(1760000000000 + number)),
+       fromUnixTimestamp64Milli(toInt64(1760000000000 + number)),
+       arrayMap(i -> toUInt32(sipHash64(intDiv(number, 8), i) % 50000), range(32 + 16 * (number % 8))),
+       arrayMap(i -> toUInt32(sipHash64(number, i) % 50000), range(32)),
+       'engine', (number % 1000) / 1000, if(number % 10 = 0, 'pending', 'final'), number % 10 != 0, 'ok',
+       'pending'
+FROM numbers({start}, {count})
+"""
+
+
+def bench_scale(store: PoolStore, steps: int, rng: np.random.Generator) -> dict[str, Any]:
+    chunk = 1_000_000
+    generate_s = 0.0
+    for start in range(0, steps, chunk):
+        sql = GENERATE.format(start=start, count=min(chunk, steps - start), per_version=max(steps // 4, 1))
+        generate_s += timed(lambda s=sql: store.command(s))
+    store.command("OPTIMIZE TABLE step_versions FINAL")
+    tokens = int(store.query("SELECT sum(length(prompt_token_ids) + length(response_token_ids)) AS n "
+                             "FROM step_versions")[0]["n"])
+    ids = [int(i) for i in rng.integers(0, steps, 15)]
+    hashed = store.query("SELECT groupArray(hex(sipHash64(n, 'p'))) AS p, groupArray(hex(sipHash64(n, 'r'))) "
+                         "AS r FROM (SELECT arrayJoin({ids:Array(UInt64)}) AS n)", parameters={"ids": ids})[0]
+    lookups = {
+        "step_id": [f"SELECT * FROM steps WHERE step_id = 'step-{i}'" for i in ids],
+        "prompt_id": [f"SELECT * FROM steps WHERE prompt_id = '{p}'" for p in hashed["p"]],
+        "response_id": [f"SELECT * FROM steps WHERE response_id = '{r}'" for r in hashed["r"]],
+        "trajectory_id": [f"SELECT * FROM steps WHERE trajectory_id = 'traj-{i // 8}' ORDER BY step_index"
+                          for i in ids],
+    }
+    no_index = {"use_skip_indexes": 0}
+    latency = {}
+    for name, sqls in lookups.items():
+        store.query(sqls[0])  # warm caches once per kind
+        with_index = median_ms(store, sqls)
+        without = median_ms(store, sqls[:3], no_index) if name != "trajectory_id" else None
+        latency[name] = {"median_ms": with_index, "without_skip_indexes_ms": without,
+                         "speedup": round(without / with_index, 1) if without else None}
+        print(f"  {steps:>9} steps: lookup by {name:13s} {with_index:8.2f} ms"
+              + (f"  (without skip indexes {without:.2f} ms)" if without else "  (primary key)"))
+    scan_sql = ("SELECT step_id, prompt_token_ids, response_token_ids, reward FROM steps "
+                "WHERE ready = 1 AND reward_status = 'final' AND policy_version = 2 LIMIT 10000")
+    scan_ms = median_ms(store, [scan_sql] * 3)
+    scan_tokens = int(store.query("SELECT sum(length(prompt_token_ids) + length(response_token_ids)) AS n "
+                                  f"FROM ({scan_sql})")[0]["n"])
+    count_ms = median_ms(store, ["SELECT count() FROM steps WHERE ready = 1 AND policy_version = 2"] * 3)
+    disk = store.query("SELECT sum(bytes_on_disk) AS b FROM system.parts WHERE database = currentDatabase() "
+                       "AND table = 'step_versions' AND active")[0]["b"]
+    token_bytes = column_bytes(store, "step_versions", ("prompt_token_ids", "response_token_ids"))
+    result = {
+        "steps": steps, "tokens": tokens, "generate_s": round(generate_s, 1),
+        "generated_rows_per_s": round(steps / generate_s),
+        "generated_tokens_per_s": round(tokens / generate_s),
+        "lookups": latency,
+        "curated_scan_10k_rows_ms": scan_ms, "curated_scan_tokens": scan_tokens,
+        "curated_count_ms": count_ms,
+        "token_column_bytes_per_token": round(token_bytes / tokens, 4),
+        "table_bytes_per_token": round(disk / tokens, 4),
+        "raw_bytes_per_token": 4.0,
+    }
+    print(f"  {steps:>9} steps: curated scan of 10k rows {scan_ms} ms, count {count_ms} ms; "
+          f"{result['token_column_bytes_per_token']} B/token in token columns, "
+          f"{result['table_bytes_per_token']} B/token for the whole table (raw: 4)")
+    return result
+
+
+# ---------------------------------------------------------------------- main
+def fresh_store(dsn: str, name: str) -> PoolStore:
+    store = PoolStore(dsn, database=name)
+    store.migrate()
+    return store
+
+
+def drop(store: PoolStore) -> None:
+    store.command(f"DROP DATABASE IF EXISTS {quote_identifier(store.database)}")
+    store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, nargs="+", default=[1_000_000], help="table sizes for lookups")
+    parser.add_argument("--trajectories", type=int, default=1500, help="agent trajectories for codecs/insert")
+    parser.add_argument("--dsn", default="", help="pool DSN (default: a temporary chDB directory)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
+        dsn = args.dsn or f"chdb://{tmp}/pool"
+        steps = agent_trajectories(args.trajectories)
+        print(f"agent workload: {len(steps)} steps, {token_count(steps)} tokens")
+        results: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
+
+        store = fresh_store(dsn, "bench_codecs")
+        results["codecs"] = bench_codecs(store, steps)
+        drop(store)
+
+        store = fresh_store(dsn, "bench_insert")
+        results["insert"] = bench_insert(store, steps)
+        drop(store)
+
+        rng = np.random.default_rng(11)
+        results["scale"] = []
+        for n in args.steps:
+            store = fresh_store(dsn, f"bench_scale_{n}")
+            results["scale"].append(bench_scale(store, n, rng))
+            drop(store)
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2))
+    print(f"written {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""Versioned, idempotent schema migrations of the pool, recorded in ``schema_migrations``.
+
+Each migration is ``(id, sql)``; ``sql`` may hold several statements, each ending with ``;`` at the end
+of a line. A migration runs once per database (its id is recorded after all its statements succeed) and
+every statement is written to be re-runnable (``IF NOT EXISTS``), so a crash between a statement and the
+record only repeats harmless work. The consumer SDK's own tables (``pool.consumer_tables``) run after
+the pool's, in the order listed.
+
+Layout (why it looks like this):
+- Every table the sink writes is a ReplacingMergeTree keyed by the logical row's identity, so a replayed
+  Kafka message or a newer version collapses into one row; analysts read views that apply ``FINAL``.
+- Replacement happens only within a partition, so no table is partitioned by anything that may differ
+  between versions of a row (for steps: neither ``created_at_ms`` nor ``updated_at_ms``).
+- ``step_versions`` is sorted by ``(trajectory_id, step_id)``: the steps of a trajectory share long token
+  prefixes, and keeping them adjacent lets ZSTD find the repeats (measured in bench/bench_pool.py:
+  about 2.8x fewer bytes per token than sorting by step id alone). A step's ``trajectory_id`` is part of
+  its identity and must not change between its versions.
+- ``non_replicated_deduplication_window`` makes the sink's insert deduplication tokens effective.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from pool.consumer_tables import CONSUMER_MIGRATIONS
+
+if TYPE_CHECKING:
+    from pool.store import PoolStore
+
+DEDUP_WINDOW = 10_000
+TOKEN_CODEC = "CODEC(ZSTD(1))"
+TEXT_CODEC = "CODEC(ZSTD(1))"
+
+_SINK_TABLE_SETTINGS = f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
+
+# Columns mirror schemas/step.avsc field by field; see docs/pool.md for the type mapping.
+_STEP_COLUMNS = f"""
+    step_id String,
+    version Int64,
+    trajectory_id String,
+    step_index Int32,
+    parent_step_id Nullable(String),
+    prompt_group_id Nullable(String),
+    prompt_group_size Nullable(Int32),
+    prompt_id String,
+    response_id String,
+    source_kind LowCardinality(String),
+    source_name LowCardinality(String),
+    agent LowCardinality(Nullable(String)),
+    model LowCardinality(Nullable(String)),
+    policy_version Nullable(Int64),
+    sampling_params_json String {TEXT_CODEC},
+    created_at_ms DateTime64(3, 'UTC'),
+    latency_ms Nullable(Int64),
+    usage_prompt_tokens Nullable(Int64),
+    usage_completion_tokens Nullable(Int64),
+    prompt_messages String {TEXT_CODEC},
+    response_text String {TEXT_CODEC},
+    tool_calls_json String {TEXT_CODEC},
+    prompt_token_ids Array(UInt32) {TOKEN_CODEC},
+    response_token_ids Array(UInt32) {TOKEN_CODEC},
+    response_logprobs Array(Float64) {TEXT_CODEC},
+    token_provenance LowCardinality(String),
+    tokenizer LowCardinality(Nullable(String)),
+    reward Nullable(Float64),
+    reward_components Map(LowCardinality(String), Float64),
+    reward_source LowCardinality(Nullable(String)),
+    reward_status LowCardinality(String),
+    trajectory_reward Nullable(Float64),
+    terminal UInt8,
+    feedback_json String {TEXT_CODEC},
+    quality_labels Array(LowCardinality(String)),
+    quality_score Nullable(Float64),
+    status LowCardinality(String),
+    error Nullable(String) {TEXT_CODEC},
+    ready UInt8,
+    metadata_json String {TEXT_CODEC},
+    updated_at_ms DateTime64(3, 'UTC'),
+    trajectory_reward_status LowCardinality(String)"""
+
+STEP_FIELDS: tuple[str, ...] = tuple(
+    line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
+)
+"""The ``steps`` view's columns before ``ingested_at``: exactly the fields of step.avsc, in order."""
+
+_SOURCE_COLUMNS = """
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    source_topic LowCardinality(String) DEFAULT '',
+    source_partition Int32 DEFAULT -1,
+    source_offset Int64 DEFAULT -1"""
+
+POOL_MIGRATIONS: list[tuple[str, str]] = [
+    ("0001_step_versions", f"""
+CREATE TABLE IF NOT EXISTS step_versions ({_STEP_COLUMNS},{_SOURCE_COLUMNS},
+    INDEX idx_step_id step_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_prompt_id prompt_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_response_id response_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_prompt_group_id prompt_group_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_parent_step_id parent_step_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_reward reward TYPE minmax GRANULARITY 1,
+    INDEX idx_reward_status reward_status TYPE set(8) GRANULARITY 1,
+    INDEX idx_ready ready TYPE minmax GRANULARITY 1,
+    INDEX idx_status status TYPE set(8) GRANULARITY 1,
+    INDEX idx_policy_version policy_version TYPE minmax GRANULARITY 1,
+    INDEX idx_source_kind source_kind TYPE set(8) GRANULARITY 1,
+    INDEX idx_source_name source_name TYPE set(256) GRANULARITY 1,
+    INDEX idx_model model TYPE set(256) GRANULARITY 1,
+    INDEX idx_token_provenance token_provenance TYPE set(8) GRANULARITY 1,
+    INDEX idx_quality_labels quality_labels TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_created_at created_at_ms TYPE minmax GRANULARITY 1
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (trajectory_id, step_id)
+{_SINK_TABLE_SETTINGS};
+"""),
+    ("0002_steps_view", f"""
+CREATE VIEW IF NOT EXISTS steps AS
+SELECT {', '.join(STEP_FIELDS)}, ingested_at
+FROM step_versions FINAL;
+"""),
+    ("0003_feedback", f"""
+CREATE TABLE IF NOT EXISTS feedback_log (
+    feedback_id String,
+    target_kind LowCardinality(String),
+    target_id String,
+    reward Nullable(Float64),
+    components Map(LowCardinality(String), Float64),
+    final UInt8,
+    source LowCardinality(String),
+    source_name LowCardinality(String),
+    label LowCardinality(Nullable(String)),
+    comment Nullable(String) {TEXT_CODEC},
+    correction Nullable(String) {TEXT_CODEC},
+    received_at_ms DateTime64(3, 'UTC'),{_SOURCE_COLUMNS},
+    INDEX idx_feedback_id feedback_id TYPE bloom_filter(0.01) GRANULARITY 1,
+    INDEX idx_source source TYPE set(64) GRANULARITY 1,
+    INDEX idx_received_at received_at_ms TYPE minmax GRANULARITY 1
+) ENGINE = ReplacingMergeTree
+ORDER BY (target_kind, target_id, feedback_id)
+{_SINK_TABLE_SETTINGS};
+CREATE VIEW IF NOT EXISTS feedback AS SELECT * EXCEPT (source_topic, source_partition, source_offset)
+FROM feedback_log FINAL;
+"""),
+    ("0004_prefix_nodes", f"""
+CREATE TABLE IF NOT EXISTS prefix_node_versions (
+    scope_id String,
+    scope_kind LowCardinality(String),
+    node_id String,
+    parent_node_id Nullable(String),
+    depth_start Int32,
+    token_ids Array(UInt32) {TOKEN_CODEC},
+    step_ids Array(String),
+    version Int64,
+    total_tokens Int64,
+    tree_tokens Int64,
+    forks Int32,
+    updated_at_ms DateTime64(3, 'UTC'),{_SOURCE_COLUMNS},
+    INDEX idx_step_ids step_ids TYPE bloom_filter(0.01) GRANULARITY 1
+) ENGINE = ReplacingMergeTree(version)
+ORDER BY (scope_id, node_id)
+{_SINK_TABLE_SETTINGS};
+CREATE VIEW IF NOT EXISTS prefix_nodes AS SELECT * EXCEPT (source_topic, source_partition, source_offset)
+FROM prefix_node_versions FINAL;
+CREATE VIEW IF NOT EXISTS prefix_savings AS
+SELECT scope_kind, scope_id,
+       if(scope_kind = 'prompt_group', scope_id, NULL) AS prompt_group_id,
+       if(scope_kind = 'trajectory', scope_id, NULL) AS trajectory_id,
+       newest_total AS total_tokens,
+       newest_tree AS tree_tokens,
+       newest_total - newest_tree AS saved_tokens,
+       if(newest_tree = 0, 1.0, newest_total / newest_tree) AS savings_ratio,
+       newest_forks AS forks,
+       num_nodes, newest_version AS version
+FROM (
+    SELECT scope_kind, scope_id,
+           argMax(total_tokens, (version, updated_at_ms)) AS newest_total,
+           argMax(tree_tokens, (version, updated_at_ms)) AS newest_tree,
+           argMax(forks, (version, updated_at_ms)) AS newest_forks,
+           count() AS num_nodes,
+           max(version) AS newest_version
+    FROM prefix_node_versions FINAL
+    GROUP BY scope_kind, scope_id
+);
+CREATE VIEW IF NOT EXISTS prefix_savings_total AS
+SELECT kind AS scope_kind, scopes, total AS total_tokens, tree AS tree_tokens, total - tree AS saved_tokens,
+       if(tree = 0, 1.0, total / tree) AS savings_ratio, fork_count AS forks
+FROM (
+    SELECT if(grouping(scope_kind) = 1, 'all', scope_kind) AS kind, count() AS scopes,
+           sum(total_tokens) AS total, sum(tree_tokens) AS tree, sum(forks) AS fork_count
+    FROM prefix_savings
+    GROUP BY scope_kind WITH ROLLUP
+);
+"""),
+    ("0005_dead_letters", f"""
+CREATE TABLE IF NOT EXISTS dead_letter_log (
+    dlq_id String,
+    reason String {TEXT_CODEC},
+    stage LowCardinality(String),
+    source_topic LowCardinality(String),
+    source_partition Nullable(Int32),
+    source_offset Nullable(Int64),
+    original_key Nullable(String) {TEXT_CODEC},
+    original_value Nullable(String) {TEXT_CODEC},
+    failed_at_ms DateTime64(3, 'UTC'),
+    ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    dlq_topic LowCardinality(String) DEFAULT '',
+    dlq_partition Int32 DEFAULT -1,
+    dlq_offset Int64 DEFAULT -1,
+    INDEX idx_failed_at failed_at_ms TYPE minmax GRANULARITY 1
+) ENGINE = ReplacingMergeTree
+ORDER BY dlq_id
+{_SINK_TABLE_SETTINGS};
+CREATE VIEW IF NOT EXISTS dead_letters AS SELECT * FROM dead_letter_log FINAL;
+"""),
+    ("0006_trajectories_and_groups", """
+CREATE VIEW IF NOT EXISTS trajectories AS
+SELECT trajectory_id,
+       count() AS num_steps,
+       max(step_index) + 1 AS length,
+       any(source_kind) AS source_kind,
+       any(source_name) AS source_name,
+       groupUniqArray(model) AS models,
+       groupUniqArray(policy_version) AS policy_versions,
+       any(prompt_group_id) AS prompt_group_id,
+       min(created_at_ms) AS started_at,
+       max(created_at_ms) AS last_step_at,
+       sum(length(prompt_token_ids)) AS prompt_tokens,
+       sum(length(response_token_ids)) AS response_tokens,
+       sum(reward) AS reward_sum,
+       max(trajectory_reward) AS trajectory_reward,
+       if(countIf(trajectory_reward_status = 'final') > 0, 'final', 'pending') AS trajectory_reward_status,
+       countIf(reward_status = 'final') AS final_rewards,
+       max(terminal) AS terminal,
+       min(ready) AS all_ready
+FROM steps
+GROUP BY trajectory_id;
+CREATE VIEW IF NOT EXISTS prompt_groups AS
+SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
+       max(prompt_group_size) AS group_size,
+       count() AS num_steps,
+       uniqExact(trajectory_id) AS num_trajectories,
+       uniqExact(prompt_id) AS distinct_prompts,
+       avg(reward) AS mean_reward,
+       stddevPop(reward) AS reward_std,
+       countIf(reward_status = 'final') AS final_rewards,
+       min(ready) AS all_ready,
+       min(created_at_ms) AS started_at
+FROM steps
+WHERE prompt_group_id IS NOT NULL
+GROUP BY prompt_group_id;
+"""),
+]
+
+
+def all_migrations() -> list[tuple[str, str]]:
+    """The pool's migrations, then the consumer SDK's; ids must be unique across both."""
+    seen: set[str] = set()
+    ordered = [*POOL_MIGRATIONS, *CONSUMER_MIGRATIONS]
+    for migration_id, _ in ordered:
+        if migration_id in seen:
+            raise ValueError(f"duplicate migration id {migration_id!r}")
+        seen.add(migration_id)
+    return ordered
+
+
+_STATEMENT_END = re.compile(r";[ \t]*(?:\n|$)")
+
+
+def split_statements(sql: str) -> list[str]:
+    """Statements of a migration: each ends with ``;`` at the end of a line."""
+    return [part.strip() for part in _STATEMENT_END.split(sql) if part.strip()]
+
+
+_BOOTSTRAP = f"""
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    id String,
+    applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+) ENGINE = ReplacingMergeTree ORDER BY id
+{_SINK_TABLE_SETTINGS}"""
+
+
+def applied_ids(store: PoolStore) -> set[str]:
+    return {row["id"] for row in store.query("SELECT DISTINCT id FROM schema_migrations")}
+
+
+def apply_migrations(store: PoolStore, migrations: list[tuple[str, str]] | None = None) -> list[str]:
+    """Run the migrations not yet recorded, in order; returns their ids."""
+    store.command(_BOOTSTRAP)
+    done = applied_ids(store)
+    applied: list[str] = []
+    for migration_id, sql in migrations if migrations is not None else all_migrations():
+        if migration_id in done:
+            continue
+        for statement in split_statements(sql):
+            store.command(statement)
+        store.insert("schema_migrations", [[migration_id]], ["id"], dedup_token=f"migration:{migration_id}")
+        applied.append(migration_id)
+    return applied

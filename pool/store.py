@@ -1,0 +1,188 @@
+"""The one adapter between Claw-R1 and ClickHouse: embedded chDB or a server, same calls.
+
+``PoolStore(dsn)`` wraps a clickhouse-connect client. ``chdb:///abs/path`` opens the embedded engine
+(one engine path per process, the directory locked against other processes); ``http(s)://user:pass@host:port/db``
+talks to a ClickHouse server. Calls are serialized by a lock because a clickhouse-connect client (and
+the chDB handle under it) is not safe to share between threads mid-call; give each thread that must not
+wait on the others (the sink, the HTTP API) its own store on the same DSN.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import clickhouse_connect
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError, DataError
+
+_CODE_RE = re.compile(r"Code: \d+\..*", re.DOTALL)
+_ERROR_CODE_RE = re.compile(r"Code: (\d+)\.")
+
+
+class PoolError(RuntimeError):
+    """A ClickHouse error, reduced to ClickHouse's own text (``Code: N. DB::Exception: ...``)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PoolDataError(PoolError):
+    """Rows that cannot be written as the table's types (raised before anything reaches ClickHouse)."""
+
+
+def _pool_error(exc: ClickHouseError) -> PoolError:
+    text = str(exc)
+    match = _CODE_RE.search(text)
+    message = match.group(0).strip() if match else text.strip()
+    code = _ERROR_CODE_RE.search(message)
+    return PoolError(message, int(code.group(1)) if code else None)
+
+
+def is_embedded(dsn: str) -> bool:
+    return dsn.startswith("chdb:")
+
+
+def open_client(dsn: str, database: str | None = None) -> Client:
+    """A clickhouse-connect client for ``dsn``; ``database`` overrides the DSN's default database."""
+    kwargs: dict[str, Any] = {"dsn": dsn}
+    if database:
+        kwargs["database"] = database
+    if not is_embedded(dsn):
+        # No server session: a server refuses concurrent queries on one session, and nothing here
+        # relies on session state (every setting travels with its query).
+        kwargs["autogenerate_session_id"] = False
+    try:
+        return clickhouse_connect.get_client(**kwargs)
+    except ClickHouseError as exc:
+        hint = (" (chDB opens one data path per process and locks it against other processes: "
+                "reach a pool owned by another process through its HTTP API)") if is_embedded(dsn) else ""
+        raise PoolError(f"cannot open the pool at {dsn}: {exc}{hint}") from exc
+
+
+class PoolStore:
+    """Thread-safe, typed access to the pool: migrate, query, insert, close."""
+
+    def __init__(self, dsn: str, database: str | None = None) -> None:
+        self.dsn = dsn
+        self._lock = threading.Lock()
+        if database:
+            # A database must exist before a client can select it.
+            with _closing(open_client(dsn)) as bootstrap:
+                bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}")
+        self._client: Client | None = open_client(dsn, database)
+        self.database: str = database or str(self._call(lambda c: c.query("SELECT currentDatabase()"))
+                                             .result_rows[0][0])
+
+    @property
+    def embedded(self) -> bool:
+        return is_embedded(self.dsn)
+
+    def _call(self, fn: Any) -> Any:
+        with self._lock:
+            if self._client is None:
+                raise PoolError("the pool store is closed")
+            try:
+                return fn(self._client)
+            except ClickHouseError as exc:
+                raise _pool_error(exc) from exc
+
+    def migrate(self) -> list[str]:
+        """Apply pending migrations; returns the ids applied now (empty when up to date)."""
+        from pool.migrations import apply_migrations
+
+        return apply_migrations(self)
+
+    def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
+                settings: Mapping[str, Any] | None = None) -> Any:
+        return self._call(lambda c: c.command(sql, parameters=parameters, settings=dict(settings or {})))
+
+    def query(self, sql: str, parameters: Mapping[str, Any] | None = None,
+              settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        """Rows as dicts keyed by column name."""
+        result = self._call(lambda c: c.query(sql, parameters=parameters, settings=dict(settings or {})))
+        return list(result.named_results())
+
+    def query_columns(self, sql: str, parameters: Mapping[str, Any] | None = None,
+                      settings: Mapping[str, Any] | None = None) -> dict[str, list[Any]]:
+        """Columns as lists keyed by column name (cheaper than dicts for wide batches)."""
+        result = self._call(lambda c: c.query(sql, parameters=parameters, settings=dict(settings or {})))
+        return {name: list(col) for name, col in zip(result.column_names, result.result_columns, strict=True)}
+
+    def query_arrow(self, sql: str, parameters: Mapping[str, Any] | None = None,
+                    settings: Mapping[str, Any] | None = None) -> Any:
+        """A ``pyarrow.Table``: token arrays arrive as Arrow lists, ready for numpy without per-row Python."""
+        return self._call(lambda c: c.query_arrow(sql, parameters=parameters, settings=dict(settings or {})))
+
+    def raw_query(self, sql: str, fmt: str, parameters: Mapping[str, Any] | None = None,
+                  settings: Mapping[str, Any] | None = None) -> bytes:
+        """The result bytes in a ClickHouse output format (JSONEachRow, CSV, TabSeparated, Arrow...)."""
+        return bytes(self._call(lambda c: c.raw_query(sql, parameters=parameters,
+                                                      settings=dict(settings or {}), fmt=fmt)))
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str],
+               dedup_token: str | None = None, settings: Mapping[str, Any] | None = None) -> int:
+        """Insert row tuples; a repeated ``dedup_token`` makes ClickHouse drop the repeated block."""
+        if not rows:
+            return 0
+        merged = dict(settings or {})
+        if dedup_token:
+            merged["insert_deduplication_token"] = dedup_token
+        try:
+            self._call(lambda c: c.insert(table, rows, column_names=list(column_names), settings=merged))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
+        except PoolError as exc:
+            if isinstance(exc.__cause__, DataError):
+                raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
+            raise
+        return len(rows)
+
+    def insert_raw(self, table: str, data: bytes, fmt: str = "JSONEachRow",
+                   column_names: Sequence[str] | None = None, dedup_token: str | None = None,
+                   settings: Mapping[str, Any] | None = None) -> None:
+        """Insert pre-formatted bytes: ClickHouse parses and type-checks them itself."""
+        settings = dict(settings or {})
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        self._call(lambda c: c.raw_insert(table, column_names=list(column_names) if column_names else None,
+                                          insert_block=data, settings=settings, fmt=fmt))
+
+    def table_exists(self, name: str) -> bool:
+        rows = self.query("SELECT count() AS n FROM system.tables WHERE database = currentDatabase() "
+                          "AND name = {name:String}", parameters={"name": name})
+        return bool(rows[0]["n"])
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self) -> PoolStore:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+_IDENTIFIER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def quote_identifier(name: str) -> str:
+    """Back-quote a database/table name; only plain identifiers are accepted."""
+    if not _IDENTIFIER_RE.match(name):
+        raise ValueError(f"not a plain identifier: {name!r}")
+    return f"`{name}`"
+
+
+@contextmanager
+def _closing(client: Client) -> Iterator[Client]:
+    try:
+        yield client
+    finally:
+        client.close()

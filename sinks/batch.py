@@ -1,0 +1,78 @@
+"""One sink batch: rows per table plus the offset range consumed per topic partition.
+
+A batch is flushed when it holds ``max_rows`` messages or is ``max_seconds`` old. Its insert
+deduplication token is derived from the offset ranges it covers, so re-inserting the same ranges after
+a crash (before the offsets were committed) is dropped by ClickHouse; replays with other boundaries
+collapse through the tables' version replacement instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sinks.rows import Origin
+
+
+@dataclass
+class OffsetRange:
+    first: int
+    last: int
+
+
+@dataclass
+class TableRows:
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    origins: list[Origin] = field(default_factory=list)
+
+
+@dataclass
+class Batch:
+    started: float = field(default_factory=time.monotonic)
+    messages: int = 0
+    tables: dict[str, TableRows] = field(default_factory=dict)
+    ranges: dict[tuple[str, int], OffsetRange] = field(default_factory=dict)
+
+    def add(self, table: str, columns: tuple[str, ...], row: tuple[Any, ...], origin: Origin) -> None:
+        rows = self.tables.setdefault(table, TableRows(columns))
+        rows.rows.append(row)
+        rows.origins.append(origin)
+
+    def consumed(self, origin: Origin) -> None:
+        """Record that the message at ``origin`` is covered by this batch (stored or dead-lettered)."""
+        self.messages += 1
+        key = (origin.topic, origin.partition)
+        known = self.ranges.get(key)
+        if known is None:
+            self.ranges[key] = OffsetRange(origin.offset, origin.offset)
+        else:
+            known.first = min(known.first, origin.offset)
+            known.last = max(known.last, origin.offset)
+
+    def is_due(self, max_rows: int, max_seconds: float, now: float | None = None) -> bool:
+        if not self.messages:
+            return False
+        age = (time.monotonic() if now is None else now) - self.started
+        return self.messages >= max_rows or age >= max_seconds
+
+    def commit_offsets(self) -> list[tuple[str, int, int]]:
+        """(topic, partition, next offset to read) for every partition the batch consumed."""
+        return [(topic, partition, r.last + 1) for (topic, partition), r in sorted(self.ranges.items())]
+
+    def dedup_token(self, table: str) -> str:
+        described = ",".join(f"{t}:{p}:{r.first}-{r.last}" for (t, p), r in sorted(self.ranges.items()))
+        return f"{table}:{hashlib.sha256(described.encode()).hexdigest()[:40]}"
+
+    def drop_partitions(self, lost: set[tuple[str, int]]) -> None:
+        """Forget what came from partitions this consumer no longer owns (their new owner replays them)."""
+        for key in lost:
+            self.ranges.pop(key, None)
+        for rows in self.tables.values():
+            kept = [(r, o) for r, o in zip(rows.rows, rows.origins, strict=True)
+                    if (o.topic, o.partition) not in lost]
+            rows.rows = [r for r, _ in kept]
+            rows.origins = [o for _, o in kept]
+        self.messages = sum(len(r.rows) for r in self.tables.values())

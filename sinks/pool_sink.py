@@ -1,0 +1,222 @@
+"""Kafka curated topics -> pool tables: batched inserts, offsets committed only after ClickHouse took them.
+
+Guarantees: a message is never lost (its offset is committed only after its row, or its dead letter, is
+in the pool), never crashes the sink (undecodable or unstorable messages become dead-letter rows with
+the reason), and is seen once in query results however often it is replayed (insert deduplication
+tokens from offset ranges, plus version replacement in every table the sink writes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+from clawr1.kafka_io import ensure_topics, make_consumer
+from pool.store import PoolDataError, PoolError, PoolStore
+from schemas.codec import AvroCodec, DecodeError
+from sinks.batch import Batch, TableRows
+from sinks.config import SinkConfig
+from sinks.rows import (
+    DEAD_LETTER_COLUMNS,
+    DLQ_ROUTE,
+    FEEDBACK_ROUTE,
+    PREFIX_NODES_ROUTE,
+    STEPS_ROUTE,
+    Origin,
+    RowError,
+    TableRoute,
+    sink_dead_letter_row,
+)
+
+log = logging.getLogger("clawr1.sink")
+
+EXIT_AFTER_INSERT_CODE = 86
+_DEAD_LETTER_TABLE = DLQ_ROUTE.table
+_RETRY_MAX_SECONDS = 5.0
+
+
+@dataclass
+class SinkStats:
+    """Counters for tests, benchmarks and logs."""
+
+    messages: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    dead_letters: int = 0
+    flushes: int = 0
+    insert_failures: int = 0
+    commit_failures: int = 0
+
+
+def routes_for(config: SinkConfig) -> dict[str, TableRoute]:
+    return {
+        config.steps_topic: STEPS_ROUTE,
+        config.feedback_topic: FEEDBACK_ROUTE,
+        config.prefix_nodes_topic: PREFIX_NODES_ROUTE,
+        config.dlq_topic: DLQ_ROUTE,
+    }
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PoolSink:
+    """One consumer-group member: poll, convert, batch, insert, then commit."""
+
+    def __init__(self, bootstrap: str, store: PoolStore, config: SinkConfig, codec: AvroCodec,
+                 partitions: int = 4) -> None:
+        self.bootstrap = bootstrap
+        self.store = store
+        self.config = config
+        self.codec = codec
+        self.partitions = partitions
+        self.routes = routes_for(config)
+        self.stats = SinkStats()
+        self._batch = Batch()
+        self._consumer: Consumer | None = None
+        self._stop = threading.Event()
+
+    # -- converting ---------------------------------------------------------------------------------
+
+    def accept(self, msg: Message) -> None:
+        """Turn one message into a row of its table, or into a dead letter with the reason."""
+        origin = Origin(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value())
+        route = self.routes[origin.topic]
+        stamp = now_ms()
+        try:
+            if origin.value is None:
+                raise RowError("empty message (no value)")
+            _, record = self.codec.decode(origin.value, expect=route.schema)
+            row = route.to_row(record, origin, stamp)
+        except DecodeError as exc:
+            self._dead_letter(origin, f"undecodable {route.schema!r} message: {exc}", stamp)
+        except (RowError, KeyError, TypeError) as exc:
+            self._dead_letter(origin, f"invalid {route.schema!r} record: {exc}", stamp)
+        else:
+            self._batch.add(route.table, tuple(route.columns), row, origin)
+        self._batch.consumed(origin)
+        self.stats.messages += 1
+
+    def _dead_letter(self, origin: Origin, reason: str, stamp: int) -> None:
+        log.warning("dead letter %s:%s:%s: %s", origin.topic, origin.partition, origin.offset, reason)
+        self.stats.dead_letters += 1
+        self._batch.add(_DEAD_LETTER_TABLE, DEAD_LETTER_COLUMNS, sink_dead_letter_row(origin, reason, stamp),
+                        origin)
+
+    # -- writing ------------------------------------------------------------------------------------
+
+    def _insert_rows(self, table: str, rows: TableRows, token: str, stop: threading.Event) -> bool:
+        """Insert, isolating rows ClickHouse cannot type into dead letters; False if stopped first."""
+        pending: list[tuple[int, int]] = [(0, len(rows.rows))]
+        while pending:
+            lo, hi = pending.pop()
+            block_token = token if (lo, hi) == (0, len(rows.rows)) else f"{token}/{lo}-{hi}"
+            try:
+                if not self._insert_retrying(table, rows.columns, rows.rows[lo:hi], block_token, stop):
+                    return False
+            except PoolDataError as exc:
+                if hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    pending.extend([(mid, hi), (lo, mid)])
+                    continue
+                origin = rows.origins[lo]
+                row = sink_dead_letter_row(origin, f"row rejected by table {table!r}: {exc}", now_ms())
+                if not self._insert_retrying(_DEAD_LETTER_TABLE, DEAD_LETTER_COLUMNS, [row],
+                                             f"{block_token}/dead", stop):
+                    return False
+                self.stats.dead_letters += 1
+        return True
+
+    def _insert_retrying(self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]],
+                         token: str, stop: threading.Event) -> bool:
+        """Retry server-side failures with backoff until they pass or ``stop`` is set."""
+        delay = 0.1
+        while True:
+            try:
+                self.store.insert(table, rows, columns, dedup_token=token)
+                return True
+            except PoolDataError:
+                raise
+            except PoolError as exc:
+                self.stats.insert_failures += 1
+                log.error("insert into %s failed (retrying in %.1fs): %s", table, delay, exc)
+                if stop.wait(delay):
+                    return False
+                delay = min(delay * 2, _RETRY_MAX_SECONDS)
+
+    def flush(self, stop: threading.Event) -> bool:
+        """Insert the batch, then commit its offsets; False (nothing committed) if stopped mid-way."""
+        batch = self._batch
+        if not batch.messages:
+            return True
+        for table, rows in batch.tables.items():
+            if rows.rows and not self._insert_rows(table, rows, batch.dedup_token(table), stop):
+                return False
+        if self.config.exit_after_insert:
+            log.warning("exit-after-insert hook: leaving before the commit")
+            os._exit(EXIT_AFTER_INSERT_CODE)
+        self._commit(batch)
+        for table, rows in batch.tables.items():
+            self.stats.rows[table] = self.stats.rows.get(table, 0) + len(rows.rows)
+        self.stats.flushes += 1
+        self._batch = Batch()
+        return True
+
+    def _commit(self, batch: Batch) -> None:
+        assert self._consumer is not None
+        offsets = [TopicPartition(t, p, o) for t, p, o in batch.commit_offsets()]
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # The rows are in the pool; a replay of these offsets collapses into them.
+            self.stats.commit_failures += 1
+            log.warning("offset commit failed (the batch will be replayed, harmlessly): %s", exc)
+
+    # -- consuming ----------------------------------------------------------------------------------
+
+    def _on_revoke(self, _consumer: Consumer, _partitions: list[TopicPartition]) -> None:
+        """Store and commit what was read before the partitions move to another member."""
+        self.flush(self._stop)
+
+    def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._batch.drop_partitions({(tp.topic, tp.partition) for tp in partitions})
+
+    def run(self, stop: threading.Event, ready: Callable[[], None] | None = None) -> SinkStats:
+        self._stop = stop
+        topics = list(self.routes)
+        ensure_topics(self.bootstrap, topics, self.partitions)
+        self._consumer = make_consumer(self.bootstrap, self.config.group_id,
+                                       **{"session.timeout.ms": self.config.session_timeout_ms})
+        try:
+            self._consumer.subscribe(topics, on_revoke=self._on_revoke, on_lost=self._on_lost)
+            if ready is not None:
+                ready()
+            while not stop.is_set():
+                self._poll_once()
+                if self._batch.is_due(self.config.batch_rows, self.config.batch_seconds):
+                    self.flush(stop)
+            self.flush(stop)
+        finally:
+            self._consumer.close()
+            self._consumer = None
+        return self.stats
+
+    def _poll_once(self) -> None:
+        assert self._consumer is not None
+        room = max(1, self.config.batch_rows - self._batch.messages)
+        wait = min(0.2, self.config.batch_seconds)
+        for msg in self._consumer.consume(num_messages=min(room, 1000), timeout=wait):
+            error = msg.error()
+            if error is None:
+                self.accept(msg)
+            elif error.fatal():
+                raise KafkaException(error)
+            elif error.code() != KafkaError._PARTITION_EOF:
+                log.warning("consumer error: %s", error)

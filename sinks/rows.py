@@ -1,0 +1,141 @@
+"""Decoded Avro records -> pool row tuples, one pure function per table.
+
+Avro decoding already guarantees the field types; what is checked here is what Avro cannot express but
+ClickHouse would reject or silently distort (negative token ids for ``UInt32``, timestamps outside
+``DateTime64``'s range, unknown reward states). A failed check raises ``RowError`` and the message goes
+to the dead letters with that reason instead of blocking the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pool.migrations import STEP_FIELDS
+
+REWARD_STATES = frozenset({"pending", "final"})
+_MAX_EPOCH_MS = 10_000_000_000_000  # year 2286, inside DateTime64(3)'s range
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+class RowError(ValueError):
+    """A decoded record that cannot become a pool row; the message is the dead-letter reason."""
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a message came from: the offset coordinates the sink records and deduplicates on."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+SOURCE_COLUMNS: tuple[str, ...] = ("ingested_at", "source_topic", "source_partition", "source_offset")
+STEP_COLUMNS: tuple[str, ...] = (*STEP_FIELDS, *SOURCE_COLUMNS)
+FEEDBACK_COLUMNS: tuple[str, ...] = (
+    "feedback_id", "target_kind", "target_id", "reward", "components", "final", "source", "source_name",
+    "label", "comment", "correction", "received_at_ms", *SOURCE_COLUMNS,
+)
+PREFIX_NODE_COLUMNS: tuple[str, ...] = (
+    "scope_id", "scope_kind", "node_id", "parent_node_id", "depth_start", "token_ids", "step_ids",
+    "version", "total_tokens", "tree_tokens", "forks", "updated_at_ms", *SOURCE_COLUMNS,
+)
+DEAD_LETTER_COLUMNS: tuple[str, ...] = (
+    "dlq_id", "reason", "stage", "source_topic", "source_partition", "source_offset", "original_key",
+    "original_value", "failed_at_ms", "ingested_at", "dlq_topic", "dlq_partition", "dlq_offset",
+)
+
+_BOOL_STEP_FIELDS = frozenset({"terminal", "ready"})
+_TIME_STEP_FIELDS = frozenset({"created_at_ms", "updated_at_ms"})
+
+
+def _epoch_ms(record: dict[str, Any], name: str) -> int:
+    value = record[name]
+    if not 0 <= value < _MAX_EPOCH_MS:
+        raise RowError(f"{name}={value} is not an epoch time in milliseconds")
+    return int(value)
+
+
+def _token_ids(record: dict[str, Any], name: str) -> list[int]:
+    ids = record[name]
+    if ids and (min(ids) < 0 or max(ids) > _MAX_TOKEN_ID):
+        raise RowError(f"{name} holds ids outside 0..2^32-1")
+    return ids
+
+
+def _source(origin: Origin, now_ms: int) -> tuple[Any, ...]:
+    return (now_ms, origin.topic, origin.partition, origin.offset)
+
+
+def step_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[Any, ...]:
+    for name in ("reward_status", "trajectory_reward_status"):
+        if record[name] not in REWARD_STATES:
+            raise RowError(f"{name} {record[name]!r} is not one of {sorted(REWARD_STATES)}")
+    values: list[Any] = []
+    for name in STEP_FIELDS:
+        if name in _TIME_STEP_FIELDS:
+            values.append(_epoch_ms(record, name))
+        elif name in _BOOL_STEP_FIELDS:
+            values.append(int(bool(record[name])))
+        elif name in ("prompt_token_ids", "response_token_ids"):
+            values.append(_token_ids(record, name))
+        elif name == "response_logprobs":
+            values.append(record[name] or [])
+        else:
+            values.append(record[name])
+    return (*values, *_source(origin, now_ms))
+
+
+def feedback_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[Any, ...]:
+    return (
+        record["feedback_id"], record["target_kind"], record["target_id"], record["reward"],
+        record["components"], int(record["final"]), record["source"], record["source_name"], record["label"],
+        record["comment"], record["correction"], _epoch_ms(record, "received_at_ms"),
+        *_source(origin, now_ms),
+    )
+
+
+def prefix_node_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[Any, ...]:
+    return (
+        record["scope_id"], record["scope_kind"], record["node_id"], record["parent_node_id"],
+        record["depth_start"], _token_ids(record, "token_ids"), record["step_ids"], record["version"],
+        record["total_tokens"], record["tree_tokens"], record["forks"], _epoch_ms(record, "updated_at_ms"),
+        *_source(origin, now_ms),
+    )
+
+
+def dead_letter_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[Any, ...]:
+    """A dead letter published by another stage on the DLQ topic; ``origin`` is its place in that topic."""
+    return (
+        record["dlq_id"], record["reason"], record["stage"], record["source_topic"],
+        record["source_partition"], record["source_offset"], record["original_key"], record["original_value"],
+        _epoch_ms(record, "failed_at_ms"), now_ms, origin.topic, origin.partition, origin.offset,
+    )
+
+
+def sink_dead_letter_row(origin: Origin, reason: str, now_ms: int) -> tuple[Any, ...]:
+    """A message the sink itself could not store: kept whole, with the reason, keyed by its offset."""
+    return (
+        f"{origin.topic}:{origin.partition}:{origin.offset}", reason, "sink", origin.topic, origin.partition,
+        origin.offset, origin.key, origin.value, now_ms, now_ms, "", -1, -1,
+    )
+
+
+@dataclass(frozen=True)
+class TableRoute:
+    """Which schema a topic carries and how its records become rows of which table."""
+
+    schema: str
+    table: str
+    columns: Sequence[str]
+    to_row: Callable[[dict[str, Any], Origin, int], tuple[Any, ...]]
+
+
+STEPS_ROUTE = TableRoute("step", "step_versions", STEP_COLUMNS, step_row)
+FEEDBACK_ROUTE = TableRoute("feedback", "feedback_log", FEEDBACK_COLUMNS, feedback_row)
+PREFIX_NODES_ROUTE = TableRoute("prefix_node", "prefix_node_versions", PREFIX_NODE_COLUMNS, prefix_node_row)
+DLQ_ROUTE = TableRoute("dead_letter", "dead_letter_log", DEAD_LETTER_COLUMNS, dead_letter_row)

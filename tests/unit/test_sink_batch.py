@@ -1,0 +1,60 @@
+"""Sink batches: offsets to commit, deterministic dedup tokens, flush triggers, lost partitions."""
+
+from __future__ import annotations
+
+from clawr1.settings import load_settings
+from sinks.batch import Batch
+from sinks.config import SinkConfig
+from sinks.rows import Origin
+
+
+def origin(partition: int, offset: int, topic: str = "steps") -> Origin:
+    return Origin(topic, partition, offset, None, None)
+
+
+def filled(offsets: list[tuple[int, int]]) -> Batch:
+    batch = Batch(started=0.0)
+    for partition, offset in offsets:
+        o = origin(partition, offset)
+        batch.add("step_versions", ("step_id",), (f"{partition}:{offset}",), o)
+        batch.consumed(o)
+    return batch
+
+
+def test_commit_offsets_are_one_past_the_last_message_per_partition() -> None:
+    batch = filled([(0, 5), (1, 9), (0, 6), (0, 7)])
+    assert batch.commit_offsets() == [("steps", 0, 8), ("steps", 1, 10)]
+
+
+def test_dedup_token_depends_on_the_ranges_not_on_arrival_order() -> None:
+    a = filled([(0, 5), (1, 9), (0, 6)])
+    b = filled([(1, 9), (0, 6), (0, 5)])
+    assert a.dedup_token("step_versions") == b.dedup_token("step_versions")
+    assert a.dedup_token("step_versions") != a.dedup_token("dead_letter_log")
+    assert a.dedup_token("step_versions") != filled([(0, 5), (1, 9)]).dedup_token("step_versions")
+
+
+def test_due_by_size_or_age() -> None:
+    batch = filled([(0, 1), (0, 2)])
+    assert not Batch().is_due(1, 0.0)
+    assert batch.is_due(2, 100.0, now=1.0)
+    assert not batch.is_due(3, 100.0, now=1.0)
+    assert batch.is_due(3, 100.0, now=100.0)
+
+
+def test_lost_partitions_are_forgotten() -> None:
+    batch = filled([(0, 1), (1, 1), (1, 2)])
+    batch.drop_partitions({("steps", 1)})
+    assert batch.commit_offsets() == [("steps", 0, 2)]
+    assert batch.tables["step_versions"].rows == [("0:1",)]
+    assert batch.messages == 1
+
+
+def test_sink_config_reads_overrides_from_the_environment() -> None:
+    settings = load_settings({"CLAWR1_SINK_STEPS_TOPIC": "s.x", "CLAWR1_SINK_GROUP": "g",
+                              "CLAWR1_SINK_BATCH_ROWS": "7", "CLAWR1_SINK_EXIT_AFTER_INSERT": "1"})
+    config = SinkConfig.from_settings(settings)
+    assert (config.steps_topic, config.group_id, config.batch_rows, config.exit_after_insert) == (
+        "s.x", "g", 7, True)
+    assert config.dlq_topic == "clawr1.dlq" and config.feedback_topic == "clawr1.raw.feedback"
+    assert SinkConfig.from_settings(load_settings({})) == SinkConfig()
