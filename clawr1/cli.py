@@ -42,7 +42,11 @@ def _build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", help="query the pool (interactive without a query)")
     _common(sql)
     sql.add_argument("--api", help="the running stack's API URL, e.g. http://127.0.0.1:8000")
-    sql.add_argument("--format", default="TabSeparatedWithNames")
+    sql.add_argument(
+        "--dsn", help="a pool DSN to open directly (default: CLAWR1_CLICKHOUSE_DSN or the embedded pool)"
+    )
+    sql.add_argument("--api-key", dest="api_key", help="API key when the stack requires one")
+    sql.add_argument("--format", default="TabSeparatedWithNames", help="ClickHouse output format")
     sql.add_argument("query", nargs="?")
 
     status = sub.add_parser("status", help="health of a running stack and what its pool holds")
@@ -106,21 +110,22 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     """Serve the API and run the sink in one process: the one process that may own the chDB pool."""
     import asyncio
 
+    from clawr1 import readiness
     from gateway.app import create_app
     from gateway.server import serve
     from pool.api import pool_router
     from pool.store import PoolStore
     from sinks.runner import run_sink
 
-    from clawr1 import readiness
-
     data_dir = settings.data_dir.resolve()
+    # Two stores on one DSN (allowed within a process): a long analyst query never stalls the sink.
     store = PoolStore(settings.pool_dsn)
     store.migrate()
+    sink_store = PoolStore(settings.pool_dsn)
     stop = threading.Event()
     sink_ready = threading.Event()
     sink = threading.Thread(
-        target=run_sink, args=(settings, store, stop, sink_ready.set), name="sink", daemon=True
+        target=run_sink, args=(settings, sink_store, stop, sink_ready.set), name="sink", daemon=True
     )
     if with_sink:
         sink.start()
@@ -147,6 +152,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         stop.set()
         if with_sink:
             sink.join(30)
+        sink_store.close()
         store.close()
     return 0
 
@@ -169,16 +175,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_stack(settings, demo=args.demo)
     if args.command == "sql":
-        from pool.sql_cli import interactive, run_sql
+        from pool.sql_cli import main as sql_main
 
-        if args.query is None:
-            return interactive(api_url=args.api, dsn=None if args.api else settings.pool_dsn, fmt=args.format)
-        sys.stdout.write(
-            run_sql(
-                args.query, api_url=args.api, dsn=None if args.api else settings.pool_dsn, fmt=args.format
-            )
-        )
-        return 0
+        target = ["--api", args.api] if args.api else ["--dsn", args.dsn or settings.pool_dsn]
+        key = ["--api-key", args.api_key] if args.api_key else []
+        return sql_main([*target, *key, "--format", args.format, *([args.query] if args.query else [])])
     if args.command == "api":
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":

@@ -21,7 +21,7 @@ def print_status(api_url: str) -> int:
     print(f"health: {health.status_code} {health.text}")
     if health.status_code != 200:
         return 1
-    reply = httpx.post(f"{api_url}/v1/sql", json={"sql": _SUMMARY, "format": "JSONEachRow"}, timeout=30)
+    reply = httpx.post(f"{api_url}/v1/sql", json={"query": _SUMMARY, "format": "JSONEachRow"}, timeout=30)
     if reply.status_code == 200 and reply.text.strip():
         print("pool:", json.dumps(json.loads(reply.text.splitlines()[0])))
     else:

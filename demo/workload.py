@@ -120,7 +120,7 @@ def _print_pool_summary(api_url: str, wait: float) -> None:
     rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
         reply = httpx.post(
-            f"{api_url}/v1/sql", json={"sql": _SUMMARY_SQL, "format": "JSONEachRow"}, timeout=30
+            f"{api_url}/v1/sql", json={"query": _SUMMARY_SQL, "format": "JSONEachRow"}, timeout=30
         )
         rows = (
             [json.loads(line) for line in reply.text.splitlines() if line.strip()] if reply.is_success else []

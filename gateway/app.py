@@ -301,7 +301,8 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
     app.include_router(ingest_router(config.max_batch, state.keys))
     app.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health, tags=["health"],
                       responses={503: {"model": Health, "description": "a part is not ready"}})
+    # Mounted routers (pool SQL, dashboard) read the pool: with keys set, they need a key allowed "pool".
     for router in routers:
-        app.include_router(router)
+        app.include_router(router, dependencies=[Depends(source_for("pool", state.keys))])
     _install_openapi(app, [StepIn, FeedbackIn, EventIn, TurnPayload])
     return app

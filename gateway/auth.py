@@ -1,7 +1,8 @@
 """API keys: who is submitting (the source name recorded on every event) and what they may submit.
 
 ``CLAWR1_API_KEYS`` holds comma-separated entries ``name:key`` or ``name:key:kind1|kind2`` (kinds:
-steps, feedback, events), or ``@/path/to/file`` with one entry per line (``#`` comments allowed).
+steps, feedback, events, and pool = reading the pool: SQL, SDK, dashboard), or ``@/path/to/file``
+with one entry per line (``#`` comments allowed).
 The source name always comes from the key, never from the request body. Keys are compared with
 ``hmac.compare_digest`` against every configured key, so timing reveals neither a key nor which
 one matched. Error messages name entries by position, never by their secret.
@@ -15,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = frozenset({"steps", "feedback", "events"})
+KINDS = frozenset({"steps", "feedback", "events", "pool"})
 ANONYMOUS = "anonymous"
 
 

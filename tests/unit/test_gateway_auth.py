@@ -81,3 +81,23 @@ def test_public_bind_needs_keys() -> None:
 def test_bind_address_brackets_ipv6() -> None:
     assert bind_address("::1", 8000) == "[::1]:8000"
     assert bind_address("127.0.0.1", 8000) == "127.0.0.1:8000"
+
+
+def test_mounted_pool_routers_need_a_key_allowed_to_read_the_pool() -> None:
+    from fastapi import APIRouter
+    from fastapi.testclient import TestClient
+
+    from clawr1.settings import Settings
+    from gateway.app import create_app
+
+    router = APIRouter()
+
+    @router.get("/v1/pool-probe")
+    def probe() -> dict[str, bool]:
+        return {"ok": True}
+
+    app = create_app(Settings(api_keys="reader:key-r:pool,writer:key-w:steps"), routers=[router])
+    client = TestClient(app)  # no lifespan: the probe needs no Kafka
+    assert client.get("/v1/pool-probe").status_code == 401
+    assert client.get("/v1/pool-probe", headers={"Authorization": "Bearer key-w"}).status_code == 403
+    assert client.get("/v1/pool-probe", headers={"Authorization": "Bearer key-r"}).json() == {"ok": True}
