@@ -12,6 +12,7 @@ COPY sinks sinks
 COPY pool pool
 COPY consumer_sdk consumer_sdk
 COPY prefix_tree prefix_tree
+COPY dashboard dashboard
 COPY demo demo
 RUN pip install --no-cache-dir --prefer-binary -c constraints.txt '.[all,tokenizer]'
 ENV CLAWR1_DATA_DIR=/data

@@ -245,8 +245,7 @@ SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
        countIf(reward_status = 'final') AS final_rewards,
        min(ready) AS all_ready,
        min(created_at_ms) AS started_at
-FROM steps
-WHERE prompt_group_id IS NOT NULL
+FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
 GROUP BY prompt_group_id;
 """),
 ]

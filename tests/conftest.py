@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from broker.launcher import KafkaBroker
+from pool.store import PoolStore, quote_identifier
 
 
 def free_port() -> int:
@@ -43,3 +44,26 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def unique() -> str:
     """A short unique suffix for topic, group and id names, so tests never see each other's data."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def pool_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One pool DSN per test session: chDB opens one engine path per process, so every test shares it
+    and isolates itself in its own database. CLAWR1_TEST_POOL_DSN points the tests at a ClickHouse server."""
+    external = os.environ.get("CLAWR1_TEST_POOL_DSN")
+    if external:
+        return external
+    return f"chdb://{tmp_path_factory.mktemp('pool-session').resolve()}"
+
+
+@pytest.fixture
+def pool_store(pool_dsn: str) -> Iterator[PoolStore]:
+    """A migrated PoolStore on a fresh database of the session pool, dropped after the test."""
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    store = PoolStore(pool_dsn, database=database)
+    try:
+        store.migrate()
+        yield store
+    finally:
+        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
+        store.close()

@@ -58,6 +58,14 @@ def test_newest_version_wins_even_under_a_filter_the_newest_fails(pool_store: Po
     assert pending == [{"step_id": "b"}]
 
 
+def test_prompt_groups_view_lists_only_real_groups(pool_store: PoolStore) -> None:
+    insert_steps(pool_store, [step("g1", trajectory_id="t1", prompt_group_id="grp", prompt_group_size=2),
+                              step("g2", trajectory_id="t2", prompt_group_id="grp", prompt_group_size=2),
+                              step("solo", trajectory_id="t3")])
+    groups = pool_store.query("SELECT prompt_group_id, num_steps, num_trajectories FROM prompt_groups")
+    assert groups == [{"prompt_group_id": "grp", "num_steps": 2, "num_trajectories": 2}]
+
+
 def test_a_repeated_dedup_token_drops_the_repeated_insert(pool_store: PoolStore) -> None:
     for _ in range(3):
         insert_steps(pool_store, [step("a", 1), step("b", 1)], token="steps.t:0:0-1")

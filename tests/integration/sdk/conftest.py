@@ -11,7 +11,6 @@ deduplication cannot drop a test's rows.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -70,26 +69,18 @@ class Pool:
         self.store.insert(STEPS_ROUTE.table, rows, STEPS_ROUTE.columns)
 
 
-@pytest.fixture(scope="session")
-def sdk_pool_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
-    external = os.environ.get("CLAWR1_TEST_POOL_DSN")
-    if external:
-        return external
-    return f"chdb://{tmp_path_factory.mktemp('sdk-pool').resolve()}"
-
-
 @pytest.fixture(scope="module")
-def module_pool(sdk_pool_dsn: str) -> Iterator[Pool]:
+def module_pool(pool_dsn: str) -> Iterator[Pool]:
     """One migrated pool database per test module (migrations cost more than the tests themselves).
 
     Closed at the module's end, so no chDB client of this suite stays open while another suite's
     tests open their own engine path.
     """
     database = f"sdk_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(sdk_pool_dsn, database=database)
+    store = PoolStore(pool_dsn, database=database)
     try:
         store.migrate()
-        yield Pool(store=store, dsn=database_dsn(sdk_pool_dsn, database))
+        yield Pool(store=store, dsn=database_dsn(pool_dsn, database))
     finally:
         store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
         store.close()

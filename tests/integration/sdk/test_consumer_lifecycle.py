@@ -131,11 +131,11 @@ def test_api_refusal_is_a_pool_request_error(api_url: str) -> None:
     assert info.value.status == 404
 
 
-def test_unmigrated_pool_is_a_pool_request_error(sdk_pool_dsn: str) -> None:
+def test_unmigrated_pool_is_a_pool_request_error(pool_dsn: str) -> None:
     database = f"bare_{uuid.uuid4().hex[:8]}"
-    with PoolStore(sdk_pool_dsn, database=database) as store:
+    with PoolStore(pool_dsn, database=database) as store:
         try:
-            with PoolConsumer(sdk_direct_source(database_dsn(sdk_pool_dsn, database)), "bare") as consumer, \
+            with PoolConsumer(sdk_direct_source(database_dsn(pool_dsn, database)), "bare") as consumer, \
                     pytest.raises(PoolRequestError) as info:
                 consumer.poll()
         finally:

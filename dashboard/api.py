@@ -1,0 +1,114 @@
+"""HTTP face of the dashboard: the page, its assets and the JSON it polls, as one router.
+
+The process that owns the pool mounts it beside the pool router::
+
+    create_app(settings, routers=[pool_router(store), dashboard_router(store)])
+
+The page is plain HTML + JavaScript shipped in ``dashboard/static`` (no build step, no external
+assets). It links its assets and calls the API with relative URLs, so it also works when the API sits
+behind a path prefix. Pool reads run in the thread pool: a chDB or HTTP query must not block the
+event loop that also serves ingest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from fastapi import Path as PathParam
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from dashboard.panels import Dashboard
+from pool.store import PoolError, PoolStore
+
+STATIC_DIR = Path(__file__).parent / "static"
+ASSETS: dict[str, str] = {
+    "app.js": "text/javascript; charset=utf-8",
+    "app.css": "text/css; charset=utf-8",
+}
+"""The only files served under /dashboard/assets: a fixed list, so no request can name another path."""
+
+MAX_PAGE = 500
+_NO_STORE = {"Cache-Control": "no-store"}
+_POOL_DOWN = {503: {"description": "the pool could not answer (ClickHouse's error text)"}}
+
+
+class StepsPage(BaseModel):
+    """One page of the latest-steps table and its equality filters (``dashboard.queries.STEP_FILTERS``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit: int = Field(50, ge=1, le=MAX_PAGE)
+    offset: int = Field(0, ge=0, le=10**9)
+    source_kind: str | None = None
+    source_name: str | None = None
+    trajectory_id: str | None = None
+    prompt_group_id: str | None = None
+    policy_version: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    status: str | None = None
+    reward_status: str | None = None
+    token_provenance: str | None = None
+    ready: bool | None = None
+
+
+async def _read(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return await run_in_threadpool(fn, *args)
+    except PoolError as exc:
+        raise HTTPException(503, f"the pool could not answer: {exc}") from exc
+
+
+def dashboard_router(store: PoolStore) -> APIRouter:
+    """Routes over ``store``; a store of its own keeps dashboard refreshes from queuing behind the sink."""
+    board = Dashboard(store)
+    router = APIRouter(tags=["dashboard"])
+
+    @router.get("/dashboard", response_class=FileResponse, summary="The interactive dashboard page")
+    async def page() -> FileResponse:
+        return FileResponse(
+            STATIC_DIR / "index.html", media_type="text/html; charset=utf-8", headers=_NO_STORE
+        )
+
+    @router.get(
+        "/dashboard/assets/{name}",
+        response_class=FileResponse,
+        summary="The page's script and style",
+        responses={404: {"description": "not one of the page's assets"}},
+    )
+    async def asset(name: str) -> FileResponse:
+        media_type = ASSETS.get(name)
+        if media_type is None:
+            raise HTTPException(404, f"no dashboard asset {name!r}; assets: {', '.join(sorted(ASSETS))}")
+        return FileResponse(STATIC_DIR / name, media_type=media_type, headers=_NO_STORE)
+
+    @router.get(
+        "/v1/dashboard/summary",
+        responses=_POOL_DOWN,
+        summary="Every panel's data: collection, representation, curation, optimization, consumption",
+    )
+    async def summary() -> JSONResponse:
+        return JSONResponse(await _read(board.summary), headers=_NO_STORE)
+
+    @router.get(
+        "/v1/dashboard/steps", responses=_POOL_DOWN, summary="The latest steps, newest first, one page"
+    )
+    async def steps(page: Annotated[StepsPage, Query()]) -> JSONResponse:
+        filters = page.model_dump(exclude_none=True, exclude={"limit", "offset"})
+        return JSONResponse(await _read(board.steps, filters, page.limit, page.offset), headers=_NO_STORE)
+
+    @router.get(
+        "/v1/dashboard/steps/{step_id:path}",
+        summary="One step: prompt, response, tokens, reward, feedback",
+        responses={404: {"description": "no step with this id"}, **_POOL_DOWN},
+    )
+    async def step(step_id: Annotated[str, PathParam(min_length=1, max_length=512)]) -> JSONResponse:
+        detail = await _read(board.step, step_id)
+        if detail is None:
+            raise HTTPException(404, f"no step with id {step_id!r}")
+        return JSONResponse(detail, headers=_NO_STORE)
+
+    return router

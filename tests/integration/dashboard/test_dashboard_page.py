@@ -1,0 +1,88 @@
+"""The page and its assets: right content types, only local assets, mountable in the stack's API app."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from urllib.parse import urljoin, urlsplit
+
+from fastapi.testclient import TestClient
+
+from clawr1.settings import Settings
+from dashboard.api import dashboard_router
+from gateway.app import create_app
+from pool.api import pool_router
+from pool.store import PoolStore
+
+PAGE_URL = "http://testserver/dashboard"
+
+
+class _Links(HTMLParser):
+    """Every URL the page makes the browser load (scripts, styles, images, frames)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if name in {"src", "href"} and value:
+                self.urls.append(value)
+
+
+def page_links(client: TestClient) -> list[str]:
+    response = client.get("/dashboard")
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "text/html; charset=utf-8"
+    parser = _Links()
+    parser.feed(response.text)
+    return parser.urls
+
+
+def test_the_page_loads_only_local_assets_served_with_their_types(empty_client: TestClient) -> None:
+    links = page_links(empty_client)
+    assert sorted(links) == ["dashboard/assets/app.css", "dashboard/assets/app.js"]
+    types = {}
+    for link in links:
+        assert not urlsplit(link).scheme and not link.startswith("//"), link
+        response = empty_client.get(urljoin(PAGE_URL, link))
+        assert response.status_code == 200, link
+        types[link.rsplit(".", 1)[1]] = response.headers["content-type"]
+        # No script or style pulls anything from elsewhere: the only absolute URL is the SVG namespace.
+        assert set(re.findall(r"(?:https?:)?//[\w.-]+\.\w+[^\s\"'`)]*", response.text)) <= {
+            "http://www.w3.org/2000/svg"
+        }, link
+        assert "@import" not in response.text and "url(" not in response.text
+    assert types == {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+
+
+def test_the_script_calls_the_api_relative_to_the_page(empty_client: TestClient) -> None:
+    script = empty_client.get("/dashboard/assets/app.js").text
+    assert 'const API = "v1/dashboard";' in script
+    assert urljoin(PAGE_URL, "v1/dashboard/summary") == "http://testserver/v1/dashboard/summary"
+
+
+def test_only_the_listed_assets_are_served(empty_client: TestClient) -> None:
+    for name in ("api.py", "..%2Fapi.py", "index.html", "missing.js"):
+        response = empty_client.get(f"/dashboard/assets/{name}")
+        assert response.status_code == 404, name
+
+
+def test_the_router_mounts_beside_the_pool_router_in_the_api_app(pool_store: PoolStore) -> None:
+    app = create_app(Settings(), routers=[pool_router(pool_store), dashboard_router(pool_store)])
+    client = TestClient(app)  # no lifespan: the Kafka producer is not needed for these routes
+    assert client.get("/dashboard").status_code == 200
+    assert client.get("/v1/dashboard/summary").json()["totals"]["steps"] == 0
+    assert client.post("/v1/sql", json={"query": "SELECT count() AS n FROM steps"}).status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/dashboard/summary", "/v1/dashboard/steps", "/v1/dashboard/steps/{step_id}"} <= set(paths)
+
+
+def test_a_pool_that_cannot_answer_is_a_503_with_the_reason(pool_dsn: str) -> None:
+    store = PoolStore(pool_dsn)
+    store.close()
+    client = TestClient(create_app(Settings(), routers=[dashboard_router(store)]))
+    for path in ("/v1/dashboard/summary", "/v1/dashboard/steps", "/v1/dashboard/steps/a"):
+        response = client.get(path)
+        assert response.status_code == 503, path
+        assert "the pool store is closed" in response.text
