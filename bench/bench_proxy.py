@@ -1,0 +1,371 @@
+"""What the capture proxy costs an agent, against a direct call and against bare mitmdump, in one run.
+
+Four targets serve the same stand-in engine (each server in its own process, all on loopback):
+direct; bare ``mitmdump`` in reverse mode with no addon (the floor any mitmproxy addon stands on);
+the Claw-R1 proxy (capture to Kafka); the Claw-R1 proxy with ``--capture-token-ids`` (request
+injection plus live stripping of every SSE chunk). Phases, interleaved round by round so drift in
+this shared machine's load hits every target alike:
+
+- latency: sequential plain chat calls (keep-alive), p50/p99;
+- time to first chunk: sequential streamed chat calls, p50/p99 of first byte and of the whole stream;
+- throughput: ``--concurrency`` concurrent clients for ``--seconds`` per target (bounded loops);
+  calls/s and the proxy process's CPU ms per call.
+
+Finally every call sent through a Claw-R1 proxy must be on its Kafka topic (nothing dropped).
+
+    .venv/bin/python bench/bench_proxy.py [--bootstrap HOST:PORT] [--calls 300] [--seconds 4]
+
+Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
+Results: bench/results/bench_proxy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from confluent_kafka import TopicPartition
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from broker.launcher import KafkaBroker  # noqa: E402
+from clawr1.kafka_io import ensure_topics, make_consumer  # noqa: E402
+
+PARTITIONS = 4
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+PROXY_MAIN = (
+    "import sys; from clawr1.settings import load_settings; from proxy.runner import run_proxy; "
+    "sys.exit(run_proxy(load_settings(), lambda: print('READY', flush=True), topic=sys.argv[1]))"
+)
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    pid: int | None = None
+    topic: str | None = None
+    # Fields added to every request body (the direct call that asks the engine for ids itself).
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    sent: int = 0
+    throughput_calls: int = 0
+    throughput_s: float = 0.0
+    cpu_s: float = 0.0
+    latency_ms: list[float] = field(default_factory=list)
+    first_chunk_ms: list[float] = field(default_factory=list)
+    stream_ms: list[float] = field(default_factory=list)
+    calls_per_s: float = 0.0
+    cpu_ms_per_call: float | None = None
+    errors: int = 0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port} after {timeout:.0f}s")
+
+
+@contextmanager
+def process(
+    args: list[str], env: dict[str, str] | None = None, ready_line: str | None = None, port: int | None = None
+) -> Iterator[subprocess.Popen[str]]:
+    child = subprocess.Popen(
+        args,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        if ready_line is not None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                if ready_line in line:
+                    break
+            else:
+                raise RuntimeError(f"{args[0]} exited with {child.wait()} before it was ready")
+        if port is not None:
+            wait_port(port)
+        yield child
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def conversation(n: int) -> dict[str, Any]:
+    """A mid-episode agent call: system prompt, tool definitions, a few turns (about 6 KB of JSON)."""
+    filler = "Inspect the repository, run the tests and report what fails. " * 12
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent. " + filler}]
+    for turn in range(3):
+        messages += [
+            {"role": "user", "content": f"Step {turn} of call {n}: {filler}"},
+            {"role": "assistant", "content": f"Done with step {turn}: {filler[:200]}"},
+        ]
+    messages.append({"role": "user", "content": f"Call {n}: summarize."})
+    return {"model": "standin-1", "messages": messages, "max_tokens": 64}
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def run_latency(targets: list[Target], calls: int, rounds: int) -> None:
+    clients = {t.name: httpx.Client(base_url=t.url, timeout=30) for t in targets}
+    for target in targets:  # warm-up: connections and caches
+        for n in range(20):
+            body = {**conversation(n), **target.extra_body}
+            clients[target.name].post("/v1/chat/completions", json=body).raise_for_status()
+            clients[target.name].post("/v1/chat/completions", json={**body, "stream": True})
+            target.sent += 2
+    per_round = max(1, calls // rounds)
+    for r in range(rounds):
+        for target in targets:
+            client = clients[target.name]
+            for n in range(per_round):
+                body = {**conversation(r * per_round + n), **target.extra_body}
+                started = time.perf_counter()
+                client.post("/v1/chat/completions", json=body).raise_for_status()
+                target.latency_ms.append((time.perf_counter() - started) * 1000)
+                started = time.perf_counter()
+                with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as response:
+                    chunks = response.iter_raw()
+                    next(chunks)
+                    target.first_chunk_ms.append((time.perf_counter() - started) * 1000)
+                    for _ in chunks:
+                        pass
+                target.stream_ms.append((time.perf_counter() - started) * 1000)
+                target.sent += 2
+    for client in clients.values():
+        client.close()
+
+
+async def throughput_slice(target: Target, seconds: float, concurrency: int) -> None:
+    """``concurrency`` clients calling back to back for ``seconds`` (a bounded loop)."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    done = 0
+    async with httpx.AsyncClient(base_url=target.url, timeout=30, limits=limits) as client:
+        deadline = time.perf_counter() + seconds
+
+        async def worker(offset: int) -> None:
+            nonlocal done
+            n = offset
+            while time.perf_counter() < deadline:
+                response = await client.post(
+                    "/v1/chat/completions", json={**conversation(n), **target.extra_body}
+                )
+                if response.status_code != 200:
+                    target.errors += 1
+                done += 1
+                n += concurrency
+
+        cpu_before = cpu_seconds(target.pid) if target.pid else 0.0
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        target.throughput_s += time.perf_counter() - started
+        target.cpu_s += (cpu_seconds(target.pid) - cpu_before) if target.pid else 0.0
+    target.sent += done
+    target.throughput_calls += done
+
+
+def run_throughput(targets: list[Target], seconds: float, rounds: int, concurrency: int) -> None:
+    """Slices interleaved across targets, so background load hits all of them alike."""
+    for _ in range(rounds):
+        for target in targets:
+            asyncio.run(throughput_slice(target, seconds / rounds, concurrency))
+    for target in targets:
+        target.calls_per_s = target.throughput_calls / target.throughput_s
+        if target.pid:
+            target.cpu_ms_per_call = round(target.cpu_s * 1000 / max(target.throughput_calls, 1), 3)
+
+
+def topic_size(bootstrap: str, topic: str) -> int:
+    consumer = make_consumer(bootstrap, f"bench-proxy-{uuid.uuid4().hex[:6]}")
+    try:
+        return sum(
+            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)
+        )
+    finally:
+        consumer.close()
+
+
+def wait_captured(bootstrap: str, target: Target, timeout: float = 60.0) -> int:
+    assert target.topic is not None
+    deadline = time.monotonic() + timeout
+    size = topic_size(bootstrap, target.topic)
+    while size < target.sent and time.monotonic() < deadline:
+        time.sleep(0.5)
+        size = topic_size(bootstrap, target.topic)
+    return size
+
+
+def summary(target: Target, baselines: list[Target]) -> dict[str, Any]:
+    p50, p99 = percentile(target.latency_ms, 50), percentile(target.latency_ms, 99)
+    out: dict[str, Any] = {
+        "latency_p50_ms": p50,
+        "latency_p99_ms": p99,
+        "first_chunk_p50_ms": percentile(target.first_chunk_ms, 50),
+        "first_chunk_p99_ms": percentile(target.first_chunk_ms, 99),
+        "stream_p50_ms": percentile(target.stream_ms, 50),
+        "calls_per_s": round(target.calls_per_s, 1),
+        "cpu_ms_per_call": target.cpu_ms_per_call,
+        "errors": target.errors,
+    }
+    for base in baselines:
+        b50, b99 = percentile(base.latency_ms, 50) or 0.0, percentile(base.latency_ms, 99) or 0.0
+        out[f"vs_{base.name}"] = {
+            "added_p50_ms": round((p50 or 0.0) - b50, 3),
+            "added_p99_ms": round((p99 or 0.0) - b99, 3),
+            "added_first_chunk_p50_ms": round(
+                (percentile(target.first_chunk_ms, 50) or 0.0) - (percentile(base.first_chunk_ms, 50) or 0.0),
+                3,
+            ),
+            "added_first_chunk_p99_ms": round(
+                (percentile(target.first_chunk_ms, 99) or 0.0) - (percentile(base.first_chunk_ms, 99) or 0.0),
+                3,
+            ),
+            "latency_p50_ratio": round((p50 or 0.0) / b50, 3) if b50 else None,
+            "throughput_ratio": round(target.calls_per_s / base.calls_per_s, 3),
+        }
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--bootstrap", default=os.environ.get("CLAWR1_BENCH_KAFKA_BOOTSTRAP", ""))
+    parser.add_argument("--calls", type=int, default=300, help="plain and streamed calls per target")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--seconds", type=float, default=4.0, help="throughput phase per target")
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args()
+
+    with ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-proxy-")))
+        bootstrap = args.bootstrap
+        if not bootstrap:
+            broker = KafkaBroker(data_dir=work / "kafka", port=free_port(), controller_port=free_port())
+            broker.start()
+            stack.callback(broker.stop)
+            bootstrap = broker.bootstrap
+        engine_port = free_port()
+        stack.enter_context(
+            process(
+                [sys.executable, "-m", "demo.standin_engine", "--port", str(engine_port)],
+                ready_line="stand-in engine on",
+            )
+        )
+        upstream = f"http://127.0.0.1:{engine_port}"
+        ids = {"return_token_ids": True, "logprobs": True}
+        targets = [Target("direct", upstream), Target("direct_asking_ids", upstream, extra_body=ids)]
+
+        bare_port = free_port()
+        bare = stack.enter_context(
+            process(
+                [
+                    str(Path(sys.executable).parent / "mitmdump"),
+                    "-q",
+                    "--mode",
+                    f"reverse:{upstream}@127.0.0.1:{bare_port}",
+                    "--set",
+                    f"confdir={work / 'bare'}",
+                ],
+                port=bare_port,
+            )
+        )
+        targets.append(Target("bare_mitmdump", f"http://127.0.0.1:{bare_port}", bare.pid))
+
+        for name, token_ids in (("clawr1", False), ("clawr1_token_ids", True)):
+            port, topic = free_port(), f"clawr1.bench.raw.llm.{uuid.uuid4().hex[:8]}"
+            ensure_topics(bootstrap, [topic], PARTITIONS)
+            env = {
+                "CLAWR1_DATA_DIR": str(work / name),
+                "CLAWR1_KAFKA_BOOTSTRAP": bootstrap,
+                "CLAWR1_PROXY_PORT": "0",
+                "CLAWR1_REVERSE_PORT": str(port),
+                "CLAWR1_UPSTREAM": upstream,
+                "CLAWR1_CAPTURE_TOKEN_IDS": str(token_ids).lower(),
+            }
+            child = stack.enter_context(
+                process([sys.executable, "-c", PROXY_MAIN, topic], env=env, ready_line="READY")
+            )
+            targets.append(Target(name, f"http://127.0.0.1:{port}", child.pid, topic))
+
+        started = time.monotonic()
+        run_latency(targets, args.calls, args.rounds)
+        run_throughput(targets, args.seconds, max(1, round(args.seconds)), args.concurrency)
+        captured = {
+            t.name: {"sent": t.sent, "on_topic": wait_captured(bootstrap, t)} for t in targets if t.topic
+        }
+
+    by_name = {t.name: t for t in targets}
+    direct, bare_target = by_name["direct"], by_name["bare_mitmdump"]
+    baselines = {
+        "direct": [],
+        "direct_asking_ids": [direct],
+        "bare_mitmdump": [direct],
+        "clawr1": [direct, bare_target],
+        "clawr1_token_ids": [direct, bare_target, by_name["direct_asking_ids"]],
+    }
+    result = {
+        "bench": "proxy",
+        "calls_per_target": args.calls,
+        "concurrency": args.concurrency,
+        "seconds_per_target": args.seconds,
+        "duration_s": round(time.monotonic() - started, 1),
+        "targets": {t.name: summary(t, baselines[t.name]) for t in targets},
+        "captured": captured,
+        "latency_stdev_ms": {t.name: round(statistics.pstdev(t.latency_ms), 3) for t in targets},
+    }
+    out = REPO / "bench" / "results" / "bench_proxy.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    print(f"results: {out}")
+    lost = {k: v for k, v in captured.items() if v["on_topic"] < v["sent"]}
+    return 1 if lost else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,667 @@
+"""A stand-in LLM serving engine: the real HTTP/SSE wire protocols, deterministic toy replies.
+
+Speaks OpenAI chat completions (plain, SSE, tools, n>1), completions, the Responses API and
+Anthropic messages, plus ``/v1/models``, and returns vLLM's token-id fields when asked
+(``return_token_ids``: top-level ``prompt_token_ids`` and per-choice ``token_ids``; streamed, the
+first chunk of a choice carries the prompt ids and each later chunk the ids of its delta).
+
+Token ids come from a byte-level toy tokenizer, so they always decode to exactly the text returned
+(special ids >= 256 mark turns and the end of a reply). Replies depend only on the conversation, the
+model and the choice index, so the same request always gets the same answer, whoever forwards it.
+Plain responses write unrequested vLLM fields as ``null``; stream chunks leave them out, as vLLM does.
+
+Test hooks, as request headers: ``x-standin-chunk-delay`` (seconds between stream events),
+``x-standin-status`` (answer with that error status), ``x-standin-abort-after`` (drop the connection
+after that many stream events).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import signal
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Json = dict[str, Any]
+DEFAULT_MODEL = "standin-1"
+CREATED = 1_700_000_000
+BOS, EOS, END_OF_TURN = 256, 257, 258
+ROLE_IDS = {"system": 259, "user": 260, "assistant": 261, "tool": 262}
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
+         "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
+
+
+# --- toy tokenizer -------------------------------------------------------------------------------
+
+def encode(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def decode(ids: Sequence[int]) -> str:
+    """Text of the byte ids; special ids (turn markers, end of reply) are not text."""
+    return bytes(i for i in ids if i < 256).decode("utf-8", "replace")
+
+
+def content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                out.append(part["text"])
+            elif isinstance(part, dict) and part.get("type") == "tool_result":
+                out.append(content_text(part.get("content")))
+            else:
+                out.append(json.dumps(part, sort_keys=True, separators=(",", ":")))
+        return "".join(out)
+    return json.dumps(content, sort_keys=True, separators=(",", ":"))
+
+
+def render_prompt(messages: Sequence[Json]) -> list[int]:
+    """Chat template: BOS, then per message a role id, its text and an end-of-turn id; then the
+    assistant role id the reply continues from."""
+    ids = [BOS]
+    for message in messages:
+        text = content_text(message.get("content"))
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            text += f"{TOOL_OPEN}{function.get('name')}\n{function.get('arguments')}{TOOL_CLOSE}"
+        ids += [ROLE_IDS.get(str(message.get("role")), ROLE_IDS["user"]), *encode(text), END_OF_TURN]
+    return [*ids, ROLE_IDS["assistant"]]
+
+
+def completion_prompt_ids(prompt: str) -> list[int]:
+    return [BOS, *encode(prompt)]
+
+
+def toy_logprob(token_id: int, position: int) -> float:
+    return -(((token_id * 31 + position * 17) % 97) + 1) / 100.0
+
+
+# --- replies -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def opening(self) -> str:
+        return f"{TOOL_OPEN}{self.name}\n"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One choice: text pieces (each a stream delta) or tool calls, and why it ended."""
+
+    pieces: tuple[str, ...]
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: str
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def token_ids(self) -> list[int]:
+        ids = encode(self.text)
+        for call in self.tool_calls:
+            ids += encode(call.opening()) + encode(call.arguments) + encode(TOOL_CLOSE)
+        return ids + ([] if self.finish_reason == "length" else [EOS])
+
+
+def _digest(*parts: Any) -> bytes:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).digest()
+
+
+def make_reply(conversation: Any, index: int, tool_names: Sequence[str], call_tool: bool,
+               max_tokens: int | None) -> Reply:
+    digest = _digest(conversation, index)
+    words = [WORDS[b % len(WORDS)] for b in digest[1:5 + digest[0] % 6]]
+    if call_tool and tool_names:
+        arguments = json.dumps({"query": " ".join(words[:3]), "choice": index}, separators=(",", ":"))
+        return Reply((), (ToolCall(f"call_{digest.hex()[:16]}", tool_names[0], arguments),), "tool_calls")
+    pieces = [f"Choice {index}:"] + [f" {w}" for w in words] + ["."]
+    if max_tokens is None:
+        return Reply(tuple(pieces), (), "stop")
+    kept: list[str] = []
+    budget = max_tokens
+    for piece in pieces:
+        if len(encode(piece)) > budget:
+            if budget:
+                kept.append(piece[:budget])
+            return Reply(tuple(kept), (), "length")
+        kept.append(piece)
+        budget -= len(encode(piece))
+    # The end-of-reply id needs one more token.
+    return Reply(tuple(kept), (), "stop" if budget else "length")
+
+
+# --- request parsing shared by the endpoints -----------------------------------------------------
+
+def _ends_with_tool_result(messages: Sequence[Json]) -> bool:
+    if not messages:
+        return False
+    last = messages[-1]
+    if last.get("role") == "tool" or last.get("type") == "function_call_output":
+        return True
+    content = last.get("content")
+    return isinstance(content, list) and any(isinstance(p, dict) and p.get("type") == "tool_result"
+                                             for p in content)
+
+
+def _tool_names(tools: Any) -> list[str]:
+    names = []
+    for tool in tools or []:
+        if isinstance(tool, dict):
+            name = (tool.get("function") or {}).get("name") if "function" in tool else tool.get("name")
+            if name:
+                names.append(str(name))
+    return names
+
+
+def _responses_messages(body: Json) -> list[Json]:
+    messages: list[Json] = []
+    if body.get("instructions"):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for item in items or []:
+        if item.get("type") == "function_call_output":
+            messages.append({"role": "tool", "content": item.get("output"), "type": "function_call_output"})
+        elif item.get("type") == "function_call":
+            messages.append({"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": item.get("name"), "arguments": item.get("arguments")}}]})
+        else:
+            messages.append({"role": item.get("role", "user"), "content": item.get("content")})
+    return messages
+
+
+def _anthropic_messages(body: Json) -> list[Json]:
+    system = [{"role": "system", "content": body["system"]}] if body.get("system") else []
+    return system + list(body.get("messages") or [])
+
+
+@dataclass(frozen=True)
+class Received:
+    """A request as the engine got it (header names lower-cased), for tests to inspect."""
+
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class _Options:
+    delay: float
+    abort_after: int | None
+
+
+def _dump(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {data if isinstance(data, str) else _dump(data)}\n\n".encode()
+
+
+def _interleave(streams: Sequence[Sequence[bytes]]) -> Iterator[bytes]:
+    for position in range(max((len(s) for s in streams), default=0)):
+        for stream in streams:
+            if position < len(stream):
+                yield stream[position]
+
+
+@dataclass
+class StandinEngine:
+    """The aiohttp application; ``start``/``stop`` run it on the current event loop."""
+
+    model: str = DEFAULT_MODEL
+    chunk_delay: float = 0.0
+    received: deque[Received] = field(default_factory=lambda: deque(maxlen=256))
+    _runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_get("/v1/models", self._models)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0,
+                    ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen and return the bound port."""
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
+        await site.start()
+        return int(self._runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- endpoint plumbing --
+
+    async def _read(self, request: web.Request) -> tuple[Json, _Options] | web.Response:
+        raw = await request.read()
+        self.received.append(Received(request.path, {k.lower(): v for k, v in request.headers.items()}, raw))
+        status = request.headers.get("x-standin-status")
+        if status:
+            return self._error(request.path, int(status), "stand-in failure on request")
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return self._error(request.path, 400, "request body is not JSON")
+        if not isinstance(body, dict):
+            return self._error(request.path, 400, "request body must be a JSON object")
+        abort_after = request.headers.get("x-standin-abort-after")
+        delay = float(request.headers.get("x-standin-chunk-delay", self.chunk_delay))
+        return body, _Options(delay, int(abort_after) if abort_after else None)
+
+    @staticmethod
+    def _error(path: str, status: int, message: str) -> web.Response:
+        if path.endswith("/messages"):
+            body: Json = {"type": "error", "error": {"type": "api_error", "message": message}}
+        else:
+            body = {"error": {"message": message, "type": "server_error", "code": status}}
+        return web.json_response(body, status=status)
+
+    async def _stream(self, request: web.Request, events: Iterator[bytes] | AsyncIterator[bytes],
+                      options: _Options) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8",
+                                               "cache-control": "no-cache"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for sent, event in enumerate(events):  # type: ignore[arg-type]
+            if options.abort_after is not None and sent >= options.abort_after:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            if sent and options.delay:
+                await asyncio.sleep(options.delay)
+            await response.write(event)
+        await response.write_eof()
+        return response
+
+    def _model(self, body: Json) -> str:
+        return str(body.get("model") or self.model)
+
+    # -- OpenAI chat completions --
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        parsed = await self._read(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        body, options = parsed
+        messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+        if not messages:
+            return self._error(request.path, 400, "messages must be a non-empty list")
+        model = self._model(body)
+        conversation = [model, messages]
+        replies = [make_reply(conversation, i, _tool_names(body.get("tools")),
+                              not _ends_with_tool_result(messages),
+                              body.get("max_completion_tokens") or body.get("max_tokens"))
+                   for i in range(int(body.get("n") or 1))]
+        prompt_ids = render_prompt(messages)
+        want_ids = bool(body.get("return_token_ids"))
+        want_logprobs = bool(body.get("logprobs"))
+        response_id = f"chatcmpl-{_digest(conversation).hex()[:24]}"
+        usage = {"prompt_tokens": len(prompt_ids),
+                 "total_tokens": len(prompt_ids) + sum(len(r.token_ids()) for r in replies),
+                 "completion_tokens": sum(len(r.token_ids()) for r in replies)}
+        if body.get("stream"):
+            head = {"id": response_id, "object": "chat.completion.chunk", "created": CREATED, "model": model}
+            streams = [self._chat_chunks(head, i, r, prompt_ids, want_ids, want_logprobs)
+                       for i, r in enumerate(replies)]
+            events = list(_interleave(streams))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                events.append(_sse({**head, "choices": [], "usage": usage}))
+            events.append(_sse("[DONE]"))
+            return await self._stream(request, iter(events), options)
+        choices = []
+        for i, reply in enumerate(replies):
+            ids = reply.token_ids()
+            calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                     for c in reply.tool_calls]
+            choices.append({
+                "index": i,
+                "message": {"role": "assistant", "content": None if calls else reply.text,
+                            "refusal": None, "annotations": None, "audio": None, "function_call": None,
+                            "tool_calls": calls, "reasoning_content": None},
+                "logprobs": {"content": self._chat_logprobs(ids, 0)} if want_logprobs else None,
+                "finish_reason": reply.finish_reason,
+                "stop_reason": None,
+                "token_ids": ids if want_ids else None,
+            })
+        return web.Response(text=_dump({
+            "id": response_id, "object": "chat.completion", "created": CREATED, "model": model,
+            "choices": choices, "service_tier": None, "system_fingerprint": None,
+            "usage": {**usage, "prompt_tokens_details": None}, "prompt_logprobs": None,
+            "prompt_token_ids": prompt_ids if want_ids else None, "kv_transfer_params": None,
+        }), content_type="application/json")
+
+    @staticmethod
+    def _chat_logprobs(ids: Sequence[int], start: int) -> list[Json]:
+        return [{"token": f"token_id:{t}", "logprob": toy_logprob(t, start + k),
+                 "bytes": [t] if t < 256 else [], "top_logprobs": []} for k, t in enumerate(ids)]
+
+    def _chat_chunks(self, head: Json, index: int, reply: Reply, prompt_ids: list[int],
+                     want_ids: bool, want_logprobs: bool) -> list[bytes]:
+        position = 0
+
+        def chunk(delta: Json, ids: list[int], finish: str | None = None) -> bytes:
+            nonlocal position
+            choice: Json = {"index": index, "delta": delta,
+                            "logprobs": {"content": self._chat_logprobs(ids, position)}
+                            if want_logprobs and ids else None,
+                            "finish_reason": finish}
+            if finish is not None:
+                choice["stop_reason"] = None
+            if want_ids:
+                choice["token_ids"] = ids
+            position += len(ids)
+            return _sse({**head, "choices": [choice]})
+
+        first: Json = {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                            "logprobs": None, "finish_reason": None}]}
+        if want_ids:
+            first["prompt_token_ids"] = prompt_ids
+        events = [_sse(first)]
+        events += [chunk({"content": piece}, encode(piece)) for piece in reply.pieces]
+        for k, call in enumerate(reply.tool_calls):
+            half = len(call.arguments) // 2
+            events.append(chunk({"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                                 "function": {"name": call.name, "arguments": ""}}]},
+                                encode(call.opening())))
+            for part in (call.arguments[:half], call.arguments[half:]):
+                events.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": part}}]},
+                                    encode(part)))
+            events.append(chunk({}, encode(TOOL_CLOSE)))
+        events.append(chunk({}, [] if reply.finish_reason == "length" else [EOS], reply.finish_reason))
+        return events
+
+    # -- OpenAI completions --
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        parsed = await self._read(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        body, options = parsed
+        prompt = body.get("prompt")
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
+            return self._error(request.path, 400, "prompt must be a string or a list of strings")
+        model = self._model(body)
+        n = int(body.get("n") or 1)
+        want_ids = bool(body.get("return_token_ids"))
+        logprobs = body.get("logprobs")
+        response_id = f"cmpl-{_digest(model, prompts).hex()[:24]}"
+        choices = []
+        for p_index, text in enumerate(prompts):
+            for k in range(n):
+                reply = make_reply([model, text], k, (), False, body.get("max_tokens"))
+                choices.append((p_index * n + k, completion_prompt_ids(text), reply))
+        prompt_tokens = sum(len(c[1]) for c in choices[::n])
+        completion_tokens = sum(len(c[2].token_ids()) for c in choices)
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+                 "completion_tokens": completion_tokens}
+        if body.get("stream"):
+            head = {"id": response_id, "object": "text_completion", "created": CREATED, "model": model}
+            streams = [self._completion_chunks(head, i, ids, r, want_ids, logprobs is not None)
+                       for i, ids, r in choices]
+            events = list(_interleave(streams))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                events.append(_sse({**head, "choices": [], "usage": usage}))
+            events.append(_sse("[DONE]"))
+            return await self._stream(request, iter(events), options)
+        out = []
+        for index, prompt_ids, reply in choices:
+            ids = reply.token_ids()
+            out.append({"index": index, "text": reply.text,
+                        "logprobs": self._completion_logprobs(ids, 0) if logprobs is not None else None,
+                        "finish_reason": reply.finish_reason, "stop_reason": None, "prompt_logprobs": None,
+                        "prompt_token_ids": prompt_ids if want_ids else None,
+                        "token_ids": ids if want_ids else None})
+        return web.Response(text=_dump({
+            "id": response_id, "object": "text_completion", "created": CREATED, "model": model,
+            "choices": out, "service_tier": None, "system_fingerprint": None, "usage": usage,
+            "kv_transfer_params": None,
+        }), content_type="application/json")
+
+    @staticmethod
+    def _completion_logprobs(ids: Sequence[int], start: int) -> Json:
+        return {"text_offset": list(range(start, start + len(ids))),
+                "token_logprobs": [toy_logprob(t, start + k) for k, t in enumerate(ids)],
+                "tokens": [f"token_id:{t}" for t in ids],
+                "top_logprobs": [{} for _ in ids]}
+
+    def _completion_chunks(self, head: Json, index: int, prompt_ids: list[int], reply: Reply, want_ids: bool,
+                           want_logprobs: bool) -> list[bytes]:
+        events = []
+        position = 0
+        pieces = [(piece, encode(piece), None) for piece in reply.pieces]
+        pieces.append(("", [] if reply.finish_reason == "length" else [EOS], reply.finish_reason))
+        for n, (text, ids, finish) in enumerate(pieces):
+            choice: Json = {"index": index, "text": text,
+                            "logprobs": self._completion_logprobs(ids, position) if want_logprobs else None,
+                            "finish_reason": finish}
+            if want_ids:
+                if n == 0:
+                    choice["prompt_token_ids"] = prompt_ids
+                choice["token_ids"] = ids
+            position += len(ids)
+            events.append(_sse({**head, "choices": [choice]}))
+        return events
+
+    # -- OpenAI Responses API --
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        parsed = await self._read(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        body, options = parsed
+        messages = _responses_messages(body)
+        if not messages:
+            return self._error(request.path, 400, "input must not be empty")
+        model = self._model(body)
+        conversation = [model, messages]
+        reply = make_reply(conversation, 0, _tool_names(body.get("tools")),
+                           not _ends_with_tool_result(messages), body.get("max_output_tokens"))
+        tag = _digest(conversation).hex()[:24]
+        items: list[Json] = [{"id": f"fc_{tag}", "type": "function_call", "status": "completed",
+                              "call_id": c.id, "name": c.name, "arguments": c.arguments}
+                             for c in reply.tool_calls]
+        if not reply.tool_calls:
+            items = [{"id": f"msg_{tag}", "type": "message", "status": "completed", "role": "assistant",
+                      "content": [{"type": "output_text", "text": reply.text, "annotations": []}]}]
+        prompt_len = len(render_prompt(messages))
+        truncated = reply.finish_reason == "length"
+        final = {"id": f"resp_{tag}", "object": "response", "created_at": CREATED,
+                 "status": "incomplete" if truncated else "completed",
+                 "error": None,
+                 "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
+                 "instructions": body.get("instructions"), "model": model, "output": items,
+                 "parallel_tool_calls": True, "tool_choice": "auto", "tools": body.get("tools") or [],
+                 "text": {"format": {"type": "text"}}, "temperature": 1.0, "top_p": 1.0, "metadata": {},
+                 "usage": {"input_tokens": prompt_len, "input_tokens_details": {"cached_tokens": 0},
+                           "output_tokens": len(reply.token_ids()),
+                           "output_tokens_details": {"reasoning_tokens": 0},
+                           "total_tokens": prompt_len + len(reply.token_ids())}}
+        if not body.get("stream"):
+            return web.Response(text=_dump(final), content_type="application/json")
+        return await self._stream(request, self._response_events(final, reply), options)
+
+    @staticmethod
+    def _response_events(final: Json, reply: Reply) -> Iterator[bytes]:
+        sequence = 0
+
+        def event(kind: str, **data: Any) -> bytes:
+            nonlocal sequence
+            sequence += 1
+            return _sse({"type": kind, "sequence_number": sequence - 1, **data}, kind)
+
+        started = {**final, "status": "in_progress", "output": [], "usage": None}
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        for index, item in enumerate(final["output"]):
+            if item["type"] == "function_call":
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "arguments": "", "status": "in_progress"})
+                half = len(item["arguments"]) // 2
+                for part in (item["arguments"][:half], item["arguments"][half:]):
+                    yield event("response.function_call_arguments.delta", item_id=item["id"],
+                                output_index=index, delta=part)
+                yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            arguments=item["arguments"])
+            else:
+                yield event("response.output_item.added", output_index=index,
+                            item={**item, "status": "in_progress", "content": []})
+                part = {"type": "output_text", "text": "", "annotations": []}
+                yield event("response.content_part.added", item_id=item["id"], output_index=index,
+                            content_index=0, part=part)
+                for piece in reply.pieces:
+                    yield event("response.output_text.delta", item_id=item["id"], output_index=index,
+                                content_index=0, delta=piece, logprobs=[])
+                yield event("response.output_text.done", item_id=item["id"], output_index=index,
+                            content_index=0, text=reply.text, logprobs=[])
+                yield event("response.content_part.done", item_id=item["id"], output_index=index,
+                            content_index=0, part={**part, "text": reply.text})
+            yield event("response.output_item.done", output_index=index, item=item)
+        yield event("response.completed" if final["status"] == "completed" else "response.incomplete",
+                    response=final)
+
+    # -- Anthropic messages --
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        parsed = await self._read(request)
+        if isinstance(parsed, web.Response):
+            return parsed
+        body, options = parsed
+        messages = _anthropic_messages(body)
+        if not body.get("messages"):
+            return self._error(request.path, 400, "messages: field required")
+        if not isinstance(body.get("max_tokens"), int):
+            return self._error(request.path, 400, "max_tokens: field required")
+        model = self._model(body)
+        conversation = [model, messages]
+        reply = make_reply(conversation, 0, _tool_names(body.get("tools")),
+                           not _ends_with_tool_result(messages), body["max_tokens"])
+        tag = _digest(conversation).hex()[:24]
+        content: list[Json] = [{"type": "tool_use", "id": f"toolu_{c.id[5:]}", "name": c.name,
+                                "input": json.loads(c.arguments)} for c in reply.tool_calls]
+        if not reply.tool_calls:
+            content = [{"type": "text", "text": reply.text}]
+        stop = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}[reply.finish_reason]
+        usage = {"input_tokens": len(render_prompt(messages)), "output_tokens": len(reply.token_ids())}
+        final = {"id": f"msg_{tag}", "type": "message", "role": "assistant", "model": model,
+                 "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        if not body.get("stream"):
+            return web.Response(text=_dump(final), content_type="application/json")
+        return await self._stream(request, self._message_events(final, reply), options)
+
+    @staticmethod
+    def _message_events(final: Json, reply: Reply) -> Iterator[bytes]:
+        usage = final["usage"]
+        start = {**final, "content": [], "stop_reason": None,
+                 "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 1}}
+        yield _sse({"type": "message_start", "message": start}, "message_start")
+        for index, block in enumerate(final["content"]):
+            if block["type"] == "tool_use":
+                yield _sse({"type": "content_block_start", "index": index,
+                            "content_block": {**block, "input": {}}}, "content_block_start")
+                arguments = _dump(block["input"])
+                half = len(arguments) // 2
+                for part in (arguments[:half], arguments[half:]):
+                    delta = {"type": "input_json_delta", "partial_json": part}
+                    yield _sse({"type": "content_block_delta", "index": index, "delta": delta},
+                               "content_block_delta")
+            else:
+                yield _sse({"type": "content_block_start", "index": index,
+                            "content_block": {"type": "text", "text": ""}}, "content_block_start")
+                yield _sse({"type": "ping"}, "ping")
+                for piece in reply.pieces:
+                    yield _sse({"type": "content_block_delta", "index": index,
+                                "delta": {"type": "text_delta", "text": piece}}, "content_block_delta")
+            yield _sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+        stop = {"stop_reason": final["stop_reason"], "stop_sequence": None}
+        output = {"output_tokens": usage["output_tokens"]}
+        yield _sse({"type": "message_delta", "delta": stop, "usage": output}, "message_delta")
+        yield _sse({"type": "message_stop"}, "message_stop")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        self.received.append(Received(request.path, {k.lower(): v for k, v in request.headers.items()}, b""))
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": CREATED, "owned_by": "clawr1-standin"}]})
+
+
+def _ssl_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:
+    if not certfile:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certfile, keyfile)
+    return context
+
+
+async def serve_async(host: str, port: int, *, chunk_delay: float = 0.0, model: str = DEFAULT_MODEL,
+                      certfile: str | None = None, keyfile: str | None = None,
+                      ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None) -> None:
+    engine = StandinEngine(model=model, chunk_delay=chunk_delay)
+    bound = await engine.start(host, port, _ssl_context(certfile, keyfile))
+    if ready is not None:
+        ready(bound)
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await engine.stop()
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, *, chunk_delay: float = 0.0, model: str = DEFAULT_MODEL,
+          certfile: str | None = None, keyfile: str | None = None) -> None:
+    """Blocking; stops cleanly on SIGINT/SIGTERM. Prints the URL once listening."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        scheme = "https" if certfile else "http"
+        await serve_async(host, port, chunk_delay=chunk_delay, model=model, certfile=certfile,
+                          keyfile=keyfile, stop=stop,
+                          ready=lambda p: print(f"stand-in engine on {scheme}://{host}:{p}/v1", flush=True))
+
+    asyncio.run(main())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Stand-in LLM engine (OpenAI, vLLM token ids, Anthropic).")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--chunk-delay", type=float, default=0.0, help="seconds between stream events")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--certfile", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--keyfile", help="private key of --certfile")
+    args = parser.parse_args(argv)
+    serve(args.host, args.port, chunk_delay=args.chunk_delay, model=args.model, certfile=args.certfile,
+          keyfile=args.keyfile)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

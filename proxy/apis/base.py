@@ -1,0 +1,96 @@
+"""What every API parser produces: one reassembled reply, whatever the wire format was.
+
+Each recognised API (OpenAI chat, completions, Responses, Anthropic messages) has a module of pure
+functions from request/response JSON (or parsed SSE events) to these types, so parsing is tested
+without servers and the record builder never branches on the API.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.sse import SseEvent
+
+Json = dict[str, Any]
+
+
+@dataclass
+class AssembledChoice:
+    index: int
+    text: str = ""
+    # OpenAI shape for every API: {"id", "type": "function", "function": {"name", "arguments"}}.
+    tool_calls: list[Json] = field(default_factory=list)
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    # The reply as the agent will echo it in its next request to the same API, normalized like
+    # ``request_messages`` so trajectory links compare like with like.
+    reply_messages: list[Json] = field(default_factory=list)
+
+
+@dataclass
+class Assembled:
+    response: Json
+    choices: list[AssembledChoice] = field(default_factory=list)
+    model: str | None = None
+    response_id: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_token_ids: list[int] = field(default_factory=list)
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ApiSpec:
+    name: str
+    path_suffix: str
+    request_messages: Callable[[Json], list[Json]]
+    assemble: Callable[[Json], Assembled]
+    assemble_stream: Callable[[Sequence[SseEvent]], Assembled]
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def token_list(value: Any) -> list[int]:
+    """Token ids as the engine sent them; anything that is not a list of 32-bit ints counts as absent.
+
+    Prompts run to tens of thousands of ids: the check runs in C (``array``), not per id in Python.
+    """
+    if not isinstance(value, list):
+        return []
+    try:
+        return array("i", value).tolist()
+    except (TypeError, OverflowError):
+        return []
+
+
+def float_list(values: Sequence[Any]) -> list[float]:
+    """Logprobs; a missing value (e.g. the first echoed prompt token) becomes NaN to keep alignment."""
+    try:
+        return array("d", values).tolist()
+    except TypeError:
+        return [float(v) if isinstance(v, int | float) else math.nan for v in values]
+
+
+def function_call(call_id: Any, name: Any, arguments: Any) -> Json:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def error_text(error: Any) -> str:
+    """A short reason from an API error object (``{"error": {"message": ...}}`` and variants)."""
+    if isinstance(error, dict):
+        inner = error.get("error", error)
+        if isinstance(inner, dict):
+            message = inner.get("message") or inner.get("type") or inner.get("code")
+            if message:
+                return str(message)
+        elif inner:
+            return str(inner)
+    return str(error)

@@ -1,0 +1,193 @@
+"""OpenAI chat completions (``/v1/chat/completions``), plain and SSE, with vLLM/SGLang token-id fields.
+
+vLLM puts ``prompt_token_ids`` at the top level and ``token_ids`` on each choice; streamed, the first
+chunk of each choice carries the prompt ids and every later chunk the ids of its own delta. SGLang
+names the per-choice field ``response_token_ids`` and streams ids in an ``sglext`` object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.apis.base import (
+    Assembled,
+    AssembledChoice,
+    Json,
+    error_text,
+    float_list,
+    function_call,
+    int_or_none,
+    token_list,
+)
+from proxy.sse import SseEvent
+
+NAME = "openai.chat"
+PATH_SUFFIX = "/chat/completions"
+
+
+def request_messages(body: Json) -> list[Json]:
+    messages = body.get("messages")
+    return [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return ""
+
+
+def _logprob_values(logprobs: Any) -> list[float] | None:
+    if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
+        return None
+    return float_list([entry.get("logprob") if isinstance(entry, dict) else None
+                       for entry in logprobs["content"]])
+
+
+def _choice_token_ids(choice: Json) -> list[int]:
+    return token_list(choice.get("token_ids")) or token_list(choice.get("response_token_ids"))
+
+
+def _usage(assembled: Assembled, usage: Any) -> None:
+    if isinstance(usage, dict):
+        assembled.prompt_tokens = int_or_none(usage.get("prompt_tokens"))
+        assembled.completion_tokens = int_or_none(usage.get("completion_tokens"))
+
+
+def assemble(body: Json) -> Assembled:
+    assembled = Assembled(response=body, model=body.get("model"), response_id=body.get("id"),
+                          prompt_token_ids=token_list(body.get("prompt_token_ids")))
+    _usage(assembled, body.get("usage"))
+    for raw in body.get("choices") or []:
+        if not isinstance(raw, dict):
+            continue
+        message = raw.get("message") if isinstance(raw.get("message"), dict) else {}
+        calls = [function_call(c.get("id"), (c.get("function") or {}).get("name"),
+                               (c.get("function") or {}).get("arguments"))
+                 for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+        assembled.choices.append(AssembledChoice(
+            index=int_or_none(raw.get("index")) or 0,
+            text=content_text(message.get("content")),
+            tool_calls=calls,
+            finish_reason=raw.get("finish_reason"),
+            token_ids=_choice_token_ids(raw),
+            logprobs=_logprob_values(raw.get("logprobs")),
+            reply_messages=[message],
+        ))
+    return assembled
+
+
+@dataclass
+class _ToolCallParts:
+    id: str | None = None
+    name: str | None = None
+    arguments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _ChoiceParts:
+    index: int
+    role: str = "assistant"
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: dict[int, _ToolCallParts] = field(default_factory=dict)
+    finish_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprob_entries: list[Json] | None = None
+
+    def add(self, raw: Json) -> None:
+        delta = raw.get("delta") if isinstance(raw.get("delta"), dict) else {}
+        self.role = delta.get("role") or self.role
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        if isinstance(reasoning, str):
+            self.reasoning.append(reasoning)
+        for call in delta.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                continue
+            parts = self.tool_calls.setdefault(int_or_none(call.get("index")) or 0, _ToolCallParts())
+            parts.id = parts.id or call.get("id")
+            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            parts.name = parts.name or function.get("name")
+            if isinstance(function.get("arguments"), str):
+                parts.arguments.append(function["arguments"])
+        if raw.get("finish_reason"):
+            self.finish_reason = raw["finish_reason"]
+        self.token_ids.extend(_choice_token_ids(raw))
+        logprobs = raw.get("logprobs")
+        if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+            self.logprob_entries = (self.logprob_entries or []) + logprobs["content"]
+
+    def message(self) -> Json:
+        message: Json = {"role": self.role, "content": "".join(self.content) if self.content else None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.tool_calls:
+            message["tool_calls"] = [function_call(p.id, p.name, "".join(p.arguments))
+                                     for _, p in sorted(self.tool_calls.items())]
+        return message
+
+
+def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
+    choices: dict[int, _ChoiceParts] = {}
+    top: Json = {}
+    assembled = Assembled(response={})
+    sglext_output: list[int] = []
+    for event in events:
+        if event.data.strip() == "[DONE]":
+            continue
+        try:
+            chunk = json.loads(event.data)
+        except ValueError:
+            assembled.notes.append(f"unparseable stream chunk: {event.data[:80]!r}")
+            continue
+        if not isinstance(chunk, dict):
+            continue
+        if "error" in chunk:
+            assembled.error = error_text(chunk)
+            continue
+        for key in ("id", "created", "model", "system_fingerprint"):
+            if chunk.get(key) is not None:
+                top.setdefault(key, chunk[key])
+        if chunk.get("usage"):
+            top["usage"] = chunk["usage"]
+        if not assembled.prompt_token_ids:
+            assembled.prompt_token_ids = token_list(chunk.get("prompt_token_ids"))
+        sglext = chunk.get("sglext") if isinstance(chunk.get("sglext"), dict) else {}
+        if sglext:
+            assembled.prompt_token_ids = assembled.prompt_token_ids or token_list(sglext.get("input_ids"))
+            sglext_output = token_list(sglext.get("output_ids")) or sglext_output
+        for raw in chunk.get("choices") or []:
+            if isinstance(raw, dict):
+                index = int_or_none(raw.get("index")) or 0
+                choices.setdefault(index, _ChoiceParts(index)).add(raw)
+    if sglext_output and 0 in choices and not choices[0].token_ids:
+        choices[0].token_ids = sglext_output
+    response: Json = {"id": top.get("id"), "object": "chat.completion", "created": top.get("created"),
+                      "model": top.get("model"), "choices": []}
+    for index, parts in sorted(choices.items()):
+        choice: Json = {"index": index, "message": parts.message(), "finish_reason": parts.finish_reason}
+        if parts.logprob_entries is not None:
+            choice["logprobs"] = {"content": parts.logprob_entries}
+        response["choices"].append(choice)
+        assembled.choices.append(AssembledChoice(
+            index=index,
+            text="".join(parts.content),
+            tool_calls=choice["message"].get("tool_calls", []),
+            finish_reason=parts.finish_reason,
+            token_ids=parts.token_ids,
+            logprobs=_logprob_values(choice.get("logprobs")),
+            reply_messages=[choice["message"]],
+        ))
+    if "usage" in top:
+        response["usage"] = top["usage"]
+    assembled.response = response
+    assembled.model = top.get("model")
+    assembled.response_id = top.get("id")
+    _usage(assembled, top.get("usage"))
+    return assembled

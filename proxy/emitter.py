@@ -1,0 +1,226 @@
+"""Asynchronous delivery of captured calls to Kafka, through the spool, on one background thread.
+
+The proxy's event loop only calls ``submit`` (a queue put). The thread builds and encodes records,
+writes them to the spool (fsync'd), hands them to an idempotent confluent-kafka producer and drops
+them from the spool once Kafka confirms each one. If Kafka is down or slow, records wait in the spool
+and go out when it answers again; agent traffic never waits for any of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from clawr1.kafka_io import ensure_topics, make_producer
+from proxy.spool import Spool, encode_frame
+
+logger = logging.getLogger("clawr1.proxy.emitter")
+T = TypeVar("T")
+
+# Errors that no retry can fix: the record is set aside in rejected.log instead of looping forever.
+_UNDELIVERABLE = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+}
+_TOPIC_RETRY_S = 2.0
+_WARN_EVERY_S = 30.0
+
+
+@dataclass
+class EmitterStats:
+    submitted: int = 0
+    spooled: int = 0
+    delivered: int = 0
+    rejected: int = 0
+    recovered: int = 0
+
+
+class Emitter(Generic[T]):
+    """``prepare`` turns a submitted item into (key, value bytes); it runs on the emitter thread."""
+
+    def __init__(self, *, bootstrap: str, topic: str, spool_dir: Path,
+                 prepare: Callable[[T], tuple[str, bytes]], partitions: int = 4,
+                 producer_overrides: dict[str, Any] | None = None, max_in_flight: int = 10_000,
+                 segment_records: int = 1000) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.partitions = partitions
+        self.stats = EmitterStats()
+        self._prepare = prepare
+        self._producer_overrides = producer_overrides or {}
+        self._max_in_flight = max_in_flight
+        self._spool = Spool(spool_dir, segment_records)
+        self._queue: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._deadline = 0.0
+        self._thread = threading.Thread(target=self._run, name="clawr1-proxy-emitter", daemon=True)
+        self._topic_ready = False
+        self._next_topic_try = 0.0
+        self._fatal = False
+        self._last_warning = 0.0
+        self._pending = 0
+        # Built records the spool could not take yet (disk full); written before any newer ones.
+        self._unspooled: list[tuple[bytes, bytes]] = []
+
+    @property
+    def pending(self) -> int:
+        """Records written to the spool and not yet confirmed by Kafka (as of the thread's last pass)."""
+        return self._pending
+
+    def start(self) -> None:
+        """Open the spool (raises SpoolBusyError if another process owns it), then start the thread."""
+        self.stats.recovered = self._spool.open()
+        if self.stats.recovered:
+            logger.info("replaying %d spooled records to %s", self.stats.recovered, self.topic)
+        self._thread.start()
+
+    def submit(self, item: T) -> None:
+        """Never blocks and never raises: called on the proxy's event loop."""
+        self.stats.submitted += 1
+        self._queue.put(item)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what Kafka takes within ``timeout``; the rest stays spooled for the next start."""
+        self._deadline = time.monotonic() + timeout
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout + 5.0)
+
+    def _new_producer(self) -> Producer:
+        return make_producer(self.bootstrap, error_cb=self._on_error,
+                             logger=logging.getLogger("clawr1.proxy.kafka"), **self._producer_overrides)
+
+    def _run(self) -> None:
+        producer = self._new_producer()
+        try:
+            while True:
+                busy = self._spool.pending > 0
+                self._spool_batch(self._take_batch(0.0 if busy else 0.05))
+                self._ensure_topic()
+                if self._topic_ready:
+                    self._send_unsent(producer)
+                producer.poll(0.01 if busy else 0)
+                if self._fatal:
+                    producer = self._replace_producer()
+                self._spool.trim()
+                self._pending = self._spool.pending
+                if self._stop.is_set() and self._queue.empty() and \
+                        (self._pending == 0 and not self._unspooled or time.monotonic() > self._deadline):
+                    break
+        except Exception:  # noqa: BLE001 - the thread must say why it died, loudly
+            logger.exception("emitter thread stopped; undelivered records stay in %s", self._spool.directory)
+        finally:
+            self._spool.close()
+            if self._pending:
+                logger.warning("%d records not yet confirmed by Kafka stay spooled in %s",
+                               self._pending, self._spool.directory)
+
+    def _take_batch(self, timeout: float) -> list[T]:
+        batch: list[T] = []
+        try:
+            batch.append(self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait())
+            while len(batch) < 1000:
+                batch.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return batch
+
+    def _spool_batch(self, batch: list[T]) -> None:
+        for item in batch:
+            try:
+                key, value = self._prepare(item)
+            except Exception:  # noqa: BLE001 - one bad item must not stop the others
+                logger.exception("could not build a record from %r; it is not sent", item)
+                continue
+            self._unspooled.append((key.encode(), value))
+            # Hand the GIL back between records: the proxy's event loop must not wait behind a batch.
+            time.sleep(0)
+        if not self._unspooled:
+            return
+        try:
+            written = self._spool.append(self._unspooled)
+        except OSError as exc:  # e.g. a full disk: keep the records in memory and try again
+            self._warn(f"cannot write the spool in {self._spool.directory} ({exc}); holding "
+                       f"{len(self._unspooled)} records in memory")
+            time.sleep(0.5)
+            return
+        self.stats.spooled += written
+        self._unspooled = self._unspooled[written:]
+
+    def _ensure_topic(self) -> None:
+        if self._topic_ready or time.monotonic() < self._next_topic_try:
+            return
+        self._next_topic_try = time.monotonic() + _TOPIC_RETRY_S
+        try:
+            ensure_topics(self.bootstrap, [self.topic], self.partitions, timeout=1.0)
+        except KafkaException as exc:
+            self._warn(f"Kafka at {self.bootstrap} not reachable ({exc}); spooling")
+            return
+        except RuntimeError as exc:
+            logger.warning("could not check/create topic %s (%s); producing anyway", self.topic, exc)
+        self._topic_ready = True
+
+    def _send_unsent(self, producer: Producer) -> None:
+        room = self._max_in_flight - self._spool.in_flight
+        for record in self._spool.take_unsent(max(room, 0)):
+            try:
+                producer.produce(self.topic, key=record.key, value=record.value,
+                                 on_delivery=functools.partial(self._on_delivery, record.seq))
+            except BufferError:
+                self._spool.retry(record.seq)
+                return
+            except KafkaException as exc:
+                if exc.args and exc.args[0].code() in _UNDELIVERABLE:
+                    self._reject(record.seq, exc.args[0])
+                    continue
+                self._spool.retry(record.seq)
+                self._warn(f"produce failed: {exc}")
+                return
+
+    def _on_delivery(self, seq: int, err: KafkaError | None, _msg: Message) -> None:
+        if err is None:
+            self._spool.ack(seq)
+            self.stats.delivered += 1
+        elif err.code() in _UNDELIVERABLE:
+            self._reject(seq, err)
+        else:
+            self._spool.retry(seq)
+            self._warn(f"delivery failed, will retry: {err}")
+
+    def _reject(self, seq: int, err: KafkaError) -> None:
+        logger.error("Kafka refuses record %d for good (%s); kept in rejected.log", seq, err)
+        record = self._spool.read(seq)
+        with (self._spool.directory / "rejected.log").open("ab") as handle:
+            handle.write(encode_frame(record.key, record.value))
+        self._spool.ack(seq)
+        self.stats.rejected += 1
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            logger.error("producer fatal error (%s): starting a new producer", err)
+            self._fatal = True
+        else:
+            self._warn(f"Kafka: {err}")
+
+    def _replace_producer(self) -> Producer:
+        self._fatal = False
+        self._spool.release_in_flight()
+        return self._new_producer()
+
+    def _warn(self, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_warning >= _WARN_EVERY_S:
+            self._last_warning = now
+            logger.warning(message)
+

@@ -1,0 +1,87 @@
+"""Trajectory hints an agent may send as ``X-Claw-*`` headers; they never reach the upstream.
+
+Agents that can set headers name their trajectory, GRPO prompt group, policy version, agent and the
+last call of an episode; everything else is inferred downstream from the captured messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+TRAJECTORY = "x-claw-trajectory-id"
+PROMPT_GROUP = "x-claw-prompt-group-id"
+PROMPT_GROUP_SIZE = "x-claw-prompt-group-size"
+POLICY_VERSION = "x-claw-policy-version"
+AGENT = "x-claw-agent"
+TERMINAL = "x-claw-terminal"
+HEADER_PREFIX = "x-claw-"
+_MAX_ID_CHARS = 256
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class HintError(ValueError):
+    """A hint header the agent sent is malformed; the message names the header and the value."""
+
+
+@dataclass(frozen=True)
+class Hints:
+    trajectory_id: str | None = None
+    prompt_group_id: str | None = None
+    prompt_group_size: int | None = None
+    policy_version: int | None = None
+    agent: str | None = None
+    terminal: bool = False
+
+
+def _identifier(name: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > _MAX_ID_CHARS:
+        raise HintError(f"{name} must be 1 to {_MAX_ID_CHARS} characters, got {len(value)}")
+    return value
+
+
+def _integer(name: str, value: str | None, minimum: int) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise HintError(f"{name} must be an integer, got {value!r}") from None
+    if number < minimum or number >= 2**63:
+        raise HintError(f"{name} must be an integer >= {minimum}, got {number}")
+    return number
+
+
+def _flag(name: str, value: str | None) -> bool:
+    if value is None:
+        return False
+    lowered = value.strip().lower()
+    if lowered in _TRUE | _FALSE:
+        return lowered in _TRUE
+    raise HintError(f"{name} must be true or false, got {value!r}")
+
+
+def parse_hints(headers: Iterable[tuple[str, str]]) -> Hints:
+    """Hints from request headers (names case-insensitive; the first value of a repeated header wins)."""
+    found: dict[str, str] = {}
+    for name, value in headers:
+        lowered = name.lower()
+        if lowered.startswith(HEADER_PREFIX):
+            found.setdefault(lowered, value)
+    return Hints(
+        trajectory_id=_identifier("X-Claw-Trajectory-Id", found.get(TRAJECTORY)),
+        prompt_group_id=_identifier("X-Claw-Prompt-Group-Id", found.get(PROMPT_GROUP)),
+        prompt_group_size=_integer("X-Claw-Prompt-Group-Size", found.get(PROMPT_GROUP_SIZE), 1),
+        policy_version=_integer("X-Claw-Policy-Version", found.get(POLICY_VERSION), 0),
+        agent=_identifier("X-Claw-Agent", found.get(AGENT)),
+        terminal=_flag("X-Claw-Terminal", found.get(TERMINAL)),
+    )
+
+
+def hint_header_names(headers: Iterable[str]) -> list[str]:
+    """Every ``X-Claw-*`` header present, known or not: none of them is meant for the upstream."""
+    return sorted({name for name in headers if name.lower().startswith(HEADER_PREFIX)})

@@ -1,0 +1,195 @@
+"""From a captured call (raw bytes and timings) to a ``raw_llm_call`` record and its Kafka key.
+
+Runs on the emitter's thread, never on the proxy's event loop: the hooks only snapshot bytes, so
+parsing, reassembly and encoding add nothing to the agent's latency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mitmproxy.net import encoding as content_encoding
+
+from clawr1.conversation import conversation_key
+from proxy.apis import BY_NAME, Assembled
+from proxy.apis.base import error_text
+from proxy.hints import Hints
+from proxy.redact import redact_headers, redact_url
+from proxy.sse import parse_stream
+from proxy.token_ids import Injection, dump, strip_json
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class CapturedCall:
+    """Everything the hooks saw of one recognised call, as immutable snapshots."""
+
+    flow_id: str
+    api: str
+    method: str
+    url: str
+    upstream: str
+    request_headers: Headers
+    request_body: bytes
+    hints: Hints
+    streamed: bool
+    status: int | None
+    response_headers: Headers
+    # As the agent received it, still content-encoded.
+    response_body: bytes
+    response_encoding: str
+    # As the engine sent it (decoded), only when the proxy rewrote the agent's copy.
+    engine_body: bytes | None
+    injection: Injection | None
+    started: float
+    first_byte: float | None
+    finished: float | None
+    captured_at: float
+    error: str | None = None
+
+
+def event_id(proxy_instance: str, flow_id: str) -> str:
+    """Fixed when the call is captured and stored with it, so spool replays never mint a new id."""
+    return hashlib.sha256(f"{proxy_instance}\x00{flow_id}".encode()).hexdigest()[:32]
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _decoded(call: CapturedCall, notes: list[str]) -> bytes:
+    if not call.response_encoding or call.response_encoding == "identity":
+        return call.response_body
+    try:
+        return content_encoding.decode(call.response_body, call.response_encoding)
+    except ValueError:
+        notes.append(f"response body not decodable as {call.response_encoding}")
+        return call.response_body
+
+
+def _json_object(data: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(data)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _assemble(call: CapturedCall, agent_body: bytes, notes: list[str]) -> tuple[Assembled, str]:
+    """The reassembled reply (from what the engine sent) and the final response as the agent saw it."""
+    api = BY_NAME[call.api]
+    engine_body = call.engine_body if call.engine_body is not None else agent_body
+    if call.streamed:
+        assembled = api.assemble_stream(parse_stream(engine_body))
+        if call.injection is not None:
+            strip_json(assembled.response, call.injection)  # the agent never saw what the proxy asked for
+        return assembled, _text(dump(assembled.response))
+    parsed = _json_object(engine_body)
+    if parsed is None:
+        if engine_body:
+            notes.append("response body is not a JSON object")
+        return Assembled(response={}), ""
+    failed = call.status is None or call.status >= 400
+    # A plain body is its own final response; one the proxy rewrote is valid JSON by construction.
+    return (Assembled(response={}) if failed else api.assemble(parsed)), _text(agent_body)
+
+
+def _token_notes(assembled: Assembled, injection: Injection | None) -> list[str]:
+    """Engines have known token-id bugs: compare ids with usage and logprobs, and say where they disagree."""
+    notes: list[str] = []
+    output_ids = sum(len(c.token_ids) for c in assembled.choices)
+    has_ids = bool(assembled.prompt_token_ids) or output_ids > 0
+    if injection is not None and injection.token_ids and not has_ids:
+        notes.append("token ids were requested from the engine but none came back")
+    if assembled.prompt_token_ids and assembled.prompt_tokens is not None \
+            and len(assembled.prompt_token_ids) != assembled.prompt_tokens:
+        notes.append(f"prompt_token_ids has {len(assembled.prompt_token_ids)} ids, "
+                     f"usage says {assembled.prompt_tokens}")
+    if output_ids and assembled.completion_tokens is not None and output_ids != assembled.completion_tokens:
+        notes.append(f"response token ids total {output_ids}, usage says {assembled.completion_tokens}")
+    for choice in assembled.choices:
+        if choice.token_ids and choice.logprobs is not None and len(choice.logprobs) != len(choice.token_ids):
+            notes.append(f"choice {choice.index}: {len(choice.token_ids)} token ids "
+                         f"but {len(choice.logprobs)} logprobs")
+    return notes
+
+
+def _call_error(call: CapturedCall, agent_body: bytes, assembled: Assembled) -> str | None:
+    if call.error:
+        return call.error
+    if call.status is not None and call.status >= 400:
+        parsed = _json_object(agent_body)
+        reason = error_text(parsed) if parsed is not None else _text(agent_body[:200])
+        return f"HTTP {call.status}: {reason}"
+    return assembled.error
+
+
+def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str, Any]]:
+    """The Kafka key (trajectory hint, else conversation root) and the record, secrets removed."""
+    notes: list[str] = []
+    request = _json_object(call.request_body)
+    if request is None:
+        notes.append("request body is not a JSON object")
+    messages = BY_NAME[call.api].request_messages(request or {})
+    agent_body = _decoded(call, notes)
+    assembled, final_response = _assemble(call, agent_body, notes)
+    notes.extend(assembled.notes)
+    notes.extend(_token_notes(assembled, call.injection))
+    conv_key = conversation_key(messages)
+    has_ids = bool(assembled.prompt_token_ids) or any(c.token_ids for c in assembled.choices)
+    record: dict[str, Any] = {
+        "event_id": event_id(proxy_instance, call.flow_id),
+        "captured_at_ms": _ms(call.captured_at),
+        "proxy_instance": proxy_instance,
+        "api": call.api,
+        "method": call.method,
+        "url": redact_url(call.url),
+        "upstream": call.upstream,
+        "request_headers": redact_headers(call.request_headers),
+        "request_body": _text(call.request_body),
+        "streamed": call.streamed,
+        "response_status": call.status,
+        "response_headers": redact_headers(call.response_headers),
+        "response_body": _text(agent_body),
+        "assembled_response": final_response,
+        "error": _call_error(call, agent_body, assembled),
+        "request_started_ms": _ms(call.started),
+        "first_byte_ms": _ms(call.first_byte),
+        "finished_ms": _ms(call.finished),
+        "model": assembled.model or (request or {}).get("model"),
+        "prompt_tokens": assembled.prompt_tokens,
+        "completion_tokens": assembled.completion_tokens,
+        "prompt_token_ids": assembled.prompt_token_ids,
+        "choices": [
+            {
+                "index": c.index,
+                "text": c.text,
+                "tool_calls_json": _text(dump(c.tool_calls)),
+                "finish_reason": c.finish_reason,
+                "token_ids": c.token_ids,
+                "logprobs": c.logprobs,
+                "reply_messages_json": _text(dump(c.reply_messages)),
+            }
+            for c in assembled.choices
+        ],
+        "token_source": "engine" if has_ids else "none",
+        "trajectory_id": call.hints.trajectory_id,
+        "prompt_group_id": call.hints.prompt_group_id,
+        "prompt_group_size": call.hints.prompt_group_size,
+        "policy_version": call.hints.policy_version,
+        "agent": call.hints.agent,
+        "terminal": call.hints.terminal,
+        "conversation_key": conv_key,
+        "messages_json": _text(dump(messages)),
+        "response_id": assembled.response_id,
+        "capture_notes": notes,
+    }
+    return call.hints.trajectory_id or conv_key, record

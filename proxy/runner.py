@@ -1,0 +1,284 @@
+"""Runs the capture proxy: an explicit HTTP(S) proxy and an OpenAI-compatible base URL in one mitmproxy.
+
+- explicit proxy on ``proxy_host:proxy_port`` (agents set ``HTTPS_PROXY`` and trust the CA that
+  ``ca_cert_path`` prints; HTTPS is intercepted with that per-data-dir CA);
+- reverse proxy on ``proxy_host:reverse_port`` to ``upstream`` (agents set ``OPENAI_BASE_URL``).
+
+mitmproxy runs embedded with only the addons these modes need, quiet, and its confdir (and CA)
+under the data dir. It refuses to be an open proxy: a non-loopback address needs proxy auth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from mitmproxy import ctx, options
+from mitmproxy.addons import (
+    core,
+    disable_h2c,
+    dns_resolver,
+    next_layer,
+    proxyserver,
+    strip_dns_https_records,
+    tlsconfig,
+    update_alt_svc,
+)
+from mitmproxy.certs import CertStore
+from mitmproxy.exceptions import OptionsError
+from mitmproxy.master import Master
+
+from clawr1.settings import Settings
+from clawr1.topics import RAW_LLM
+from proxy.addons import build_addons
+from proxy.addons.auth import ProxyAuthHeader
+from proxy.emitter import Emitter
+from proxy.record import CapturedCall, build_record
+from proxy.spool import SpoolBusyError
+from schemas.codec import codec_for
+
+logger = logging.getLogger("clawr1.proxy")
+CA_BASENAME = "mitmproxy"
+CA_KEY_SIZE = 2048
+# Read from settings.extra until they are Settings fields.
+UPSTREAM_CA_ENV = "CLAWR1_UPSTREAM_CA_FILE"
+UPSTREAM_INSECURE_ENV = "CLAWR1_UPSTREAM_INSECURE"
+INSTANCE_ENV = "CLAWR1_PROXY_INSTANCE"
+DRAIN_S = 10.0
+SWITCH_INTERVAL_S = 0.001
+
+
+class ProxyStartError(RuntimeError):
+    """The proxy cannot start as configured; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    modes: tuple[str, ...]
+    confdir: Path
+    spool_dir: Path
+    proxyauth: str | None
+    upstream_ca: str | None
+    upstream_insecure: bool
+    capture_token_ids: bool
+    bootstrap: str
+    partitions: int
+    registry_url: str
+    instance: str
+
+
+def confdir(settings: Settings) -> Path:
+    return (settings.data_dir / "mitmproxy").resolve()
+
+
+def ca_cert_path(settings: Settings) -> Path:
+    """The CA agents must trust for HTTPS interception (created on first use, one per data dir)."""
+    directory = confdir(settings)
+    CertStore.from_store(directory, CA_BASENAME, CA_KEY_SIZE)
+    return directory / f"{CA_BASENAME}-ca-cert.pem"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _upstream_origin(upstream: str) -> str:
+    parts = urlsplit(upstream)
+    if parts.scheme not in {"http", "https"} or not parts.hostname:
+        raise ProxyStartError(f"upstream must be http(s)://host[:port], got {upstream!r}")
+    if parts.path not in {"", "/"} or parts.query:
+        raise ProxyStartError(
+            f"upstream must be an origin without a path, got {upstream!r}: the agent's base URL carries "
+            "the path (e.g. OPENAI_BASE_URL=http://127.0.0.1:8081/v1)"
+        )
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def proxy_config(settings: Settings) -> ProxyConfig:
+    """Validate the settings into mitmproxy modes; raises ProxyStartError with the fix."""
+    host = settings.proxy_host
+    modes: list[str] = []
+    if settings.proxy_port:
+        modes.append(f"regular@{host}:{settings.proxy_port}")
+    if settings.reverse_port:
+        if not settings.upstream:
+            raise ProxyStartError("reverse_port is set but upstream is not: set CLAWR1_UPSTREAM (--upstream)")
+        modes.append(f"reverse:{_upstream_origin(settings.upstream)}@{host}:{settings.reverse_port}")
+    if not modes:
+        raise ProxyStartError("neither proxy_port nor reverse_port is set: nothing to listen on")
+    auth = settings.proxy_auth or None
+    if auth == "any":
+        raise ProxyStartError("proxy_auth 'any' accepts every client: use user:pass or @htpasswd-file")
+    if auth is not None and ":" not in auth and not auth.startswith("@"):
+        raise ProxyStartError("proxy_auth must be user:pass (or @htpasswd-file)")
+    if not is_loopback(host) and auth is None:
+        raise ProxyStartError(
+            f"refusing to listen on {host or 'all interfaces'} without proxy authentication (an open proxy): "
+            "set CLAWR1_PROXY_AUTH=user:pass or bind to 127.0.0.1"
+        )
+    extra = settings.extra
+    return ProxyConfig(
+        modes=tuple(modes),
+        confdir=confdir(settings),
+        spool_dir=(settings.data_dir / "proxy-spool").resolve(),
+        proxyauth=auth,
+        upstream_ca=extra.get(UPSTREAM_CA_ENV) or None,
+        upstream_insecure=_flag(extra.get(UPSTREAM_INSECURE_ENV, "")),
+        capture_token_ids=settings.capture_token_ids,
+        bootstrap=settings.bootstrap_servers,
+        partitions=settings.topic_partitions,
+        registry_url=settings.schema_registry_url,
+        instance=extra.get(INSTANCE_ENV) or _default_instance(settings),
+    )
+
+
+def _default_instance(settings: Settings) -> str:
+    return f"{socket.gethostname()}:{settings.proxy_port or settings.reverse_port}"
+
+
+def _quiet_mitmproxy() -> None:
+    logging.getLogger("mitmproxy").setLevel(logging.WARNING)
+
+
+class _Readiness:
+    """Resolves once mitmproxy has tried to bind every mode: with the failures, empty when all listen."""
+
+    def __init__(self, result: asyncio.Future[list[str]]) -> None:
+        self._result = result
+
+    def running(self) -> None:
+        servers = ctx.master.addons.get("proxyserver").servers
+        failures = [f"{s.mode.full_spec}: {s.last_exception or 'not listening'}" for s in servers
+                    if not s.is_running]
+        if not self._result.done():
+            self._result.set_result(failures)
+
+
+def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
+                 readiness: asyncio.Future[list[str]]) -> Master:
+    opts = options.Options(
+        mode=list(config.modes),
+        confdir=str(config.confdir),
+        ssl_insecure=config.upstream_insecure,
+        ssl_verify_upstream_trusted_ca=config.upstream_ca,
+    )
+    master = Master(opts)
+    master.addons.add(
+        core.Core(),
+        strip_dns_https_records.StripDnsHttpsRecords(),
+        disable_h2c.DisableH2C(),
+        ProxyAuthHeader(),
+        proxyserver.Proxyserver(),
+        dns_resolver.DnsResolver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        update_alt_svc.UpdateAltSvc(),
+        *build_addons(submit, config.capture_token_ids),
+        _Readiness(readiness),
+    )
+    # Addon options exist only once their addon is loaded.
+    opts.update(proxyauth=config.proxyauth)
+    return master
+
+
+async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = None, *,
+                      stop: asyncio.Event | None = None, topic: str = RAW_LLM.name,
+                      drain_s: float = DRAIN_S) -> None:
+    """Run until ``stop`` is set (or the task is cancelled); ``ready`` is called once all modes listen.
+
+    On the way out, captured calls get ``drain_s`` to reach Kafka; the rest stay spooled for the next
+    start. Raises ProxyStartError when the configuration is unsafe or a port cannot be bound.
+    """
+    config = proxy_config(settings)
+    _quiet_mitmproxy()
+    config.confdir.mkdir(parents=True, exist_ok=True)
+    codec = codec_for(config.registry_url)
+
+    def prepare(call: CapturedCall) -> tuple[str, bytes]:
+        key, record = build_record(call, config.instance)
+        return key, codec.encode(RAW_LLM.schema, record)
+
+    emitter: Emitter[CapturedCall] = Emitter(
+        bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, prepare=prepare,
+        partitions=config.partitions,
+    )
+    try:
+        emitter.start()
+    except SpoolBusyError as exc:
+        raise ProxyStartError(f"{exc}: another proxy runs with data dir {settings.data_dir}") from exc
+    try:
+        await _run_master(config, emitter, ready, stop or asyncio.Event())
+    finally:
+        await asyncio.to_thread(emitter.close, drain_s)
+
+
+async def _run_master(config: ProxyConfig, emitter: Emitter[CapturedCall], ready: Callable[[], None] | None,
+                      stop: asyncio.Event) -> None:
+    readiness: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+    try:
+        master = _make_master(config, emitter.submit, readiness)
+    except OptionsError as exc:
+        raise ProxyStartError(f"mitmproxy refused the configuration: {exc}") from exc
+    run = asyncio.create_task(master.run(), name="mitmproxy")
+    stopped = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait([run, readiness], return_when=asyncio.FIRST_COMPLETED)
+        if not readiness.done():
+            raise ProxyStartError("mitmproxy stopped while starting")
+        if failures := readiness.result():
+            raise ProxyStartError("could not listen: " + "; ".join(failures))
+        logger.info("capture proxy listening: %s", ", ".join(config.modes))
+        if ready is not None:
+            ready()
+        await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        await master.addons.get("proxyserver").servers.update([])
+        master.shutdown()
+        await asyncio.gather(run, return_exceptions=True)
+
+
+def run_proxy(settings: Settings, ready: Callable[[], None] | None = None, *, topic: str = RAW_LLM.name,
+              drain_s: float = DRAIN_S) -> int:
+    """``clawr1 proxy``: blocks until SIGINT/SIGTERM; 0 on a clean stop, 2 when it cannot start."""
+
+    def started() -> None:
+        # Everything loaded so far lives as long as the process: keep it out of the collector's scans.
+        gc.freeze()
+        if ready is not None:
+            ready()
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve_proxy(settings, started, stop=stop, topic=topic, drain_s=drain_s)
+
+    # The emitter thread builds records in Python; a short switch interval lets the event loop, which
+    # forwards agent traffic, take the GIL back within a millisecond instead of five.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        asyncio.run(main())
+    except ProxyStartError as exc:
+        print(f"clawr1 proxy: {exc}", file=sys.stderr)
+        return 2
+    return 0

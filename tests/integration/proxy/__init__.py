@@ -1,0 +1,1 @@
+"""Integration tests of the capture proxy (issue 3)."""

@@ -1,0 +1,286 @@
+"""Harness for the proxy's integration tests: real mitmproxy, real Kafka, a stand-in engine on the wire.
+
+The proxy runs either embedded (``serve_proxy`` on its own event-loop thread, one at a time: mitmproxy
+keeps its context in module globals) or as a separate process (``proxy_process``), like ``clawr1 proxy``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import ipaddress
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from clawr1.kafka_io import make_consumer
+from clawr1.settings import Settings, env_names
+from demo.standin_engine import StandinEngine
+from proxy.runner import ca_cert_path, serve_proxy
+from schemas.codec import codec_for
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class LoopThread:
+    """An asyncio loop on a daemon thread, for servers the blocking test clients talk to."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+@dataclass
+class Standin:
+    engine: StandinEngine
+    url: str
+
+
+def start_standin(
+    loop: LoopThread, ssl_context: ssl.SSLContext | None = None, host: str = "127.0.0.1"
+) -> Standin:
+    engine = StandinEngine()
+    port = loop.run(engine.start("127.0.0.1", 0, ssl_context))
+    return Standin(engine, f"{'https' if ssl_context else 'http'}://{host}:{port}")
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """A certificate for localhost/127.0.0.1 that is its own CA (the upstream's trust anchor in tests)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=7))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "standin-cert.pem", directory / "standin-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+def client_context(ca: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca))
+
+
+class EmbeddedProxy:
+    """``serve_proxy`` on its own loop thread; a context manager that waits until every mode listens."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.settings = settings
+        self.topic = topic
+        self._loop = LoopThread()
+        self._stop: asyncio.Event | None = None
+        self._future: Any = None
+
+    @property
+    def reverse_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.reverse_port}"
+
+    @property
+    def explicit_url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.proxy_port}"
+
+    @property
+    def ca(self) -> Path:
+        return ca_cert_path(self.settings)
+
+    def __enter__(self) -> EmbeddedProxy:
+        ready = threading.Event()
+
+        async def make_stop() -> asyncio.Event:
+            return asyncio.Event()
+
+        self._stop = self._loop.run(make_stop())
+        self._future = asyncio.run_coroutine_threadsafe(
+            serve_proxy(self.settings, ready.set, stop=self._stop, topic=self.topic, drain_s=5.0),
+            self._loop.loop,
+        )
+        deadline = time.monotonic() + 30
+        while not ready.wait(0.05):
+            if self._future.done():
+                self._future.result()
+            if time.monotonic() > deadline:
+                raise AssertionError("embedded proxy did not start within 30 s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._stop is not None
+        self._loop.loop.call_soon_threadsafe(self._stop.set)
+        try:
+            self._future.result(30)
+        finally:
+            self._loop.close()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The CLAWR1_* environment that makes ``load_settings`` return these settings."""
+    env = {
+        name: str(getattr(settings, field)).lower()
+        if isinstance(getattr(settings, field), bool)
+        else str(getattr(settings, field))
+        for field, name in env_names().items()
+    }
+    return {**env, **settings.extra}
+
+
+class ProxyProcess:
+    """The proxy as its own process (``tests.integration.proxy.proxy_process``), like ``clawr1 proxy``."""
+
+    def __init__(self, settings: Settings, topic: str, drain_s: float = 1.0) -> None:
+        self.settings = settings
+        self.topic = topic
+        self.drain_s = drain_s
+        self.process: subprocess.Popen[str] | None = None
+        self.output: list[str] = []
+
+    def __enter__(self) -> ProxyProcess:
+        env = {**os.environ, **settings_env(self.settings), "PYTHONPATH": str(REPO_ROOT)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.integration.proxy.proxy_process", self.topic, str(self.drain_s)],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line)
+            if line.strip() == "READY":
+                threading.Thread(target=self._drain_output, daemon=True).start()
+                return self
+        raise AssertionError(f"proxy process exited with {self.process.wait()}: {''.join(self.output)}")
+
+    def _drain_output(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        self.output.extend(self.process.stdout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class Event:
+    key: str
+    value: bytes
+    record: dict[str, Any]
+
+
+class TopicReader:
+    """Reads and decodes every message of a topic in the background, from the beginning."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self._consumer = make_consumer(
+            bootstrap,
+            f"proxy-test-reader-{uuid.uuid4().hex[:8]}",
+            **{"topic.metadata.refresh.interval.ms": 1000},
+        )
+        self._consumer.subscribe([topic])
+        self._events: list[Event] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        codec = codec_for()
+        while not self._stop.is_set():
+            message = self._consumer.poll(0.2)
+            if message is None or message.error():
+                continue
+            _, record = codec.decode(message.value(), expect="raw_llm_call")
+            with self._lock:
+                self._events.append(Event(message.key().decode(), message.value(), record))
+        self._consumer.close()
+
+    def events(self, predicate: Callable[[dict[str, Any]], bool] = lambda r: True) -> list[Event]:
+        with self._lock:
+            return [e for e in self._events if predicate(e.record)]
+
+    def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 30.0
+    ) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.events(predicate)
+            if len(found) >= count:
+                return found
+            time.sleep(0.05)
+        raise AssertionError(
+            f"expected {count} matching events on the topic, found {len(self.events(predicate))}"
+        )
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def marked(marker: str) -> Callable[[dict[str, Any]], bool]:
+    """Events of calls whose request carries ``marker`` (each test marks its own calls)."""
+    return lambda record: marker in record["request_body"]

@@ -1,0 +1,124 @@
+"""The addons on mitmproxy test flows: hints stripped, ids injected and removed, one capture per call."""
+
+from __future__ import annotations
+
+import json
+
+from mitmproxy import http
+from mitmproxy.test import tflow
+
+from proxy.addons import build_addons
+from proxy.record import CapturedCall
+
+CHAT_URL = "http://up:8000/v1/chat/completions"
+
+
+def _flow(
+    url: str = CHAT_URL, body: dict | None = None, headers: dict | None = None, method: str = "POST"
+) -> http.HTTPFlow:
+    content = json.dumps(body if body is not None else {"model": "m", "messages": []}).encode()
+    return tflow.tflow(req=http.Request.make(method, url, content, headers or {}))
+
+
+def _run(addons: list, flow: http.HTTPFlow, response: http.Response | None) -> None:
+    for addon in addons:
+        addon.request(flow)
+    if flow.response is None and response is not None:
+        flow.response = response
+        for addon in addons:
+            if hasattr(addon, "responseheaders"):
+                addon.responseheaders(flow)
+    for addon in addons:
+        if hasattr(addon, "response"):
+            addon.response(flow)
+
+
+def _json_response(body: dict) -> http.Response:
+    return http.Response.make(200, json.dumps(body), {"content-type": "application/json"})
+
+
+def test_hints_are_recorded_and_never_forwarded() -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow(headers={"X-Claw-Trajectory-Id": "t-1", "X-Claw-Agent": "a", "X-Claw-Unknown": "x"})
+    _run(build_addons(captured.append, capture_token_ids=False), flow, _json_response({"choices": []}))
+    assert not any(k.lower().startswith("x-claw") for k in flow.request.headers)
+    (call,) = captured
+    assert (call.hints.trajectory_id, call.hints.agent) == ("t-1", "a")
+    assert ("X-Claw-Trajectory-Id", "t-1") in call.request_headers
+
+
+def test_a_bad_hint_is_answered_by_the_proxy_and_not_recorded() -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow(headers={"X-Claw-Prompt-Group-Size": "lots"})
+    _run(build_addons(captured.append, capture_token_ids=False), flow, None)
+    assert flow.response is not None and flow.response.status_code == 400
+    assert "X-Claw-Prompt-Group-Size must be an integer" in flow.response.get_text()
+    assert captured == []
+
+
+def test_plain_reply_is_stripped_for_the_agent_and_kept_whole_for_the_record() -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow()
+    engine = {
+        "id": "c",
+        "prompt_token_ids": [1],
+        "choices": [{"index": 0, "message": {"content": "x"}, "logprobs": {"content": []}, "token_ids": [2]}],
+    }
+    _run(build_addons(captured.append, capture_token_ids=True), flow, _json_response(engine))
+    assert json.loads(flow.request.content or b"")["return_token_ids"] is True
+    assert json.loads(flow.response.content or b"") == {
+        "id": "c",
+        "choices": [{"index": 0, "message": {"content": "x"}, "logprobs": None}],
+    }
+    (call,) = captured
+    assert json.loads(call.request_body) == {"model": "m", "messages": []}
+    assert json.loads(call.engine_body or b"") == engine
+    assert call.response_body == flow.response.raw_content
+
+
+def test_streamed_reply_is_teed_and_rewritten_live() -> None:
+    captured: list[CapturedCall] = []
+    addons = build_addons(captured.append, capture_token_ids=True)
+    flow = _flow(body={"model": "m", "messages": [], "stream": True})
+    for addon in addons:
+        addon.request(flow)
+    assert flow.request.headers["accept-encoding"] == "identity"
+    flow.response = http.Response.make(200, b"", {"content-type": "text/event-stream"})
+    for addon in addons:
+        if hasattr(addon, "responseheaders"):
+            addon.responseheaders(flow)
+    tee = flow.response.stream
+    assert callable(tee)
+    assert tee(b'data: {"choices":[{"index":0,"delta":{},"token_ids":[5]}]}\n\n') == [
+        b'data: {"choices":[{"index":0,"delta":{}}]}\n\n'
+    ]
+    assert tee(b"") == []
+    for addon in addons:
+        if hasattr(addon, "response"):
+            addon.response(flow)
+    (call,) = captured
+    assert (
+        call.streamed and b"token_ids" in (call.engine_body or b"") and b"token_ids" not in call.response_body
+    )
+
+
+def test_other_traffic_is_left_alone() -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow(url="http://up:8000/v1/models", method="GET", headers={"X-Claw-Agent": "a"})
+    before = flow.request.content
+    _run(build_addons(captured.append, capture_token_ids=True), flow, _json_response({"data": []}))
+    assert captured == [] and flow.request.content == before and flow.response.stream is False
+    assert "X-Claw-Agent" not in flow.request.headers  # hints are never forwarded, whatever the call
+
+
+def test_an_error_is_captured_once() -> None:
+    captured: list[CapturedCall] = []
+    addons = build_addons(captured.append, capture_token_ids=False)
+    flow = _flow()
+    for addon in addons:
+        addon.request(flow)
+    flow.error = tflow.terr("Connection refused")
+    addons[-1].error(flow)
+    addons[-1].error(flow)
+    (call,) = captured
+    assert (call.error, call.status) == ("Connection refused", None)

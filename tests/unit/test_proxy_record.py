@@ -1,0 +1,186 @@
+"""Captured calls become schema-valid raw_llm_call records: exact ids, the agent's view, no secrets."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import replace
+
+from clawr1.conversation import conversation_key
+from proxy.hints import Hints
+from proxy.record import CapturedCall, build_record
+from proxy.token_ids import Injection
+from schemas.codec import codec_for
+
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+SECRET = "sk-proj-supersecret0123456789"
+
+
+def _sse(*objs: dict) -> bytes:
+    return b"".join(b"data: " + json.dumps(o).encode() + b"\n\n" for o in objs) + b"data: [DONE]\n\n"
+
+
+ENGINE_STREAM = _sse(
+    {
+        "id": "c1",
+        "model": "m",
+        "prompt_token_ids": [1, 2, 3],
+        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+    },
+    {
+        "id": "c1",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": "Hey"},
+                "token_ids": [7, 8],
+                "logprobs": {"content": [{"logprob": -0.1}, {"logprob": -0.2}]},
+            }
+        ],
+    },
+    {
+        "id": "c1",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {},
+                "finish_reason": "stop",
+                "token_ids": [9],
+                "logprobs": {"content": [{"logprob": -0.3}]},
+            }
+        ],
+    },
+    {"id": "c1", "model": "m", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3}},
+)
+AGENT_STREAM = _sse(
+    {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+    {"id": "c1", "model": "m", "choices": [{"index": 0, "delta": {"content": "Hey"}, "logprobs": None}]},
+)
+
+CALL = CapturedCall(
+    flow_id="flow-1",
+    api="openai.chat",
+    method="POST",
+    url=f"http://up:8000/v1/chat/completions?api_key={SECRET}",
+    upstream="http://up:8000",
+    request_headers=(("Authorization", f"Bearer {SECRET}"), ("Content-Type", "application/json")),
+    request_body=json.dumps({"model": "m", "messages": MESSAGES, "stream": True}).encode(),
+    hints=Hints(),
+    streamed=True,
+    status=200,
+    response_headers=(("content-type", "text/event-stream"), ("set-cookie", f"s={SECRET}")),
+    response_body=AGENT_STREAM,
+    response_encoding="",
+    engine_body=ENGINE_STREAM,
+    injection=Injection(token_ids=True, logprobs=True),
+    started=1000.0,
+    first_byte=1000.25,
+    finished=1001.0,
+    captured_at=1001.5,
+)
+
+
+def test_streamed_call_keeps_engine_ids_and_what_the_agent_saw() -> None:
+    key, record = build_record(CALL, "proxy-a")
+    name, decoded = codec_for().decode(codec_for().encode("raw_llm_call", record))
+    assert name == "raw_llm_call"
+    assert key == decoded["conversation_key"] == conversation_key(MESSAGES)
+    assert decoded["prompt_token_ids"] == [1, 2, 3] and decoded["token_source"] == "engine"
+    (choice,) = decoded["choices"]
+    assert (choice["text"], choice["token_ids"], choice["logprobs"], choice["finish_reason"]) == (
+        "Hey",
+        [7, 8, 9],
+        [-0.1, -0.2, -0.3],
+        "stop",
+    )
+    assert json.loads(choice["reply_messages_json"]) == [{"role": "assistant", "content": "Hey"}]
+    assert decoded["response_body"] == AGENT_STREAM.decode()
+    assert json.loads(decoded["assembled_response"])["choices"][0]["logprobs"] is None
+    assert (decoded["prompt_tokens"], decoded["completion_tokens"], decoded["response_id"]) == (3, 3, "c1")
+    assert (decoded["request_started_ms"], decoded["first_byte_ms"], decoded["finished_ms"]) == (
+        1000000,
+        1000250,
+        1001000,
+    )
+    assert json.loads(decoded["messages_json"]) == MESSAGES and decoded["capture_notes"] == []
+    assert (
+        build_record(CALL, "proxy-a")[1]["event_id"]
+        == record["event_id"]
+        != build_record(CALL, "b")[1]["event_id"]
+    )
+
+
+def test_no_secret_reaches_the_record() -> None:
+    _, record = build_record(CALL, "proxy-a")
+    encoded = codec_for().encode("raw_llm_call", record)
+    assert SECRET.encode() not in encoded
+    assert record["request_headers"] == {"content-type": "application/json"}
+    assert record["url"] == "http://up:8000/v1/chat/completions"
+
+
+def test_trajectory_hint_is_the_key_and_hints_are_kept() -> None:
+    hints = Hints("traj-9", "group-1", 4, 3, "agent-x", True)
+    key, record = build_record(replace(CALL, hints=hints), "p")
+    assert key == "traj-9"
+    assert (
+        record["trajectory_id"],
+        record["prompt_group_id"],
+        record["prompt_group_size"],
+        record["policy_version"],
+        record["agent"],
+        record["terminal"],
+    ) == ("traj-9", "group-1", 4, 3, "agent-x", True)
+    assert record["conversation_key"] == conversation_key(MESSAGES)
+
+
+def test_inconsistent_ids_are_noted_not_fixed() -> None:
+    engine = ENGINE_STREAM.replace(b'"completion_tokens": 3', b'"completion_tokens": 5')
+    _, record = build_record(replace(CALL, engine_body=engine), "p")
+    assert record["choices"][0]["token_ids"] == [7, 8, 9]
+    assert record["capture_notes"] == ["response token ids total 3, usage says 5"]
+
+
+def test_plain_compressed_response_without_ids_says_so() -> None:
+    body = {
+        "id": "c2",
+        "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    }
+    call = replace(
+        CALL,
+        streamed=False,
+        response_body=gzip.compress(json.dumps(body).encode()),
+        response_encoding="gzip",
+        engine_body=None,
+        injection=None,
+    )
+    _, record = build_record(call, "p")
+    assert record["token_source"] == "none" and record["prompt_token_ids"] == []
+    assert json.loads(record["assembled_response"]) == body and record["choices"][0]["text"] == "ok"
+
+
+def test_upstream_errors_and_aborts_become_failed_calls() -> None:
+    error_body = json.dumps({"error": {"message": "model overloaded"}}).encode()
+    _, failed = build_record(
+        replace(CALL, streamed=False, status=503, response_body=error_body, engine_body=None), "p"
+    )
+    assert failed["error"] == "HTTP 503: model overloaded" and failed["choices"] == []
+    _, refused = build_record(
+        replace(
+            CALL,
+            streamed=False,
+            status=None,
+            response_body=b"",
+            engine_body=None,
+            first_byte=None,
+            error="Connection refused",
+        ),
+        "p",
+    )
+    assert refused["error"] == "Connection refused" and refused["response_status"] is None
+    cut = ENGINE_STREAM[: ENGINE_STREAM.index(b'"finish_reason"')]
+    _, aborted = build_record(replace(CALL, engine_body=cut, error="Client disconnected."), "p")
+    assert aborted["error"] == "Client disconnected." and aborted["choices"][0]["text"] == "Hey"
+    codec_for().encode("raw_llm_call", aborted)
