@@ -151,6 +151,7 @@ class KafkaBroker:
             f"-Xmx{self.heap}",
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
+            "-Dlog4j2.shutdownHookEnabled=false",
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={(self.data_dir / 'log4j2.xml').resolve()}",
             "-cp",

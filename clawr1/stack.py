@@ -102,6 +102,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             engine_port = settings.extra.get("CLAWR1_DEMO_ENGINE_PORT", "8091")
             children.append(_spawn("standin-engine", ["standin-engine", "--port", engine_port], env))
             env["CLAWR1_UPSTREAM"] = f"http://127.0.0.1:{engine_port}"
+            env["CLAWR1_CAPTURE_TOKEN_IDS"] = "true"  # the stand-in speaks vLLM's token-id fields
             if not settings.reverse_port:
                 env["CLAWR1_REVERSE_PORT"] = str(settings.proxy_port + 1)
         children.append(_spawn("api", ["api", "--expect-parts", "worker,proxy"], env))

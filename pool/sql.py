@@ -30,6 +30,10 @@ OUTPUT_FORMATS: dict[str, str] = {
     "Arrow": "application/vnd.apache.arrow.file",
     "ArrowStream": "application/vnd.apache.arrow.stream",
     "Parquet": "application/vnd.apache.parquet",
+    "PrettyCompact": "text/plain; charset=utf-8",
+    "PrettyCompactMonoBlock": "text/plain; charset=utf-8",
+    "Markdown": "text/markdown; charset=utf-8",
+    "Vertical": "text/plain; charset=utf-8",
 }
 """Formats a caller may ask for, with the media type the API answers with."""
 

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from mitmproxy import ctx, options
@@ -254,6 +255,14 @@ async def _run_master(config: ProxyConfig, emitter: Emitter[CapturedCall], ready
         await master.addons.get("proxyserver").servers.update([])
         master.shutdown()
         await asyncio.gather(run, return_exceptions=True)
+        # Stopping cancels the agents' idle keep-alive connections after mitmproxy has put its own
+        # handler back: that is their intended end, not an error worth a traceback.
+        asyncio.get_running_loop().set_exception_handler(_quiet_cancelled_connections)
+
+
+def _quiet_cancelled_connections(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if not isinstance(context.get("exception"), asyncio.CancelledError):
+        loop.default_exception_handler(context)
 
 
 def run_proxy(settings: Settings, ready: Callable[[], None] | None = None, *, topic: str = RAW_LLM.name,
