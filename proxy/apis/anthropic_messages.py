@@ -9,7 +9,15 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from proxy.apis.base import Assembled, AssembledChoice, Json, error_text, function_call, int_or_none
+from proxy.apis.base import (
+    Assembled,
+    AssembledChoice,
+    Json,
+    error_text,
+    function_call,
+    int_or_none,
+    json_events,
+)
 from proxy.sse import SseEvent
 
 NAME = "anthropic.messages"
@@ -28,8 +36,10 @@ def request_messages(body: Json) -> list[Json]:
 
 def _prompt_tokens(usage: Json) -> int | None:
     """Anthropic counts cached prompt tokens apart from ``input_tokens``; the prompt is all of them."""
-    parts = [int_or_none(usage.get(k)) for k in
-             ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")]
+    parts = [
+        int_or_none(usage.get(k))
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    ]
     return None if parts[0] is None else sum(p for p in parts if p is not None)
 
 
@@ -39,8 +49,11 @@ def assemble(body: Json) -> Assembled:
     choice = AssembledChoice(
         index=0,
         text="".join(b.get("text", "") for b in blocks if b.get("type") == "text"),
-        tool_calls=[function_call(b.get("id"), b.get("name"), json.dumps(b.get("input"), ensure_ascii=False))
-                    for b in blocks if b.get("type") == "tool_use"],
+        tool_calls=[
+            function_call(b.get("id"), b.get("name"), json.dumps(b.get("input"), ensure_ascii=False))
+            for b in blocks
+            if b.get("type") == "tool_use"
+        ],
         finish_reason=body.get("stop_reason"),
         reply_messages=[{"role": body.get("role", "assistant"), "content": blocks}],
     )
@@ -72,14 +85,7 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     partial_json: dict[int, list[str]] = {}
     notes: list[str] = []
     error: str | None = None
-    for event in events:
-        try:
-            data = json.loads(event.data)
-        except ValueError:
-            notes.append(f"unparseable stream event: {event.data[:80]!r}")
-            continue
-        if not isinstance(data, dict):
-            continue
+    for event, data in json_events(events, notes):
         kind = data.get("type", event.event)
         index = int_or_none(data.get("index")) or 0
         if kind == "message_start" and isinstance(data.get("message"), dict):

@@ -7,9 +7,10 @@ without servers and the record builder never branches on the API.
 
 from __future__ import annotations
 
+import json
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,3 +95,18 @@ def error_text(error: Any) -> str:
         elif inner:
             return str(inner)
     return str(error)
+
+
+def json_events(events: Iterable[SseEvent], notes: list[str]) -> Iterator[tuple[SseEvent, Json]]:
+    """The JSON objects of a stream's events. OpenAI's ``[DONE]`` is skipped; unparseable data is noted
+    on the record, never fatal, because the agent already received it as the upstream sent it."""
+    for event in events:
+        if event.data.strip() == "[DONE]":
+            continue
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            notes.append(f"unparseable stream event: {event.data[:80]!r}")
+            continue
+        if isinstance(data, dict):
+            yield event, data

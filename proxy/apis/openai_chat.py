@@ -7,7 +7,6 @@ names the per-choice field ``response_token_ids`` and streams ids in an ``sglext
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +19,7 @@ from proxy.apis.base import (
     float_list,
     function_call,
     int_or_none,
+    json_events,
     token_list,
 )
 from proxy.sse import SseEvent
@@ -44,8 +44,9 @@ def content_text(content: Any) -> str:
 def _logprob_values(logprobs: Any) -> list[float] | None:
     if not isinstance(logprobs, dict) or not isinstance(logprobs.get("content"), list):
         return None
-    return float_list([entry.get("logprob") if isinstance(entry, dict) else None
-                       for entry in logprobs["content"]])
+    return float_list(
+        [entry.get("logprob") if isinstance(entry, dict) else None for entry in logprobs["content"]]
+    )
 
 
 def _choice_token_ids(choice: Json) -> list[int]:
@@ -59,25 +60,35 @@ def _usage(assembled: Assembled, usage: Any) -> None:
 
 
 def assemble(body: Json) -> Assembled:
-    assembled = Assembled(response=body, model=body.get("model"), response_id=body.get("id"),
-                          prompt_token_ids=token_list(body.get("prompt_token_ids")))
+    assembled = Assembled(
+        response=body,
+        model=body.get("model"),
+        response_id=body.get("id"),
+        prompt_token_ids=token_list(body.get("prompt_token_ids")),
+    )
     _usage(assembled, body.get("usage"))
     for raw in body.get("choices") or []:
         if not isinstance(raw, dict):
             continue
         message = raw.get("message") if isinstance(raw.get("message"), dict) else {}
-        calls = [function_call(c.get("id"), (c.get("function") or {}).get("name"),
-                               (c.get("function") or {}).get("arguments"))
-                 for c in message.get("tool_calls") or [] if isinstance(c, dict)]
-        assembled.choices.append(AssembledChoice(
-            index=int_or_none(raw.get("index")) or 0,
-            text=content_text(message.get("content")),
-            tool_calls=calls,
-            finish_reason=raw.get("finish_reason"),
-            token_ids=_choice_token_ids(raw),
-            logprobs=_logprob_values(raw.get("logprobs")),
-            reply_messages=[message],
-        ))
+        calls = [
+            function_call(
+                c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")
+            )
+            for c in message.get("tool_calls") or []
+            if isinstance(c, dict)
+        ]
+        assembled.choices.append(
+            AssembledChoice(
+                index=int_or_none(raw.get("index")) or 0,
+                text=content_text(message.get("content")),
+                tool_calls=calls,
+                finish_reason=raw.get("finish_reason"),
+                token_ids=_choice_token_ids(raw),
+                logprobs=_logprob_values(raw.get("logprobs")),
+                reply_messages=[message],
+            )
+        )
     return assembled
 
 
@@ -128,8 +139,9 @@ class _ChoiceParts:
         if self.reasoning:
             message["reasoning_content"] = "".join(self.reasoning)
         if self.tool_calls:
-            message["tool_calls"] = [function_call(p.id, p.name, "".join(p.arguments))
-                                     for _, p in sorted(self.tool_calls.items())]
+            message["tool_calls"] = [
+                function_call(p.id, p.name, "".join(p.arguments)) for _, p in sorted(self.tool_calls.items())
+            ]
         return message
 
 
@@ -138,16 +150,7 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     top: Json = {}
     assembled = Assembled(response={})
     sglext_output: list[int] = []
-    for event in events:
-        if event.data.strip() == "[DONE]":
-            continue
-        try:
-            chunk = json.loads(event.data)
-        except ValueError:
-            assembled.notes.append(f"unparseable stream chunk: {event.data[:80]!r}")
-            continue
-        if not isinstance(chunk, dict):
-            continue
+    for _event, chunk in json_events(events, assembled.notes):
         if "error" in chunk:
             assembled.error = error_text(chunk)
             continue
@@ -168,22 +171,29 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
                 choices.setdefault(index, _ChoiceParts(index)).add(raw)
     if sglext_output and 0 in choices and not choices[0].token_ids:
         choices[0].token_ids = sglext_output
-    response: Json = {"id": top.get("id"), "object": "chat.completion", "created": top.get("created"),
-                      "model": top.get("model"), "choices": []}
+    response: Json = {
+        "id": top.get("id"),
+        "object": "chat.completion",
+        "created": top.get("created"),
+        "model": top.get("model"),
+        "choices": [],
+    }
     for index, parts in sorted(choices.items()):
         choice: Json = {"index": index, "message": parts.message(), "finish_reason": parts.finish_reason}
         if parts.logprob_entries is not None:
             choice["logprobs"] = {"content": parts.logprob_entries}
         response["choices"].append(choice)
-        assembled.choices.append(AssembledChoice(
-            index=index,
-            text="".join(parts.content),
-            tool_calls=choice["message"].get("tool_calls", []),
-            finish_reason=parts.finish_reason,
-            token_ids=parts.token_ids,
-            logprobs=_logprob_values(choice.get("logprobs")),
-            reply_messages=[choice["message"]],
-        ))
+        assembled.choices.append(
+            AssembledChoice(
+                index=index,
+                text="".join(parts.content),
+                tool_calls=choice["message"].get("tool_calls", []),
+                finish_reason=parts.finish_reason,
+                token_ids=parts.token_ids,
+                logprobs=_logprob_values(choice.get("logprobs")),
+                reply_messages=[choice["message"]],
+            )
+        )
     if "usage" in top:
         response["usage"] = top["usage"]
     assembled.response = response

@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.apis.base import Assembled, AssembledChoice, Json, error_text, float_list, int_or_none, token_list
+from proxy.apis.base import (
+    Assembled,
+    AssembledChoice,
+    Json,
+    error_text,
+    float_list,
+    int_or_none,
+    json_events,
+    token_list,
+)
 from proxy.sse import SseEvent
 
 NAME = "openai.completions"
@@ -39,24 +48,41 @@ def _usage(assembled: Assembled, usage: Any) -> None:
         assembled.completion_tokens = int_or_none(usage.get("completion_tokens"))
 
 
-def _choice(index: int, text: str, finish_reason: Any, token_ids: list[int],
-            logprobs: list[float] | None) -> AssembledChoice:
-    return AssembledChoice(index=index, text=text, finish_reason=finish_reason, token_ids=token_ids,
-                           logprobs=logprobs, reply_messages=[{"role": "assistant", "content": text}])
+def _choice(
+    index: int, text: str, finish_reason: Any, token_ids: list[int], logprobs: list[float] | None
+) -> AssembledChoice:
+    return AssembledChoice(
+        index=index,
+        text=text,
+        finish_reason=finish_reason,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        reply_messages=[{"role": "assistant", "content": text}],
+    )
 
 
 def assemble(body: Json) -> Assembled:
-    assembled = Assembled(response=body, model=body.get("model"), response_id=body.get("id"),
-                          prompt_token_ids=token_list(body.get("prompt_token_ids")))
+    assembled = Assembled(
+        response=body,
+        model=body.get("model"),
+        response_id=body.get("id"),
+        prompt_token_ids=token_list(body.get("prompt_token_ids")),
+    )
     _usage(assembled, body.get("usage"))
     for raw in body.get("choices") or []:
         if not isinstance(raw, dict):
             continue
         assembled.prompt_token_ids = assembled.prompt_token_ids or token_list(raw.get("prompt_token_ids"))
         text = raw.get("text") if isinstance(raw.get("text"), str) else ""
-        assembled.choices.append(_choice(int_or_none(raw.get("index")) or 0, text, raw.get("finish_reason"),
-                                         token_list(raw.get("token_ids")),
-                                         _token_logprobs(raw.get("logprobs"))))
+        assembled.choices.append(
+            _choice(
+                int_or_none(raw.get("index")) or 0,
+                text,
+                raw.get("finish_reason"),
+                token_list(raw.get("token_ids")),
+                _token_logprobs(raw.get("logprobs")),
+            )
+        )
     return assembled
 
 
@@ -86,16 +112,7 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     choices: dict[int, _ChoiceParts] = {}
     top: Json = {}
     assembled = Assembled(response={})
-    for event in events:
-        if event.data.strip() == "[DONE]":
-            continue
-        try:
-            chunk = json.loads(event.data)
-        except ValueError:
-            assembled.notes.append(f"unparseable stream chunk: {event.data[:80]!r}")
-            continue
-        if not isinstance(chunk, dict):
-            continue
+    for _event, chunk in json_events(events, assembled.notes):
         if "error" in chunk:
             assembled.error = error_text(chunk)
             continue
@@ -110,14 +127,21 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
                 if not assembled.prompt_token_ids:
                     assembled.prompt_token_ids = token_list(raw.get("prompt_token_ids"))
                 choices.setdefault(int_or_none(raw.get("index")) or 0, _ChoiceParts()).add(raw)
-    response: Json = {"id": top.get("id"), "object": "text_completion", "created": top.get("created"),
-                      "model": top.get("model"), "choices": []}
+    response: Json = {
+        "id": top.get("id"),
+        "object": "text_completion",
+        "created": top.get("created"),
+        "model": top.get("model"),
+        "choices": [],
+    }
     for index, parts in sorted(choices.items()):
         text = "".join(parts.text)
-        response["choices"].append({"index": index, "text": text, "logprobs": parts.logprobs,
-                                    "finish_reason": parts.finish_reason})
-        assembled.choices.append(_choice(index, text, parts.finish_reason, parts.token_ids,
-                                         _token_logprobs(parts.logprobs)))
+        response["choices"].append(
+            {"index": index, "text": text, "logprobs": parts.logprobs, "finish_reason": parts.finish_reason}
+        )
+        assembled.choices.append(
+            _choice(index, text, parts.finish_reason, parts.token_ids, _token_logprobs(parts.logprobs))
+        )
     if "usage" in top:
         response["usage"] = top["usage"]
     assembled.response = response

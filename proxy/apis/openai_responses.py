@@ -12,7 +12,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.apis.base import Assembled, AssembledChoice, Json, error_text, function_call, int_or_none
+from proxy.apis.base import (
+    Assembled,
+    AssembledChoice,
+    Json,
+    error_text,
+    function_call,
+    int_or_none,
+    json_events,
+)
 from proxy.sse import SseEvent
 
 NAME = "openai.responses"
@@ -27,12 +35,18 @@ def normalize_item(item: Any) -> Json:
         return {"role": "", "content": json.dumps(item, sort_keys=True)}
     kind = item.get("type")
     if kind == "function_call":
-        return {"role": "assistant", "content": None,
-                "tool_calls": [function_call(item.get("call_id"), item.get("name"), item.get("arguments"))]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [function_call(item.get("call_id"), item.get("name"), item.get("arguments"))],
+        }
     if kind == "function_call_output":
         output = item.get("output")
-        return {"role": "tool", "tool_call_id": item.get("call_id"),
-                "content": output if isinstance(output, str | list) else json.dumps(output)}
+        return {
+            "role": "tool",
+            "tool_call_id": item.get("call_id"),
+            "content": output if isinstance(output, str | list) else json.dumps(output),
+        }
     if "role" in item and kind in (None, "message"):
         return {"role": item.get("role"), "content": item.get("content")}
     rest = {k: v for k, v in item.items() if k not in {"id", "status"} and v is not None}
@@ -52,8 +66,11 @@ def request_messages(body: Json) -> list[Json]:
 
 
 def _output_text(item: Json) -> str:
-    return "".join(part.get("text", "") for part in item.get("content") or []
-                   if isinstance(part, dict) and part.get("type") == "output_text")
+    return "".join(
+        part.get("text", "")
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    )
 
 
 def assemble(body: Json) -> Assembled:
@@ -65,8 +82,11 @@ def assemble(body: Json) -> Assembled:
     choice = AssembledChoice(
         index=0,
         text="".join(_output_text(item) for item in output if item.get("type") == "message"),
-        tool_calls=[function_call(item.get("call_id"), item.get("name"), item.get("arguments"))
-                    for item in output if item.get("type") == "function_call"],
+        tool_calls=[
+            function_call(item.get("call_id"), item.get("name"), item.get("arguments"))
+            for item in output
+            if item.get("type") == "function_call"
+        ],
         finish_reason=finish,
         reply_messages=[normalize_item(item) for item in output],
     )
@@ -90,8 +110,9 @@ def _partial_response(events: Sequence[Json]) -> Json:
         index = int_or_none(data.get("output_index")) or 0
         if kind in {"response.created", "response.in_progress"} and isinstance(data.get("response"), dict):
             base = dict(data["response"])
-        elif kind in {"response.output_item.added", "response.output_item.done"} and \
-                isinstance(data.get("item"), dict):
+        elif kind in {"response.output_item.added", "response.output_item.done"} and isinstance(
+            data.get("item"), dict
+        ):
             items[index] = dict(data["item"])
         elif kind == "response.output_text.delta":
             item = items.setdefault(index, {"type": "message", "role": "assistant", "content": []})
@@ -111,20 +132,19 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     parsed: list[Json] = []
     notes: list[str] = []
     error: str | None = None
-    for event in events:
-        try:
-            data = json.loads(event.data)
-        except ValueError:
-            notes.append(f"unparseable stream event: {event.data[:80]!r}")
-            continue
-        if not isinstance(data, dict):
-            continue
+    for event, data in json_events(events, notes):
         data.setdefault("type", event.event)
         if data["type"] == "error":
             error = error_text(data)
         parsed.append(data)
-    final = next((d["response"] for d in reversed(parsed)
-                  if d.get("type") in _FINAL_EVENTS and isinstance(d.get("response"), dict)), None)
+    final = next(
+        (
+            d["response"]
+            for d in reversed(parsed)
+            if d.get("type") in _FINAL_EVENTS and isinstance(d.get("response"), dict)
+        ),
+        None,
+    )
     assembled = assemble(final if final is not None else _partial_response(parsed))
     assembled.notes.extend(notes)
     assembled.error = assembled.error or error
