@@ -1,0 +1,277 @@
+"""Stream worker throughput and end-to-end latency, against Kafka's own consume rate in the same run.
+
+Load: black-box agent conversations (8 turns each, prompts growing from 256 tokens by the previous
+reply and a new user turn, engine token ids present) captured by the proxy, plus one final reward
+per call from a reward model, i.e. every call becomes a normalized step, joined with its reward,
+merged into its trajectory's prefix tree.
+
+- throughput: all events are produced first; one worker (a subprocess, as ``clawr1 worker`` runs
+  it) then processes them; events/s = input events / (last step's final version - worker ready).
+- baseline: a confluent-kafka consumer reading the same raw topics from the start (events/s).
+- latency: with the worker warm, calls are produced at a fixed rate; ingest -> first normalized
+  version of the step on ``clawr1.steps`` (p50/p99), beside the same calls' raw-topic hop.
+
+    .venv/bin/python bench/bench_streams.py [--bootstrap HOST:PORT] [--calls 2000] [--rate 50]
+
+Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
+Results: bench/results/bench_streams.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from broker.launcher import KafkaBroker  # noqa: E402
+from clawr1.conversation import conversation_key  # noqa: E402
+from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
+from schemas.codec import codec_for  # noqa: E402
+from streams.config import StreamTopics  # noqa: E402
+from streams.worker import READY_LINE  # noqa: E402
+
+PARTITIONS = 4
+TURNS, FIRST_PROMPT, TURN_TOKENS, REPLY_TOKENS = 8, 256, 32, 32
+CODEC = codec_for()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def conversation(tag: str, n: int) -> list[dict[str, Any]]:
+    """One agent run of TURNS calls; each prompt is the previous prompt + reply + a new user turn."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "bench"},
+                                      {"role": "user", "content": f"{tag}-{n}"}]
+    prompt = [(n * 31 + i) % 32_000 for i in range(FIRST_PROMPT)]
+    calls = []
+    for turn in range(TURNS):
+        reply_ids = [(n * 17 + turn * 7 + i) % 32_000 for i in range(REPLY_TOKENS)]
+        reply = f"reply {turn} of {n}"
+        event_id = f"{tag}-{n}-{turn}"
+        calls.append({
+            "event_id": event_id, "captured_at_ms": 0, "proxy_instance": "bench", "api": "openai.chat",
+            "method": "POST", "url": "http://engine/v1/chat/completions", "upstream": "http://engine",
+            "request_headers": {}, "request_body": json.dumps({"model": "m", "messages": messages}),
+            "streamed": False, "response_status": 200, "request_started_ms": turn, "finished_ms": turn + 1,
+            "model": "m", "prompt_token_ids": prompt, "token_source": "engine",
+            "choices": [{"index": 0, "text": reply, "token_ids": reply_ids,
+                         "reply_messages_json": json.dumps([{"role": "assistant", "content": reply}])}],
+            "conversation_key": conversation_key(messages), "messages_json": json.dumps(messages),
+        })
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": f"t{turn}"}]
+        prompt = prompt + reply_ids + [(n + turn + i) % 32_000 for i in range(TURN_TOKENS)]
+    return calls
+
+
+def reward_for(step_id: str) -> dict[str, Any]:
+    return {"feedback_id": "fb-" + step_id, "target_kind": "step", "target_id": step_id, "reward": 1.0,
+            "final": True, "source": "reward_model", "received_at_ms": 1}
+
+
+class Worker:
+    """``python -m streams.worker`` with its own topics and app id."""
+
+    def __init__(self, bootstrap: str, suffix: str, workdir: Path) -> None:
+        self.log = workdir / "worker.log"
+        env = {**os.environ, "CLAWR1_KAFKA_BOOTSTRAP": bootstrap, "CLAWR1_DATA_DIR": str(workdir),
+               "CLAWR1_TOPIC_SUFFIX": suffix, "CLAWR1_STREAMS_APP_ID": "bench" + suffix,
+               "CLAWR1_TOPIC_PARTITIONS": str(PARTITIONS)}
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "streams.worker"], cwd=REPO, env=env,
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 120) -> float:
+        deadline = time.monotonic() + timeout
+        while READY_LINE not in self.log.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("worker did not start:\n" + self.log.read_text(errors="replace")[-3000:])
+            time.sleep(0.05)
+        return time.monotonic()
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the worker has used so far (Linux /proc): a figure that a busy,
+        shared machine does not distort the way wall-clock rates are distorted."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def produce(bootstrap: str, topics: StreamTopics, calls: list[dict[str, Any]]) -> None:
+    producer = make_producer(bootstrap)
+    for call in calls:
+        producer.produce(topics.raw_llm, key=call["conversation_key"].encode(),
+                         value=CODEC.encode("raw_llm_call", call))
+        producer.produce(topics.raw_feedback, key=call["event_id"].encode(),
+                         value=CODEC.encode("feedback", reward_for(call["event_id"])))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def wait_for_final_steps(bootstrap: str, topics: StreamTopics, expected: int, timeout: float) -> float:
+    """Time when every step reached version 2 (its call + its reward)."""
+    consumer = make_consumer(bootstrap, "bench-steps-" + uuid.uuid4().hex[:8])
+    consumer.subscribe([topics.steps])
+    final: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(final) < expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(final)}/{expected} steps final after {timeout}s")
+            for message in consumer.consume(1000, timeout=0.2):
+                _, record = CODEC.decode(message.value())
+                if record["version"] >= 2:
+                    final.add(record["step_id"])
+        return time.monotonic()
+    finally:
+        consumer.close()
+
+
+def kafka_consume_rate(bootstrap: str, topics: StreamTopics, expected: int) -> float:
+    """confluent-kafka reading the raw topics from the beginning (partitions assigned, no group join)."""
+    consumer = make_consumer(bootstrap, "bench-baseline-" + uuid.uuid4().hex[:8])
+    names = [topics.raw_llm, topics.raw_feedback]
+    metadata = consumer.list_topics(timeout=10).topics
+    consumer.assign([TopicPartition(name, p, OFFSET_BEGINNING)
+                     for name in names for p in metadata[name].partitions])
+    seen, started = 0, time.monotonic()
+    try:
+        while seen < expected:
+            seen += sum(1 for m in consumer.consume(10_000, timeout=0.05) if m.error() is None)
+        return expected / (time.monotonic() - started)
+    finally:
+        consumer.close()
+
+
+def latency(bootstrap: str, topics: StreamTopics, rate: float, seconds: float) -> dict[str, Any]:
+    calls = [c for n in range(int(rate * seconds / TURNS) + 1) for c in conversation("lat", n)]
+    calls = calls[: int(rate * seconds)]
+    sent: dict[str, float] = {}
+    raw_at: dict[str, float] = {}
+    step_at: dict[str, float] = {}
+    consumer = make_consumer(bootstrap, "bench-latency-" + uuid.uuid4().hex[:8], **{"fetch.wait.max.ms": 5})
+    consumer.subscribe([topics.raw_llm, topics.steps])
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            for message in consumer.consume(500, timeout=0.05):
+                now = time.monotonic()
+                name, record = CODEC.decode(message.value())
+                target = raw_at if name == "raw_llm_call" else step_at
+                target.setdefault(record["event_id"] if name == "raw_llm_call" else record["step_id"], now)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(3)  # let the reader join its group before anything is sent
+    producer = make_producer(bootstrap, **{"linger.ms": 0})
+    start = time.monotonic()
+    for i, call in enumerate(calls):
+        time.sleep(max(0.0, start + i / rate - time.monotonic()))
+        sent[call["event_id"]] = time.monotonic()
+        producer.produce(topics.raw_llm, key=call["conversation_key"].encode(),
+                         value=CODEC.encode("raw_llm_call", call))
+        producer.poll(0)
+    producer.flush(30)
+    deadline = time.monotonic() + 30
+    while not sent.keys() <= step_at.keys() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stop.set()
+    reader.join()
+    consumer.close()
+    e2e = [(step_at[k] - sent[k]) * 1000 for k in sent if k in step_at]
+    hop = [(raw_at[k] - sent[k]) * 1000 for k in sent if k in raw_at]
+    return {"calls": len(calls), "rate_per_s": rate, "delivered": len(e2e),
+            "e2e_p50_ms": statistics.median(e2e), "e2e_p99_ms": percentile(e2e, 0.99),
+            "kafka_hop_p50_ms": statistics.median(hop), "kafka_hop_p99_ms": percentile(hop, 0.99)}
+
+
+def run(bootstrap: str, calls_wanted: int, rate: float, seconds: float) -> dict[str, Any]:
+    suffix = "." + uuid.uuid4().hex[:8]
+    topics = StreamTopics().with_suffix(suffix)
+    ensure_topics(bootstrap, topics.all_names(), PARTITIONS)
+    calls = [c for n in range(max(1, calls_wanted // TURNS)) for c in conversation("tp", n)]
+    produce(bootstrap, topics, calls)
+    events = 2 * len(calls)
+    baseline = kafka_consume_rate(bootstrap, topics, events)
+    with tempfile.TemporaryDirectory() as workdir:
+        worker = Worker(bootstrap, suffix, Path(workdir))
+        try:
+            ready = worker.wait_ready()
+            cpu_at_ready = worker.cpu_seconds()
+            done = wait_for_final_steps(bootstrap, topics, len(calls), timeout=600)
+            cpu = worker.cpu_seconds() - cpu_at_ready
+            worker_rate = events / (done - ready)
+            lat = latency(bootstrap, topics, rate, seconds)
+        finally:
+            worker.stop()
+    return {
+        "load": {"calls": len(calls), "rewards": len(calls), "turns_per_conversation": TURNS,
+                 "first_prompt_tokens": FIRST_PROMPT, "partitions": PARTITIONS},
+        "throughput": {"worker_events_per_s": round(worker_rate, 1),
+                       "steps_per_s": round(len(calls) / (done - ready), 1),
+                       "worker_cpu_s": round(cpu, 2), "events_per_worker_cpu_s": round(events / cpu, 1),
+                       "kafka_consume_events_per_s": round(baseline, 1),
+                       "worker_vs_kafka": round(worker_rate / baseline, 4),
+                       "machine_load_1min": round(os.getloadavg()[0], 2)},
+        "latency": {k: round(v, 2) if isinstance(v, float) else v for k, v in lat.items()}
+        | {"e2e_vs_kafka_hop_p50": round(lat["e2e_p50_ms"] / lat["kafka_hop_p50_ms"], 2)},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bootstrap", default=os.environ.get("CLAWR1_BENCH_KAFKA_BOOTSTRAP", ""))
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rate", type=float, default=50.0, help="calls/s in the latency phase")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
+    args = parser.parse_args()
+    broker = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="bench-kafka-")), free_port(), free_port(), "768m")
+        broker.start()
+        bootstrap = broker.bootstrap
+    try:
+        result = run(bootstrap, args.calls, args.rate, args.seconds)
+    finally:
+        if broker is not None:
+            broker.stop()
+    out = REPO / "bench" / "results" / "bench_streams.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

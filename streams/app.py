@@ -1,0 +1,301 @@
+"""The Faust app: thin agents that move bytes between topics and tables around the pure logic.
+
+Flow (every arrow a Kafka topic, every box one agent; tables in brackets)::
+
+    raw.llm ----> ingest_llm    [links: per raw key] --+--> internal.trajectories (key trajectory)
+    raw.events -> ingest_events [links]               -+--> internal.targets (key step / response id)
+    raw.steps --> ingest_steps                        -+
+    raw.feedback -> ingest_feedback --> internal.targets, or internal.trajectories (trajectory rewards)
+    internal.targets --> resolve_targets [targets: per target id] --> internal.trajectories
+    internal.trajectories --> join [join_steps, join_trajectories] --> steps, internal.scopes
+    internal.scopes --> merge_prefixes [scopes, scope_steps] --> prefix_nodes
+    any agent --> dlq (events it cannot use, with the reason)
+
+Co-partitioning: all topics and changelogs have ``config.partitions`` partitions and every key is
+hashed with murmur2, so a table key always lives in the partition of the events that touch it.
+Delivery is at-least-once: outputs are deterministic (ids, versions, dead letters), and every
+agent re-publishes what a re-delivered event produced, so a crash between a table write and an
+output loses nothing and duplicates nothing the pool keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+
+import faust
+from faust.types import EventT
+
+from clawr1.conversation import conversation_key
+from prefix_tree import PrefixTree
+from schemas.codec import DecodeError, codec_for
+from streams import messages
+from streams.config import StreamConfig
+from streams.dead_letters import dead_letter
+from streams.join import (
+    StepState,
+    TrajectoryState,
+    apply_feedback,
+    apply_step_fact,
+    build_step,
+    effective_parent,
+    mergeable,
+    scope_of,
+)
+from streams.linking import LinkState, link_turn
+from streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
+from streams.rewards import feedback_fact
+from streams.targets import TargetState, add_feedback, add_target
+from streams.tokenization import Retokenizer
+from streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
+
+log = logging.getLogger(__name__)
+
+_SEP = "\x1f"  # joins a scope / trajectory id and a step id into one table key
+
+
+def _text(key: bytes | None) -> str | None:
+    return None if key is None else key.decode("utf-8", "backslashreplace")
+
+
+class StreamsApp:
+    """One Faust app per ``StreamConfig``; workers with the same ``app_id`` split the partitions."""
+
+    def __init__(self, config: StreamConfig) -> None:
+        self.config = config
+        self.codec = codec_for(config.schema_registry_url)
+        self.retokenizer = Retokenizer.load(config.tokenizer) if config.tokenizer else None
+        self.bounds = Bounds(config.max_scope_steps, config.max_scope_tokens)
+        self.trees: OrderedDict[str, tuple[int, PrefixTree]] = OrderedDict()
+        self.app = faust.App(
+            config.app_id,
+            broker=[f"kafka://{host.strip()}" for host in config.bootstrap.split(",")],
+            store="memory://",
+            datadir=str(config.data_dir / config.app_id),
+            autodiscover=False,
+            topic_partitions=config.partitions,
+            topic_replication_factor=config.replication,
+            topic_disable_leader=True,
+            consumer_auto_offset_reset="earliest",
+            producer_acks=-1,
+            # Batch a few ms of sends per request: each agent emits several small messages per event.
+            producer_linger=0.005,
+            broker_session_timeout=config.session_timeout_s,
+            broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
+            web_enabled=config.web_port > 0,
+            web_port=config.web_port or 6066,
+        )
+        names = config.topics
+        self.out_steps = self._topic(names.steps)
+        self.out_prefix_nodes = self._topic(names.prefix_nodes)
+        self.out_dlq = self._topic(names.dlq)
+        self.targets_topic = self._topic(names.targets)
+        self.trajectories_topic = self._topic(names.trajectories)
+        self.scopes_topic = self._topic(names.scopes)
+        self.links = self._table("links")
+        self.targets = self._table("targets")
+        self.join_steps = self._table("join_steps")
+        self.join_trajectories = self._table("join_trajectories")
+        self.scopes = self._table("scopes")
+        self.scope_steps = self._table("scope_steps")
+        # (agent, its topic, handler, the stage named in dead letters of unexpected errors)
+        agents: list[tuple[str, faust.TopicT, Callable[[EventT], Awaitable[None]], str]] = [
+            ("ingest_llm", self._topic(names.raw_llm), self._on_llm_call, "normalize"),
+            ("ingest_events", self._topic(names.raw_events), self._on_service_event, "normalize"),
+            ("ingest_steps", self._topic(names.raw_steps), self._on_whitebox_step, "normalize"),
+            ("ingest_feedback", self._topic(names.raw_feedback), self._on_feedback, "normalize"),
+            ("resolve_targets", self.targets_topic, self._on_target_message, "join"),
+            ("join", self.trajectories_topic, self._on_trajectory_message, "join"),
+            ("merge_prefixes", self.scopes_topic, self._on_scope_step, "prefix"),
+        ]
+        for name, topic, handler, stage in agents:
+            self.app.agent(topic, name=name)(self._agent_body(handler, stage))
+
+    # ------------------------------------------------------------------ plumbing
+    def _topic(self, name: str) -> faust.TopicT:
+        return self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                              value_serializer="raw", partitions=self.config.partitions, allow_empty=True)
+
+    def _table(self, name: str) -> faust.Table:
+        """JSON keys and values (Faust's table default); values are the states' ``to_json`` dicts."""
+        return self.app.Table(name, default=None, partitions=self.config.partitions)
+
+    def _agent_body(self, handler: Callable[[EventT], Awaitable[None]],
+                    stage: str) -> Callable[[faust.StreamT], Awaitable[None]]:
+        async def body(stream: faust.StreamT) -> None:
+            async for event in stream.events():
+                await self._guarded(event, handler, stage)
+
+        return body
+
+    async def _guarded(self, event: EventT, handler: Callable[[EventT], Awaitable[None]], stage: str) -> None:
+        """Run ``handler``; whatever the event does wrong ends in the dead-letter topic, never a crash."""
+        try:
+            if event.value is None:
+                raise InvalidEvent("empty message (no value)")
+            await handler(event)
+        except DecodeError as exc:
+            await self._dead_letter(event, "decode", str(exc))
+        except InvalidEvent as exc:
+            await self._dead_letter(event, "validate", str(exc))
+        except Exception as exc:  # noqa: BLE001 - any bug on one event must not stop the worker
+            log.exception("%s failed on %s[%s]@%s", stage, event.message.topic, event.message.partition,
+                          event.message.offset)
+            await self._dead_letter(event, stage, f"{type(exc).__name__}: {exc}")
+
+    async def _dead_letter(self, event: EventT, stage: str, reason: str) -> None:
+        msg = event.message
+        record = dead_letter(reason, stage, msg.topic, msg.partition, msg.offset, msg.key, msg.value,
+                             round((msg.timestamp or 0) * 1000))
+        await self.out_dlq.send(key=msg.topic.encode(), value=self.codec.encode("dead_letter", record))
+
+    async def _send(self, topic: faust.TopicT, key: str, value: bytes) -> None:
+        await topic.send(key=key.encode(), value=value)
+
+    # ------------------------------------------------------------------ ingest
+    async def _on_llm_call(self, event: EventT) -> None:
+        _, record = self.codec.decode(event.value, expect="raw_llm_call")
+        turn = turn_from_llm_call(record)
+        key = _text(event.key) or turn.trajectory_id or record["conversation_key"] or conversation_key(
+            turn.messages)
+        await self._link_and_publish(key, turn)
+
+    async def _on_service_event(self, event: EventT) -> None:
+        _, record = self.codec.decode(event.value, expect="service_event")
+        turn = turn_from_service_event(record)
+        if turn is not None:  # other event kinds are not steps; they stay on the raw topic
+            await self._link_and_publish(_text(event.key) or record["trajectory_id"], turn)
+
+    async def _link_and_publish(self, key: str, turn: Turn) -> None:
+        state = LinkState.from_json(self.links.get(key))
+        replayed = turn.event_id in state.assigned
+        assignment = link_turn(state, turn, self.config.max_links_per_key)
+        if not replayed:
+            self.links[key] = state.to_json()
+        for fact in steps_from_turn(turn, assignment, self.retokenizer):
+            await self._publish_fact(fact)
+
+    async def _on_whitebox_step(self, event: EventT) -> None:
+        _, record = self.codec.decode(event.value, expect="whitebox_step")
+        await self._publish_fact(step_from_whitebox(record, self.retokenizer))
+
+    async def _publish_fact(self, fact: StepFact) -> None:
+        step = fact.step
+        await self._send(self.trajectories_topic, step["trajectory_id"], messages.step_message(fact))
+        for target in sorted({step["step_id"], step["response_id"]}):
+            await self._send(self.targets_topic, target, messages.encode(
+                messages.TARGET, trajectory_id=step["trajectory_id"], step_id=step["step_id"]))
+
+    async def _on_feedback(self, event: EventT) -> None:
+        _, record = self.codec.decode(event.value, expect="feedback")
+        fact = feedback_fact(record)
+        if fact["target_kind"] == "trajectory":
+            await self._send(self.trajectories_topic, fact["target_id"],
+                             messages.encode(messages.TRAJECTORY_FEEDBACK, feedback=fact))
+        else:
+            await self._send(self.targets_topic, fact["target_id"],
+                             messages.encode(messages.FEEDBACK, feedback=fact))
+
+    # ------------------------------------------------------------------ resolve
+    async def _on_target_message(self, event: EventT) -> None:
+        key = _text(event.key) or ""
+        message = messages.decode(event.value)
+        state = TargetState.from_json(self.targets.get(key))
+        if message["kind"] == messages.TARGET:
+            changed, forwards = add_target(state, message["trajectory_id"], message["step_id"])
+        else:
+            changed, forwards = add_feedback(state, message["feedback"])
+        if changed:
+            self.targets[key] = state.to_json()
+        for forward in forwards:
+            await self._send(self.trajectories_topic, forward.trajectory_id, messages.encode(
+                messages.STEP_FEEDBACK, step_id=forward.step_id, feedback=forward.feedback))
+
+    # ------------------------------------------------------------------ join
+    def _step_state(self, trajectory_id: str, step_id: str) -> StepState:
+        return StepState.from_json(self.join_steps.get(trajectory_id + _SEP + step_id))
+
+    async def _on_trajectory_message(self, event: EventT) -> None:
+        trajectory_id = _text(event.key) or ""
+        message = messages.decode(event.value)
+        trajectory = TrajectoryState.from_json(self.join_trajectories.get(trajectory_id))
+        kind = message["kind"]
+        if kind == messages.TRAJECTORY_FEEDBACK:
+            if apply_feedback(trajectory.feedback, message["feedback"]):
+                self.join_trajectories[trajectory_id] = trajectory.to_json()
+            for step_id in trajectory.step_ids():
+                await self._emit(self._step_state(trajectory_id, step_id), trajectory, to_scope=False)
+        elif kind == messages.STEP_FEEDBACK:
+            state = self._step_state(trajectory_id, message["step_id"])
+            if apply_feedback(state.feedback, message["feedback"]):
+                self.join_steps[trajectory_id + _SEP + message["step_id"]] = state.to_json()
+            await self._emit(state, trajectory, to_scope=False)
+        else:
+            await self._on_step_fact(trajectory_id, trajectory, StepFact.from_json(message["fact"]))
+
+    async def _on_step_fact(self, trajectory_id: str, trajectory: TrajectoryState, fact: StepFact) -> None:
+        step_id = fact.step["step_id"]
+        state = self._step_state(trajectory_id, step_id)
+        # Steps at the next index may take this one as their parent (found by index).
+        children = [self._step_state(trajectory_id, c) for c in trajectory.at(fact.step["step_index"] + 1)]
+        children = [c for c in children if c.base is not None and c.base["parent_step_id"] is None]
+        before = [_scope_signature(c, trajectory) for c in [state, *children]]
+        new = apply_step_fact(state, trajectory, fact)
+        if new:
+            self.join_steps[trajectory_id + _SEP + step_id] = state.to_json()
+            self.join_trajectories[trajectory_id] = trajectory.to_json()
+        # A re-delivered fact publishes again all it produced: a crash may have lost that, not the state.
+        for step, step_before in zip([state, *children], before, strict=True):
+            changed = step_before != _scope_signature(step, trajectory)
+            await self._emit(step, trajectory, to_scope=changed or not new)
+
+    async def _emit(self, state: StepState, trajectory: TrajectoryState, to_scope: bool) -> None:
+        """Publish the step's current version, and its tokens to its merge scope when asked."""
+        record = build_step(state, trajectory, self.config.readiness)
+        if record is None:
+            return
+        await self._send(self.out_steps, record["step_id"], self.codec.encode("step", record))
+        if to_scope and mergeable(record):
+            scope_id, scope_kind = scope_of(record)
+            scope_step = ScopeStep(scope_id, scope_kind, record["step_id"], record["prompt_token_ids"],
+                                   record["response_token_ids"], record["parent_step_id"],
+                                   record["created_at_ms"])
+            await self._send(self.scopes_topic, scope_id, scope_step.encode())
+
+    # ------------------------------------------------------------------ prefix trees
+    def _scope_tree(self, scope_id: str, state: ScopeState) -> PrefixTree:
+        """The scope's tree: from the cache when it matches the table's state, else rebuilt from it."""
+        cached = self.trees.pop(scope_id, None)  # re-inserted after a successful merge only
+        if cached is not None and cached[0] == state.version and len(cached[1]) == len(state.steps):
+            return cached[1]
+
+        def tokens_of(step_id: str) -> tuple[list[int], list[int]] | None:
+            entry = self.scope_steps.get(scope_id + _SEP + step_id)
+            return None if entry is None else (entry["prompt"], entry["response"])
+
+        return rebuild(state, tokens_of)
+
+    async def _on_scope_step(self, event: EventT) -> None:
+        step = ScopeStep.decode(event.value)
+        state = ScopeState.from_json(self.scopes.get(step.scope_id))
+        tree = self._scope_tree(step.scope_id, state)
+        merge = merge_step(state, tree, step, self.bounds)
+        if merge.outcome == "added":
+            self.scope_steps[step.scope_id + _SEP + step.step_id] = {"prompt": step.prompt_ids,
+                                                                      "response": step.response_ids}
+        if merge.state_changed:
+            self.scopes[step.scope_id] = state.to_json()
+        self.trees[step.scope_id] = (state.version, tree)
+        while len(self.trees) > self.config.tree_cache_size:
+            self.trees.popitem(last=False)
+        for row in merge.rows:
+            await self._send(self.out_prefix_nodes, step.scope_id, self.codec.encode("prefix_node", row))
+
+
+def _scope_signature(state: StepState, trajectory: TrajectoryState) -> tuple[str, str | None] | None:
+    """What a step's prefix-tree entry depends on (its fact and its parent); a change means re-merge."""
+    if state.base is None:
+        return None
+    return state.base_digest, effective_parent(state.base, trajectory)

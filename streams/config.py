@@ -1,0 +1,98 @@
+"""What a stream worker is configured with: topic names, app id, bounds and the readiness rule.
+
+Everything comes from ``Settings``; the streams-only knobs are read from ``CLAWR1_STREAMS_*`` /
+``CLAWR1_READY_RULE`` / ``CLAWR1_TOPIC_SUFFIX`` environment variables (``Settings.extra``) so a
+docker-compose service and a test differ only in environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from clawr1 import topics
+from clawr1.settings import Settings
+from streams.readiness import DEFAULT_RULE, ReadinessRule
+
+DEFAULT_APP_ID = "clawr1-streams"
+
+
+@dataclass(frozen=True)
+class StreamTopics:
+    """Every topic the worker reads or writes; ``with_suffix`` gives tests their own set."""
+
+    raw_llm: str = topics.RAW_LLM.name
+    raw_steps: str = topics.RAW_STEPS.name
+    raw_events: str = topics.RAW_EVENTS.name
+    raw_feedback: str = topics.RAW_FEEDBACK.name
+    steps: str = topics.STEPS.name
+    prefix_nodes: str = topics.PREFIX_NODES.name
+    dlq: str = topics.DLQ.name
+    # Internal re-keying topics (see docs/streams.md for the flow).
+    targets: str = "clawr1.internal.targets"
+    trajectories: str = "clawr1.internal.trajectories"
+    scopes: str = "clawr1.internal.scopes"
+
+    def with_suffix(self, suffix: str) -> StreamTopics:
+        return replace(self, **{f.name: getattr(self, f.name) + suffix for f in fields(self)})
+
+    def all_names(self) -> list[str]:
+        """Topics to create before the worker starts: Faust creates only its changelogs."""
+        return [getattr(self, f.name) for f in fields(self)]
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    bootstrap: str
+    data_dir: Path
+    app_id: str = DEFAULT_APP_ID
+    topics: StreamTopics = field(default_factory=StreamTopics)
+    partitions: int = 4
+    replication: int = 1
+    # 0 disables Faust's web server (it would otherwise listen on 6066).
+    web_port: int = 0
+    tokenizer: str = ""
+    schema_registry_url: str = ""
+    readiness: ReadinessRule = field(default_factory=ReadinessRule)
+    # Bound of the linking state kept per raw.llm key (links, assignments, open trajectories).
+    max_links_per_key: int = 256
+    # Bounds of one prefix-tree merge scope; steps beyond them are not merged (counted as skipped).
+    max_scope_steps: int = 128
+    max_scope_tokens: int = 1 << 20
+    # Prefix trees kept built in memory; others are rebuilt from the table on demand.
+    tree_cache_size: int = 256
+    # A killed worker's partitions move to the others after this long (broker minimum: 6 s).
+    session_timeout_s: float = 30.0
+    log_level: str = "warning"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StreamConfig:
+        extra = settings.extra
+        defaults = cls(bootstrap="", data_dir=Path())
+
+        def number(name: str, default: int) -> int:
+            raw = extra.get(name)
+            if raw is None:
+                return default
+            try:
+                return int(raw)
+            except ValueError as exc:
+                raise ValueError(f"{name}: not an integer: {raw!r}") from exc
+
+        return cls(
+            bootstrap=settings.bootstrap_servers,
+            data_dir=settings.data_dir / "streams",
+            app_id=extra.get("CLAWR1_STREAMS_APP_ID", DEFAULT_APP_ID),
+            topics=StreamTopics().with_suffix(extra.get("CLAWR1_TOPIC_SUFFIX", "")),
+            partitions=settings.topic_partitions,
+            replication=number("CLAWR1_STREAMS_REPLICATION", defaults.replication),
+            web_port=number("CLAWR1_STREAMS_WEB_PORT", defaults.web_port),
+            tokenizer=settings.tokenizer,
+            schema_registry_url=settings.schema_registry_url,
+            readiness=ReadinessRule.parse(extra.get("CLAWR1_READY_RULE", DEFAULT_RULE)),
+            max_links_per_key=number("CLAWR1_STREAMS_MAX_LINKS", defaults.max_links_per_key),
+            max_scope_steps=number("CLAWR1_PREFIX_MAX_STEPS", defaults.max_scope_steps),
+            max_scope_tokens=number("CLAWR1_PREFIX_MAX_TOKENS", defaults.max_scope_tokens),
+            session_timeout_s=number("CLAWR1_STREAMS_SESSION_TIMEOUT_S", int(defaults.session_timeout_s)),
+            log_level=extra.get("CLAWR1_STREAMS_LOG_LEVEL", defaults.log_level),
+        )

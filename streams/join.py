@@ -1,0 +1,150 @@
+"""The reward join: step facts and feedback, folded into versioned normalized steps.
+
+State lives per step (``StepState``: the step's fact and its own feedback, which may arrive first)
+and per trajectory (``TrajectoryState``: which steps it has at which index, and trajectory-level
+feedback). Every state is a set of distinct facts, and a step record is a pure function of those
+sets, so the outcome does not depend on arrival order, and re-delivered facts change nothing:
+
+    version = distinct step facts + distinct step feedback + distinct trajectory feedback
+              + steps seen at index - 1 (only for steps whose parent is found by index)
+
+Each term only grows, so every change gets a higher version, the final version of a step is the
+same in any order, and equal versions carry equal content within one history of the input.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from streams.normalize import StepFact
+from streams.readiness import ReadinessRule
+from streams.rewards import distinct_facts, fact_digest, fold_rewards, human_score, labels_of
+
+
+@dataclass
+class StepState:
+    base: dict[str, Any] | None = None
+    base_digest: str = ""
+    base_digests: list[str] = field(default_factory=list)
+    feedback: list[dict[str, Any]] = field(default_factory=list)  # distinct by content digest
+
+    def to_json(self) -> dict[str, Any]:
+        return {"base": self.base, "base_digest": self.base_digest, "base_digests": self.base_digests,
+                "feedback": self.feedback}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> StepState:
+        return cls(**data) if data else cls()
+
+
+@dataclass
+class TrajectoryState:
+    # step index (as a string: JSON keys) -> ids of the steps ever seen at that index, sorted
+    entries: dict[str, list[str]] = field(default_factory=dict)
+    feedback: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entries": self.entries, "feedback": self.feedback}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> TrajectoryState:
+        return cls(**data) if data else cls()
+
+    def at(self, index: int) -> list[str]:
+        return self.entries.get(str(index), [])
+
+    def step_ids(self) -> list[str]:
+        return sorted({s for ids in self.entries.values() for s in ids})
+
+
+def _add_fact(facts: list[dict[str, Any]], fact: dict[str, Any]) -> bool:
+    """Add unless the same content is there already; True when added."""
+    digest = fact_digest(fact)
+    if any(fact_digest(f) == digest for f in facts):
+        return False
+    facts.append(fact)
+    return True
+
+
+def apply_step_fact(state: StepState, trajectory: TrajectoryState, fact: StepFact) -> bool:
+    """Fold a step fact in; True when it was new. Steps at the next index whose parent is found by
+    index (``trajectory.at(index + 1)``) may change with it."""
+    base = fact.step
+    digest = fact_digest(base)
+    new = digest not in state.base_digests
+    if new:
+        state.base_digests.append(digest)
+        current = state.base
+        if current is None or (base["updated_at_ms"], digest) > (current["updated_at_ms"], state.base_digest):
+            state.base, state.base_digest = base, digest
+    for inline in fact.feedback:
+        new = _add_fact(state.feedback, inline) or new
+    index = str(base["step_index"])
+    at_index = trajectory.entries.setdefault(index, [])
+    if base["step_id"] not in at_index:
+        at_index.append(base["step_id"])
+        at_index.sort()
+        new = True
+    return new
+
+
+def apply_feedback(facts: list[dict[str, Any]], fact: dict[str, Any]) -> bool:
+    """Fold step- or trajectory-level feedback into its state's list; True when it was new."""
+    return _add_fact(facts, fact)
+
+
+def parent_candidates(base: dict[str, Any], trajectory: TrajectoryState) -> list[str]:
+    """Steps that may be the parent when the source gave none: those seen at the previous index."""
+    if base["parent_step_id"] is not None or base["step_index"] == 0:
+        return []
+    return [s for s in trajectory.at(base["step_index"] - 1) if s != base["step_id"]]
+
+
+def effective_parent(base: dict[str, Any], trajectory: TrajectoryState) -> str | None:
+    candidates = parent_candidates(base, trajectory)
+    return candidates[0] if candidates else base["parent_step_id"]
+
+
+def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRule) -> dict[str, Any] | None:
+    """The normalized step record (step.avsc) for the current facts; None until the step itself arrived."""
+    base = state.base
+    if base is None:
+        return None
+    step_facts = distinct_facts(state.feedback)
+    trajectory_facts = distinct_facts(trajectory.feedback)
+    reward = fold_rewards(step_facts)
+    trajectory_reward = fold_rewards(trajectory_facts)
+    everything = sorted(step_facts + trajectory_facts, key=lambda f: (f["received_at_ms"], f["feedback_id"]))
+    record = {
+        **base,
+        "parent_step_id": effective_parent(base, trajectory),
+        "version": len(state.base_digests) + len(state.feedback) + len(trajectory.feedback)
+        + len(parent_candidates(base, trajectory)),
+        "reward": reward.value,
+        "reward_components": reward.components,
+        "reward_source": reward.sources,
+        "reward_status": reward.status,
+        "trajectory_reward": trajectory_reward.value,
+        "trajectory_reward_status": trajectory_reward.status,
+        "feedback_json": json.dumps(everything, ensure_ascii=False, separators=(",", ":")),
+        "quality_labels": labels_of(everything),
+        "quality_score": human_score(everything),
+        "updated_at_ms": max([base["updated_at_ms"], *(f["received_at_ms"] for f in everything)]),
+    }
+    record["ready"] = rule.is_ready(record)
+    return record
+
+
+def scope_of(record: dict[str, Any]) -> tuple[str, str]:
+    """The prefix-tree merge scope of a step: its prompt group, else its trajectory."""
+    if record["prompt_group_id"]:
+        return record["prompt_group_id"], "prompt_group"
+    return record["trajectory_id"], "trajectory"
+
+
+def mergeable(record: dict[str, Any]) -> bool:
+    """Whether the step's tokens go into its scope's prefix tree (ready or not, as long as tokenized)."""
+    tokenized = record["token_provenance"] != "none" and bool(record["prompt_token_ids"])
+    return record["status"] == "ok" and tokenized

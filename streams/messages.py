@@ -1,0 +1,35 @@
+"""The JSON messages the stream stages pass each other on the ``clawr1.internal.*`` topics.
+
+Internal topics are read only by this worker, so they carry plain JSON (no schema evolution
+contract); every message names its ``kind``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streams.normalize import StepFact
+
+# clawr1.internal.trajectories (key: trajectory id)
+STEP = "step"  # {"fact": StepFact}
+STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
+TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
+# clawr1.internal.targets (key: target id)
+TARGET = "target"  # {"trajectory_id", "step_id"}
+FEEDBACK = "feedback"  # {"feedback"}
+
+
+def encode(kind: str, **fields: Any) -> bytes:
+    return json.dumps({"kind": kind, **fields}, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def decode(data: bytes) -> dict[str, Any]:
+    message = json.loads(data)
+    if not isinstance(message, dict) or "kind" not in message:
+        raise ValueError("internal message without a kind")
+    return message
+
+
+def step_message(fact: StepFact) -> bytes:
+    return encode(STEP, fact=fact.to_json())

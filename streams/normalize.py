@@ -1,0 +1,166 @@
+"""Raw events to *step facts*: the source's part of a normalized step (step.avsc field names).
+
+A step fact holds what the source said about one step: identity, prompt, reply, tokens and their
+provenance, timings. Rewards and feedback are joined later (``streams.join``); a reward that came
+with the step (white-box, service turn) travels beside it as an inline feedback fact. Normalizing
+is deterministic: the same event always gives the same fact, which is what makes replays harmless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from clawr1.conversation import prefix_digests
+from streams.linking import Assignment, reply_digest, step_ids_of
+from streams.rewards import inline_fact
+from streams.tokenization import Retokenizer
+from streams.turns import Reply, Turn, turn_from_whitebox
+
+
+@dataclass(frozen=True)
+class StepFact:
+    """One source's account of a step; ``step`` has the step.avsc identity/state/action fields."""
+
+    step: dict[str, Any]
+    feedback: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "feedback": self.feedback}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> StepFact:
+        return cls(data["step"], data["feedback"])
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _sha(value: Any) -> str:
+    return hashlib.sha256(_dumps(value).encode()).hexdigest()
+
+
+def prompt_id_of(messages: list[dict[str, Any]], prompt_ids: list[int]) -> str:
+    """Content hash of the prompt: its conversation digest, or of its token ids without messages."""
+    return prefix_digests(messages)[-1] if messages else _sha(prompt_ids)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    prompt: list[int]
+    response: list[int]
+    logprobs: list[float] | None
+    provenance: str  # engine | retokenized | none
+    tokenizer: str | None
+    checks: list[str]
+
+
+NO_TOKENS = Tokens([], [], None, "none", None, [])
+
+
+def choose_tokens(turn: Turn, reply: Reply, retokenizer: Retokenizer | None) -> Tokens:
+    """Engine ids when complete, else re-tokenized ids when a tokenizer is configured, else none.
+
+    Never a mix: a step whose engine ids are partial (prompt without response, or the reverse) is
+    re-tokenized whole or left without ids. Logprobs are kept only when aligned with the ids.
+    """
+    if turn.failed:
+        return NO_TOKENS
+    if turn.engine_tokens and turn.prompt_token_ids and reply.token_ids:
+        aligned = reply.logprobs is not None and len(reply.logprobs) == len(reply.token_ids)
+        checks = [] if aligned or reply.logprobs is None else ["logprobs not aligned with token ids; dropped"]
+        return Tokens(turn.prompt_token_ids, reply.token_ids, reply.logprobs if aligned else None, "engine",
+                      None, checks)
+    partial = ["incomplete engine ids not used"] if turn.prompt_token_ids or reply.token_ids else []
+    if retokenizer is None or not turn.messages:  # nothing to render without a prompt
+        return Tokens([], [], None, "none", None, partial)
+    prompt, response = retokenizer.encode_turn(turn.messages, turn.raw_prompt, reply.text, reply.tool_calls)
+    return Tokens(prompt, response, None, "retokenized", retokenizer.identity, partial)
+
+
+def _group(turn: Turn) -> tuple[str | None, int | None]:
+    if turn.prompt_group_id:
+        return turn.prompt_group_id, turn.prompt_group_size
+    if len(turn.replies) > 1:
+        return turn.event_id, len(turn.replies)
+    return None, None
+
+
+def _response_id(turn: Turn, reply: Reply, single: bool, prompt_id: str) -> str:
+    """The engine's id (per choice when n > 1), else a content hash of prompt and reply."""
+    if turn.engine_response_id:
+        return turn.engine_response_id if single else f"{turn.engine_response_id}:{reply.index}"
+    if turn.messages:
+        return reply_digest(turn, reply.messages)
+    return _sha([prompt_id, reply.token_ids, reply.text])
+
+
+# Under which feedback source a reward that came with its step is folded in.
+INLINE_REWARD_SOURCE = {"blackbox_service": "service", "whitebox_agent": "whitebox"}
+
+
+def steps_from_turn(turn: Turn, assignment: Assignment, retokenizer: Retokenizer | None) -> list[StepFact]:
+    """One step per reply (choice); a failed call is one failed step without a reply."""
+    replies = turn.replies or [Reply(0, "", [], [])]
+    single = len(replies) == 1
+    group_id, group_size = _group(turn)
+    prompt_id = prompt_id_of(turn.messages, turn.prompt_token_ids)
+    facts = []
+    for step_id, reply in zip(step_ids_of(turn), replies, strict=True):
+        tokens = choose_tokens(turn, reply, retokenizer)
+        metadata = dict(turn.metadata)
+        if not single:
+            metadata["choice_index"] = reply.index
+        if reply.finish_reason is not None:
+            metadata["finish_reason"] = reply.finish_reason
+        if tokens.checks:
+            metadata["token_check"] = tokens.checks
+        step = {
+            "step_id": step_id,
+            "trajectory_id": assignment.trajectory_id,
+            "step_index": assignment.step_index,
+            "parent_step_id": assignment.parent_step_id,
+            "prompt_group_id": group_id,
+            "prompt_group_size": group_size,
+            "prompt_id": prompt_id,
+            "response_id": _response_id(turn, reply, single, prompt_id),
+            "source_kind": turn.source_kind,
+            "source_name": turn.source_name,
+            "agent": turn.agent,
+            "model": turn.model,
+            "policy_version": turn.policy_version,
+            "sampling_params_json": _dumps(turn.sampling_params),
+            "created_at_ms": turn.created_at_ms,
+            "latency_ms": turn.latency_ms,
+            "usage_prompt_tokens": turn.usage_prompt_tokens,
+            "usage_completion_tokens": turn.usage_completion_tokens if single
+            else len(reply.token_ids) or None,
+            "prompt_messages": _dumps(turn.messages),
+            "response_text": reply.text,
+            "tool_calls_json": _dumps(reply.tool_calls),
+            "prompt_token_ids": tokens.prompt,
+            "response_token_ids": tokens.response,
+            "response_logprobs": tokens.logprobs,
+            "token_provenance": tokens.provenance,
+            "tokenizer": tokens.tokenizer,
+            "terminal": turn.terminal,
+            "status": "failed" if turn.failed else "ok",
+            "error": turn.error,
+            "metadata_json": _dumps(metadata),
+            "updated_at_ms": turn.updated_at_ms,
+        }
+        inline = [] if turn.reward is None else [inline_fact(
+            step_id, turn.reward, turn.reward_final, INLINE_REWARD_SOURCE[turn.source_kind], turn.source_name,
+            turn.updated_at_ms)]
+        facts.append(StepFact(step, inline))
+    return facts
+
+
+def step_from_whitebox(record: dict[str, Any], retokenizer: Retokenizer | None) -> StepFact:
+    """A white-box step: its position is given, so it needs no linking."""
+    turn = turn_from_whitebox(record)
+    assignment = Assignment(record["trajectory_id"], record["step_index"], None)
+    return steps_from_turn(turn, assignment, retokenizer)[0]

@@ -1,0 +1,154 @@
+"""Incremental prefix-tree merge of one scope (a prompt group, else a trajectory).
+
+The tree itself is ``prefix_tree.PrefixTree``; this module keeps what rebuilds it after a restart
+(the merged steps' ids and parents; their tokens live in a second table, one entry per step, so a
+table update stays small) and turns each merge into the node rows that changed.
+
+Bound per scope: at most ``max_steps`` steps and ``max_tokens`` tokens (sum of the steps'
+sequence lengths) are merged; later steps of a full scope are counted in ``skipped`` and not
+merged, so state and the cost of a rebuild stay bounded.
+
+Versions: ``len(steps) + len(parents)``, which grows with every change and ends the same in any
+arrival order. A row carries the version at which its node last changed, plus the scope-wide
+figures at that version: the pool takes the scope's figures from its highest-version row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from prefix_tree import PrefixTree, StepTokens
+
+
+@dataclass(frozen=True)
+class ScopeStep:
+    """A tokenized step sent to its merge scope (the message on the internal scopes topic)."""
+
+    scope_id: str
+    scope_kind: str
+    step_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    parent_step_id: str | None
+    updated_at_ms: int
+
+    def encode(self) -> bytes:
+        return json.dumps(self.__dict__, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> ScopeStep:
+        return cls(**json.loads(data))
+
+    def tokens(self) -> StepTokens:
+        return StepTokens(self.step_id, self.prompt_ids, self.response_ids, self.parent_step_id)
+
+
+@dataclass
+class ScopeState:
+    kind: str = ""
+    steps: list[str] = field(default_factory=list)
+    parents: dict[str, str] = field(default_factory=dict)
+    skipped: int = 0
+    updated_at_ms: int = 0
+
+    @property
+    def version(self) -> int:
+        return len(self.steps) + len(self.parents)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> ScopeState:
+        return cls(**data) if data else cls()
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_steps: int
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Merge:
+    outcome: str  # added | parent | duplicate | skipped
+    rows: list[dict[str, Any]]
+
+    @property
+    def state_changed(self) -> bool:
+        return self.outcome != "duplicate"
+
+
+def rebuild(state: ScopeState,
+            tokens_of: Callable[[str], tuple[list[int], list[int]] | None]) -> PrefixTree:
+    """The scope's tree from its state and the stored tokens.
+
+    The state and the tokens are two table writes; a crash can keep the first and lose the
+    second. A step without tokens is then dropped from ``state`` (mutated), so its re-delivery,
+    which the crash guarantees, merges it again.
+    """
+    tree = PrefixTree()
+    for step_id in list(state.steps):
+        tokens = tokens_of(step_id)
+        if tokens is None:
+            state.steps.remove(step_id)
+            state.parents.pop(step_id, None)
+            continue
+        tree.add(StepTokens(step_id, tokens[0], tokens[1], state.parents.get(step_id)))
+    return tree
+
+
+def _signature(tree: PrefixTree) -> dict[int, tuple[Any, ...]]:
+    return {n.node_id: (n.parent_id, n.start_depth, len(n.tokens), n.step_ids) for n in tree.nodes}
+
+
+def _rows(scope_id: str, state: ScopeState, tree: PrefixTree, node_ids: set[int]) -> list[dict[str, Any]]:
+    return [
+        {
+            "scope_id": scope_id,
+            "scope_kind": state.kind,
+            "node_id": str(n.node_id),
+            "parent_node_id": None if n.parent_id is None else str(n.parent_id),
+            "depth_start": n.start_depth,
+            "token_ids": n.tokens.tolist(),
+            "step_ids": list(n.step_ids),
+            "version": state.version,
+            "total_tokens": tree.total_tokens,
+            "tree_tokens": tree.tree_tokens,
+            "forks": tree.forks,
+            "updated_at_ms": state.updated_at_ms,
+        }
+        for n in tree.nodes
+        if n.node_id in node_ids
+    ]
+
+
+def merge_step(state: ScopeState, tree: PrefixTree, step: ScopeStep, bounds: Bounds) -> Merge:
+    """Merge ``step`` into ``tree``/``state`` (both mutated) and return the rows to publish.
+
+    A step merged before (a re-delivery) changes nothing and re-publishes its path's rows, which
+    repairs rows lost in a crash; the same step id with other tokens raises ``ValueError``.
+    """
+    state.kind = step.scope_kind
+    sequence = len(step.prompt_ids) + len(step.response_ids)
+    if step.step_id in tree:
+        tree.add(step.tokens())  # raises on other tokens
+        if step.parent_step_id is None or state.parents.get(step.step_id) == step.parent_step_id:
+            return Merge("duplicate", _rows(step.scope_id, state, tree, set(tree.path(step.step_id))))
+        state.parents[step.step_id] = step.parent_step_id
+        state.updated_at_ms = max(state.updated_at_ms, step.updated_at_ms)
+        return Merge("parent", _rows(step.scope_id, state, tree, set(tree.path(step.step_id))))
+    if len(state.steps) >= bounds.max_steps or tree.total_tokens + sequence > bounds.max_tokens:
+        state.skipped += 1
+        return Merge("skipped", [])
+    before = _signature(tree)
+    tree.add(step.tokens())
+    state.steps.append(step.step_id)
+    if step.parent_step_id is not None:
+        state.parents[step.step_id] = step.parent_step_id
+    state.updated_at_ms = max(state.updated_at_ms, step.updated_at_ms)
+    changed = {node_id for node_id, sig in _signature(tree).items() if before.get(node_id) != sig}
+    return Merge("added", _rows(step.scope_id, state, tree, changed))

@@ -1,0 +1,50 @@
+"""When a step is training-ready: a small, configurable conjunction of requirements.
+
+The rule is a comma-separated list of requirement words (``CLAWR1_READY_RULE``); a step is ready
+when it did not fail and meets every listed requirement. Default ``tokens,final_reward``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+REQUIREMENTS = {
+    "tokens": "prompt and response token ids present (engine or re-tokenized)",
+    "engine_tokens": "token ids exactly as the serving engine produced them",
+    "reward": "a step reward, provisional or final",
+    "final_reward": "a final step reward",
+    "final_trajectory_reward": "a final trajectory-level reward",
+}
+
+
+DEFAULT_RULE = "tokens,final_reward"
+
+
+@dataclass(frozen=True)
+class ReadinessRule:
+    requires: frozenset[str] = frozenset(DEFAULT_RULE.split(","))
+
+    @classmethod
+    def parse(cls, text: str) -> ReadinessRule:
+        words = frozenset(w.strip() for w in text.split(",") if w.strip())
+        unknown = words - set(REQUIREMENTS)
+        if unknown:
+            known = ", ".join(sorted(REQUIREMENTS))
+            raise ValueError(f"unknown readiness requirement(s) {sorted(unknown)}; known: {known}")
+        return cls(words)
+
+    def is_ready(self, step: dict[str, Any]) -> bool:
+        """``step`` is a normalized step record (step.avsc field names)."""
+        if step["status"] != "ok":
+            return False
+        has_tokens = bool(step["prompt_token_ids"]) and bool(step["response_token_ids"])
+        checks = {
+            "tokens": has_tokens and step["token_provenance"] != "none",
+            "engine_tokens": has_tokens and step["token_provenance"] == "engine",
+            "reward": step["reward"] is not None,
+            "final_reward": step["reward"] is not None and step["reward_status"] == "final",
+            "final_trajectory_reward": step["trajectory_reward"] is not None
+            and step["trajectory_reward_status"] == "final",
+        }
+        return all(checks[word] for word in self.requires)

@@ -1,0 +1,174 @@
+"""A real stream worker in a subprocess (so a test can SIGKILL it) and a reader of its outputs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clawr1.kafka_io import ensure_topics, make_consumer, make_producer
+from schemas.codec import codec_for
+from streams.config import StreamTopics
+from streams.worker import READY_LINE
+from tests.integration.streams.events import build_tokenizer
+from tests.integration.streams.mix import Raw
+
+REPO = Path(__file__).resolve().parents[3]
+PARTITIONS = 4
+
+
+@dataclass
+class WorkerRun:
+    """One worker configuration (topics, app id, data dir); ``start`` may be called again after a kill."""
+
+    bootstrap: str
+    workdir: Path
+    tokenizer: str
+    suffix: str = field(default_factory=lambda: "." + uuid.uuid4().hex[:10])
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def topics(self) -> StreamTopics:
+        return StreamTopics().with_suffix(self.suffix)
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / f"worker-{self.starts}.log"
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.starts += 1
+        env = {
+            **os.environ,
+            "CLAWR1_KAFKA_BOOTSTRAP": self.bootstrap,
+            "CLAWR1_DATA_DIR": str(self.workdir),
+            "CLAWR1_TOPIC_SUFFIX": self.suffix,
+            "CLAWR1_STREAMS_APP_ID": "test-streams" + self.suffix,
+            "CLAWR1_TOPIC_PARTITIONS": str(PARTITIONS),
+            "CLAWR1_TOKENIZER": self.tokenizer,
+            "CLAWR1_STREAMS_SESSION_TIMEOUT_S": "6",
+        }
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "streams.worker"],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + timeout
+        while READY_LINE not in self.log.read_text(errors="replace"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"stream worker did not become ready:\n{self.tail()}")
+            time.sleep(0.1)
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> int:
+        """SIGTERM, as ``clawr1`` stops it; returns the exit status."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"worker ignored SIGTERM:\n{self.tail()}") from None
+
+    def produce(self, raws: list[Raw]) -> None:
+        producer = make_producer(self.bootstrap)
+        for raw in raws:
+            producer.produce(getattr(self.topics, raw.topic), key=raw.key, value=raw.value)
+        assert producer.flush(30) == 0
+
+
+class Outputs:
+    """Everything the worker wrote to the steps, dead-letter and prefix-node topics, decoded."""
+
+    def __init__(self, bootstrap: str, topics: StreamTopics) -> None:
+        self.topics = topics
+        self.codec = codec_for()
+        self.consumer = make_consumer(bootstrap, "test-reader-" + uuid.uuid4().hex[:8])
+        self.consumer.subscribe([topics.steps, topics.dlq, topics.prefix_nodes])
+        self.steps: list[dict[str, Any]] = []
+        self.dead_letters: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] = []
+
+    def poll(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for message in self.consumer.consume(500, timeout=0.2):
+                assert message.error() is None, message.error()
+                name, record = self.codec.decode(message.value())
+                {"step": self.steps, "dead_letter": self.dead_letters, "prefix_node": self.nodes}[
+                    name
+                ].append(record)
+
+    def wait_for(self, done: Callable[[Outputs], bool], timeout: float, run: WorkerRun) -> None:
+        deadline = time.monotonic() + timeout
+        while not done(self):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"outputs incomplete after {timeout}s; worker log:\n{run.tail()}")
+            self.poll(0.5)
+
+    def latest_steps(self) -> dict[str, dict[str, Any]]:
+        """What the pool keeps: per step_id the record with the highest version."""
+        latest: dict[str, dict[str, Any]] = {}
+        for record in self.steps:
+            known = latest.get(record["step_id"])
+            if known is None or record["version"] > known["version"]:
+                latest[record["step_id"]] = record
+            elif record["version"] == known["version"]:
+                assert record == known, f"version {record['version']} of {record['step_id']} changed content"
+        return latest
+
+    def tree_nodes(self) -> dict[str, dict[str, Any]]:
+        """Per scope: its current nodes (latest row per node) and its figures (highest-version row)."""
+        scopes: dict[str, dict[str, Any]] = {}
+        for row in self.nodes:
+            scope = scopes.setdefault(row["scope_id"], {"nodes": {}, "figures": (-1,)})
+            current = scope["nodes"].get(row["node_id"])
+            if current is None or row["version"] >= current["version"]:
+                scope["nodes"][row["node_id"]] = row
+            if row["version"] >= scope["figures"][0]:
+                scope["figures"] = (row["version"], row["total_tokens"], row["tree_tokens"], row["forks"])
+        return scopes
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+@pytest.fixture(scope="module")
+def worker_runs(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], tuple[WorkerRun, Outputs]]]:
+    """Makes worker runs with their own topics; stops every worker process and reader at the end."""
+    tokenizer = build_tokenizer(str(tmp_path_factory.mktemp("tokenizer") / "tokenizer.json"))
+    made: list[tuple[WorkerRun, Outputs]] = []
+
+    def make() -> tuple[WorkerRun, Outputs]:
+        run = WorkerRun(kafka_bootstrap, tmp_path_factory.mktemp("worker"), tokenizer)
+        ensure_topics(kafka_bootstrap, run.topics.all_names(), PARTITIONS)
+        made.append((run, Outputs(kafka_bootstrap, run.topics)))
+        return made[-1]
+
+    yield make
+    for run, outputs in made:
+        run.stop()
+        outputs.close()

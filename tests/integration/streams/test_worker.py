@@ -1,0 +1,178 @@
+"""A real Faust worker on the real broker replays the recorded mix: exact steps, dead letters and
+prefix trees, and the same final state when the worker is SIGKILLed mid-stream and restarted."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from tokenizers import Tokenizer
+
+from streams.config import StreamTopics
+from tests.integration.streams.conftest import Outputs, WorkerRun
+from tests.integration.streams.mix import (
+    ENGINE_TOKENS,
+    EXPECTED_DEAD_LETTERS,
+    EXPECTED_SCOPE_VERSIONS,
+    EXPECTED_STEPS,
+    EXPECTED_TRAJECTORY_TREE,
+    FEEDBACK_OF_G0,
+    FIELDS,
+    MIX,
+    RETOKENIZED_TEXT,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def settled(outputs: Outputs) -> bool:
+    """Every step, dead letter and prefix-tree scope at its final version."""
+    versions = {step_id: record["version"] for step_id, record in outputs.latest_steps().items()}
+    scopes = {scope: tree["figures"][0] for scope, tree in outputs.tree_nodes().items()}
+    return (
+        versions == {step_id: fields[0] for step_id, fields in EXPECTED_STEPS.items()}
+        and len({d["dlq_id"] for d in outputs.dead_letters}) == len(EXPECTED_DEAD_LETTERS)
+        and scopes == EXPECTED_SCOPE_VERSIONS
+    )
+
+
+@dataclass
+class Result:
+    run: WorkerRun
+    outputs: Outputs
+
+    @property
+    def steps(self) -> dict[str, dict[str, Any]]:
+        return self.outputs.latest_steps()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(worker_runs: Callable[[], tuple[WorkerRun, Outputs]]) -> Result:
+    run, outputs = worker_runs()
+    run.start()
+    run.produce(MIX)
+    outputs.wait_for(settled, 90, run)
+    outputs.poll(2.0)  # anything after the final state would be a wrong extra version
+    return Result(run, outputs)
+
+
+def test_latest_version_of_every_step_is_exact(uninterrupted: Result) -> None:
+    latest = uninterrupted.steps
+    assert {step_id: tuple(latest[step_id][f] for f in FIELDS) for step_id in latest} == EXPECTED_STEPS
+    for step_id, (prompt, response) in ENGINE_TOKENS.items():
+        assert (latest[step_id]["prompt_token_ids"], latest[step_id]["response_token_ids"]) == (
+            prompt,
+            response,
+        )
+        assert latest[step_id]["tokenizer"] is None
+
+
+def test_retokenized_steps_spell_the_template(uninterrupted: Result) -> None:
+    tokenizer = Tokenizer.from_file(uninterrupted.run.tokenizer)
+    latest = uninterrupted.steps
+    for step_id, (prompt, response) in RETOKENIZED_TEXT.items():
+        record = latest[step_id]
+        assert record["prompt_token_ids"] == tokenizer.encode(prompt, add_special_tokens=False).ids
+        assert record["response_token_ids"] == tokenizer.encode(response, add_special_tokens=False).ids
+        assert record["tokenizer"].startswith("tokenizer0@sha256:")
+    failed = latest["fail-1"]
+    assert (failed["prompt_token_ids"], failed["response_token_ids"], failed["error"]) == (
+        [],
+        [],
+        "upstream status 500",
+    )
+
+
+def test_feedback_kept_with_its_source(uninterrupted: Result) -> None:
+    latest = uninterrupted.steps
+    assert json.loads(latest["g:0"]["feedback_json"]) == FEEDBACK_OF_G0
+    assert latest["g:0"]["quality_score"] == 1.0
+    assert [f["feedback_id"] for f in json.loads(latest["c2"]["feedback_json"])] == [
+        "fb-c2a",
+        "fb-c2b",
+        "fb-traj",
+    ]
+    assert latest["g:1"]["reward_components"] == {"format": 0.0}
+    assert latest["g:0"]["policy_version"] == 7 and latest["c1"]["model"] == "m1"
+    assert {latest[s]["source_kind"] for s in ("c1", "w0", "svc-1-0")} == {
+        "blackbox_agent",
+        "whitebox_agent",
+        "blackbox_service",
+    }
+
+
+def _dead_letters(outputs: Outputs, topics: StreamTopics) -> list[tuple[str, str, str, bytes | None]]:
+    """Dead letters as the pool keeps them: one per ``dlq_id`` (a replay writes the same one again)."""
+    field_of = {
+        getattr(topics, name): name for name in ("raw_llm", "raw_steps", "raw_events", "raw_feedback")
+    }
+    unique = {d["dlq_id"]: d for d in outputs.dead_letters}
+    return sorted(
+        (field_of[d["source_topic"]], d["stage"], d["reason"], d["original_value"]) for d in unique.values()
+    )
+
+
+def test_dead_letters_carry_reason_position_and_bytes(uninterrupted: Result) -> None:
+    letters = _dead_letters(uninterrupted.outputs, uninterrupted.run.topics)
+    assert len(letters) == len(EXPECTED_DEAD_LETTERS)
+    for (topic, stage, reason, value), expected in zip(letters, sorted(EXPECTED_DEAD_LETTERS), strict=True):
+        assert (topic, stage, value) == (expected[0], expected[1], expected[3]) and expected[2] in reason
+    for letter in uninterrupted.outputs.dead_letters:
+        position = f"{letter['source_topic']}:{letter['source_partition']}:{letter['source_offset']}"
+        assert letter["dlq_id"] == position and letter["source_offset"] is not None
+
+
+def test_prefix_tree_of_the_conversation(uninterrupted: Result) -> None:
+    scopes = uninterrupted.outputs.tree_nodes()
+    conversation = scopes["traj-c1"]
+    nodes = sorted((n["depth_start"], n["token_ids"], n["step_ids"]) for n in conversation["nodes"].values())
+    assert nodes == EXPECTED_TRAJECTORY_TREE["nodes"]
+    assert conversation["figures"][1:] == (
+        EXPECTED_TRAJECTORY_TREE["total_tokens"],
+        EXPECTED_TRAJECTORY_TREE["tree_tokens"],
+        EXPECTED_TRAJECTORY_TREE["forks"],
+    )
+    group = scopes["g"]  # both samples share the templated prompt
+    assert {n["scope_kind"] for n in group["nodes"].values()} == {"prompt_group"}
+    assert group["figures"][2] < group["figures"][1]
+    assert "fail-1" not in json.dumps(scopes) and "tr-f" not in scopes
+
+
+def _final_state(result: Result) -> dict[str, Any]:
+    trees = {
+        scope: (
+            sorted(
+                (n["node_id"], n["parent_node_id"], n["depth_start"], n["token_ids"], n["step_ids"])
+                for n in tree["nodes"].values()
+            ),
+            tree["figures"][1:],
+        )
+        for scope, tree in result.outputs.tree_nodes().items()
+    }
+    return {
+        "steps": result.steps,
+        "dead_letters": _dead_letters(result.outputs, result.run.topics),
+        "trees": trees,
+    }
+
+
+def test_sigkill_mid_stream_then_restart_reaches_the_same_final_state(
+    uninterrupted: Result, worker_runs: Callable[[], tuple[WorkerRun, Outputs]]
+) -> None:
+    run, outputs = worker_runs()
+    run.start()
+    run.produce(MIX[:14])
+    outputs.wait_for(lambda o: len(o.steps) >= 3, 60, run)
+    run.kill()  # mid-stream: offsets and table changes since the last commit are uncommitted
+    run.produce(MIX[14:])
+    run.start()
+    outputs.wait_for(settled, 90, run)
+    outputs.poll(2.0)
+    final, reference = _final_state(Result(run, outputs)), _final_state(uninterrupted)
+    assert final["steps"] == reference["steps"]
+    assert final["dead_letters"] == reference["dead_letters"]
+    assert final["trees"] == reference["trees"]
+    assert run.stop() == 0  # SIGTERM stops the worker cleanly

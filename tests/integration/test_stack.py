@@ -1,0 +1,140 @@
+"""The stack contract: `clawr1 up` brings every part up on real Kafka and chDB, /healthz goes 200
+only when all are ready, traffic from all ways in reaches the pool, and SIGINT stops it cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
+SECRET = "sk-test-secret-must-not-be-stored"
+
+
+def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
+    ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse")}
+    kafka_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+    engine = subprocess.Popen([*CLAWR1, "standin-engine", "--port", str(ports["engine"])], env=env)
+    up = subprocess.Popen(
+        [
+            *CLAWR1,
+            "up",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--proxy-port",
+            str(ports["proxy"]),
+            "--reverse-port",
+            str(ports["reverse"]),
+            "--upstream",
+            f"http://127.0.0.1:{ports['engine']}",
+            "--api-port",
+            str(ports["api"]),
+            "--kafka-port",
+            str(kafka_port),
+        ],
+        env=env,
+    )
+    api = f"http://127.0.0.1:{ports['api']}"
+    try:
+        _wait_http(f"http://127.0.0.1:{ports['engine']}/v1/models", 30, engine)
+        _wait_http(f"{api}/healthz", 240, up)
+        yield {"api": api, "reverse": f"http://127.0.0.1:{ports['reverse']}", "data": str(tmp_path / "data")}
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
+    finally:
+        for process in (up, engine):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def _sql(api: str, query: str) -> list[dict[str, object]]:
+    out = subprocess.run(
+        [*CLAWR1, "sql", "--api", api, "--format", "JSONEachRow", query],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
+    from openai import OpenAI
+
+    health = httpx.get(f"{stack['api']}/healthz").json()
+    assert all(health["parts"].values()), health
+
+    agent = OpenAI(base_url=f"{stack['reverse']}/v1", api_key=SECRET)
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "say hello"}]
+    first = agent.chat.completions.create(model="m", messages=messages)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "again"},
+    ]
+    agent.chat.completions.create(model="m", messages=messages)
+
+    accepted = httpx.post(
+        f"{stack['api']}/v1/steps",
+        json={
+            "trajectory_id": "wb-1",
+            "step_index": 0,
+            "prompt_token_ids": [1, 2, 3],
+            "response_token_ids": [4, 5],
+            "reward": 1.0,
+            "terminal": True,
+            "policy_version": 3,
+        },
+    )
+    assert accepted.status_code == 202, accepted.text
+
+    deadline = time.monotonic() + 120
+    rows: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        rows = _sql(
+            stack["api"],
+            "SELECT step_id, source_kind, trajectory_id, step_index, reward, "
+            "reward_status, ready, prompt_messages FROM steps ORDER BY source_kind, step_index",
+        )
+        if len(rows) >= 3:
+            break
+        time.sleep(1)
+    black = [r for r in rows if r["source_kind"] == "blackbox_agent"]
+    white = [r for r in rows if r["source_kind"] == "whitebox_agent"]
+    assert len(black) == 2, rows
+    assert black[0]["trajectory_id"] == black[1]["trajectory_id"], "the second call must continue the first"
+    assert [r["step_index"] for r in black] == [0, 1]
+    assert len(white) == 1 and white[0]["reward"] == 1.0 and white[0]["reward_status"] == "final"
+    assert white[0]["ready"] == 1
+    assert all(SECRET not in json.dumps(r) for r in rows)
+    leaked = _sql(
+        stack["api"],
+        f"SELECT count() AS n FROM steps "
+        f"WHERE position(concat(prompt_messages, metadata_json), '{SECRET}') > 0",
+    )
+    assert [int(str(r["n"])) for r in leaked] == [0]

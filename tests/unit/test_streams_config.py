@@ -1,0 +1,49 @@
+"""Worker configuration from settings: topic names, app id, readiness rule, bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clawr1.settings import load_settings
+from streams.config import StreamConfig, StreamTopics
+from streams.readiness import ReadinessRule
+
+
+def test_defaults_follow_the_project_topics() -> None:
+    topics = StreamTopics()
+    assert (topics.raw_llm, topics.steps, topics.dlq) == ("clawr1.raw.llm", "clawr1.steps", "clawr1.dlq")
+    assert all(n.startswith("clawr1.") for n in topics.all_names()) and len(topics.all_names()) == 10
+
+
+def test_from_environment() -> None:
+    settings = load_settings(
+        {
+            "CLAWR1_KAFKA_BOOTSTRAP": "k:1",
+            "CLAWR1_DATA_DIR": "/d",
+            "CLAWR1_TOPIC_PARTITIONS": "2",
+            "CLAWR1_TOPIC_SUFFIX": ".t1",
+            "CLAWR1_STREAMS_APP_ID": "w",
+            "CLAWR1_READY_RULE": "tokens",
+            "CLAWR1_PREFIX_MAX_STEPS": "9",
+            "CLAWR1_TOKENIZER": "/tok.json",
+        }
+    )
+    config = StreamConfig.from_settings(settings)
+    assert (config.bootstrap, config.data_dir, config.partitions, config.app_id) == (
+        "k:1",
+        Path("/d/streams"),
+        2,
+        "w",
+    )
+    assert config.topics.raw_feedback == "clawr1.raw.feedback.t1" and config.topics.scopes.endswith(".t1")
+    assert config.readiness == ReadinessRule(frozenset({"tokens"})) and config.max_scope_steps == 9
+    assert config.tokenizer == "/tok.json" and config.web_port == 0
+
+
+def test_bad_values_fail_fast_with_the_variable() -> None:
+    with pytest.raises(ValueError, match="unknown readiness requirement"):
+        StreamConfig.from_settings(load_settings({"CLAWR1_READY_RULE": "tokens,vibes"}))
+    with pytest.raises(ValueError, match="CLAWR1_STREAMS_WEB_PORT"):
+        StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_WEB_PORT": "web"}))

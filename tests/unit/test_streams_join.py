@@ -1,0 +1,174 @@
+"""The reward join: versions, order independence, trajectory rewards, parents found by index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from streams.join import StepState, TrajectoryState, apply_feedback, apply_step_fact, build_step, scope_of
+from streams.linking import Assignment
+from streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from streams.readiness import ReadinessRule
+from streams.rewards import feedback_fact
+from streams.turns import turn_from_llm_call
+from tests.integration.streams.events import feedback, llm_call, user, whitebox_step
+
+RULE = ReadinessRule()
+
+
+class Join:
+    """The join agent's dispatch over the pure functions, for one trajectory, without Kafka."""
+
+    def __init__(self) -> None:
+        self.trajectory = TrajectoryState()
+        self.steps: dict[str, StepState] = {}
+        self.emitted: list[dict[str, Any]] = []
+
+    def state(self, step_id: str) -> StepState:
+        return self.steps.setdefault(step_id, StepState())
+
+    def emit(self, step_id: str) -> None:
+        record = build_step(self.state(step_id), self.trajectory, RULE)
+        if record is not None:
+            self.emitted.append(record)
+
+    def apply(self, event: tuple[str, Any]) -> None:
+        kind, payload = event
+        if kind == "step":
+            state = self.state(payload.step["step_id"])
+            apply_step_fact(state, self.trajectory, payload)
+            for step_id in [payload.step["step_id"], *self.trajectory.at(payload.step["step_index"] + 1)]:
+                self.emit(step_id)
+        elif kind == "feedback":
+            step_id, fact = payload
+            apply_feedback(self.state(step_id).feedback, fact)
+            self.emit(step_id)
+        else:
+            apply_feedback(self.trajectory.feedback, payload)
+            for step_id in self.trajectory.step_ids():
+                self.emit(step_id)
+
+    def latest(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for record in self.emitted:
+            if record["step_id"] not in out or record["version"] >= out[record["step_id"]]["version"]:
+                out[record["step_id"]] = record
+        return out
+
+
+def engine_step(step_id: str, index: int, parent: str | None) -> StepFact:
+    record = llm_call(step_id, [user(step_id)], ["a"], prompt_ids=[1, 2], reply_ids=[[3]])
+    (fact,) = steps_from_turn(turn_from_llm_call(record), Assignment("T", index, parent), None)
+    return fact
+
+
+def step_feedback(feedback_id: str, step_id: str, **kw: Any) -> tuple[str, Any]:
+    return "feedback", (step_id, feedback_fact(feedback(feedback_id, "step", step_id, **kw)))
+
+
+def trajectory_feedback(feedback_id: str, **kw: Any) -> tuple[str, Any]:
+    return "trajectory", feedback_fact(feedback(feedback_id, "trajectory", "T", **kw))
+
+
+def test_feedback_before_its_step_is_joined_when_the_step_arrives() -> None:
+    join = Join()
+    join.apply(step_feedback("f1", "s1", reward=1.0))
+    assert join.emitted == []
+    join.apply(("step", engine_step("s1", 0, None)))
+    (record,) = join.emitted
+    assert (record["version"], record["reward"], record["reward_status"], record["ready"]) == (
+        2,
+        1.0,
+        "final",
+        True,
+    )
+
+
+def test_each_change_is_a_new_version_and_duplicates_change_nothing() -> None:
+    join = Join()
+    step = ("step", engine_step("s1", 0, None))
+    provisional = step_feedback("f1", "s1", reward=0.2, final=False, at=1)
+    for event in (step, provisional, provisional, step, step_feedback("f2", "s1", reward=0.4, at=2)):
+        join.apply(event)
+    assert [(r["version"], r["reward"], r["reward_status"], r["ready"]) for r in join.emitted] == [
+        (1, None, "pending", False),
+        (2, 0.2, "pending", False),
+        (2, 0.2, "pending", False),
+        (2, 0.2, "pending", False),
+        (3, 0.4, "final", True),
+    ]
+
+
+def test_trajectory_reward_reaches_every_step_without_changing_step_rewards() -> None:
+    join = Join()
+    join.apply(("step", engine_step("s1", 0, None)))
+    join.apply(("step", engine_step("s2", 1, "s1")))
+    join.apply(step_feedback("f1", "s2", reward=0.5))
+    join.apply(trajectory_feedback("t1", reward=3.0, label="solved", source="human"))
+    latest = join.latest()
+    assert (latest["s1"]["reward"], latest["s1"]["trajectory_reward"]) == (None, 3.0)
+    assert (latest["s2"]["reward"], latest["s2"]["trajectory_reward"]) == (0.5, 3.0)
+    assert (
+        latest["s1"]["quality_labels"] == ["solved"] and latest["s1"]["trajectory_reward_status"] == "final"
+    )
+    assert not latest["s1"]["ready"] and latest["s2"]["ready"]
+
+
+def test_parent_found_by_index_when_the_source_gave_none() -> None:
+    join = Join()
+    join.apply(("step", StepFact(step_from_whitebox(whitebox_step("w2", "T", 2), None).step)))
+    join.apply(("step", StepFact(step_from_whitebox(whitebox_step("w1", "T", 1), None).step)))
+    latest = join.latest()
+    assert latest["w2"]["parent_step_id"] == "w1" and latest["w1"]["parent_step_id"] is None
+
+
+def test_readiness_rule_is_configurable() -> None:
+    join = Join()
+    join.apply(("step", engine_step("s1", 0, None)))
+    join.apply(trajectory_feedback("t1", reward=1.0))
+    record = join.latest()["s1"]
+    assert not RULE.is_ready(record)
+    assert ReadinessRule.parse("engine_tokens,final_trajectory_reward").is_ready(record)
+    assert ReadinessRule.parse("").is_ready({**record, "token_provenance": "none"})
+    assert not ReadinessRule.parse("").is_ready({**record, "status": "failed"})
+
+
+def test_scope_is_the_group_else_the_trajectory() -> None:
+    record = {"prompt_group_id": None, "trajectory_id": "T"}
+    assert scope_of(record) == ("T", "trajectory")
+    assert scope_of({**record, "prompt_group_id": "g"}) == ("g", "prompt_group")
+
+
+EVENTS = [
+    ("step", engine_step("s1", 0, None)),
+    (
+        "step",
+        StepFact(
+            step_from_whitebox(whitebox_step("w1", "T", 1, reward=0.1, final=False), None).step,
+            step_from_whitebox(whitebox_step("w1", "T", 1, reward=0.1, final=False), None).feedback,
+        ),
+    ),
+    ("step", engine_step("s2", 2, None)),
+    step_feedback("f1", "s1", reward=0.2, final=False, at=1),
+    step_feedback("f2", "s1", reward=0.9, at=2),
+    step_feedback("f3", "w1", reward=0.5, source="rule", source_name="fmt"),
+    step_feedback("f4", "s2", label="long", source="human", comment="too long", correction="shorter"),
+    trajectory_feedback("t1", reward=1.0, final=False, at=1),
+    trajectory_feedback("t2", reward=2.0, at=2),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(order=st.permutations(EVENTS + EVENTS[:3]))
+def test_final_records_do_not_depend_on_arrival_order(order: list[tuple[str, Any]]) -> None:
+    reference, shuffled = Join(), Join()
+    for event in EVENTS:
+        reference.apply(event)
+    for event in order:
+        shuffled.apply(event)
+    assert shuffled.latest() == reference.latest()
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    for record in shuffled.emitted:  # equal versions of a step always carry equal content
+        assert seen.setdefault((record["step_id"], record["version"]), record) == record
