@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,6 +18,8 @@ from tests.conftest import free_port
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 SECRET = "sk-test-secret-must-not-be-stored"
+PROMPT = list(range(10, 60))
+GROUP = [[7, 8, 9], [7, 8, 1], [7, 2], [7, 8, 9, 4]]
 
 
 def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
@@ -34,8 +35,10 @@ def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> No
     raise AssertionError(f"{url} did not answer 200 within {timeout}s")
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[dict[str, str]]:
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """One stack for the module; each test uses its own ids."""
+    tmp_path = tmp_path_factory.mktemp("stack")
     ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse")}
     kafka_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
@@ -112,6 +115,19 @@ def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
         },
     )
     assert accepted.status_code == 202, accepted.text
+    group = [  # a GRPO group: one shared prompt, responses that share some of their tokens too
+        {
+            "trajectory_id": f"g-{i}",
+            "step_index": 0,
+            "prompt_group_id": "grp",
+            "prompt_group_size": len(GROUP),
+            "prompt_token_ids": PROMPT,
+            "response_token_ids": response,
+            "terminal": True,
+        }
+        for i, response in enumerate(GROUP)
+    ]
+    assert httpx.post(f"{stack['api']}/v1/steps", json=group).status_code == 202
 
     deadline = time.monotonic() + 120
     rows: list[dict[str, object]] = []
@@ -121,16 +137,19 @@ def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
             "SELECT step_id, source_kind, trajectory_id, step_index, reward, "
             "reward_status, ready, prompt_messages FROM steps ORDER BY source_kind, step_index",
         )
-        if len(rows) >= 3:
+        if len(rows) >= 3 + len(GROUP):
             break
         time.sleep(1)
     black = [r for r in rows if r["source_kind"] == "blackbox_agent"]
-    white = [r for r in rows if r["source_kind"] == "whitebox_agent"]
+    white = [r for r in rows if r["source_kind"] == "whitebox_agent" and r["trajectory_id"] == "wb-1"]
     assert len(black) == 2, rows
     assert black[0]["trajectory_id"] == black[1]["trajectory_id"], "the second call must continue the first"
     assert [r["step_index"] for r in black] == [0, 1]
     assert len(white) == 1 and white[0]["reward"] == 1.0 and white[0]["reward_status"] == "final"
     assert white[0]["ready"] == 1
+    assert sorted(str(r["trajectory_id"]) for r in rows if str(r["trajectory_id"]).startswith("g-")) == [
+        f"g-{i}" for i in range(len(GROUP))
+    ]
     assert all(SECRET not in json.dumps(r) for r in rows)
     leaked = _sql(
         stack["api"],
@@ -138,3 +157,41 @@ def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
         f"WHERE position(concat(prompt_messages, metadata_json), '{SECRET}') > 0",
     )
     assert [int(str(r["n"])) for r in leaked] == [0]
+
+
+def test_stack_merges_a_prompt_group_into_an_exact_prefix_tree(stack: dict[str, str]) -> None:
+    group = [
+        {
+            "trajectory_id": f"t-{i}",
+            "step_index": 0,
+            "prompt_group_id": "tree",
+            "prompt_group_size": len(GROUP),
+            "prompt_token_ids": PROMPT,
+            "response_token_ids": response,
+            "terminal": True,
+        }
+        for i, response in enumerate(GROUP)
+    ]
+    assert httpx.post(f"{stack['api']}/v1/steps", json=group).status_code == 202
+    sequences = [PROMPT + response for response in GROUP]
+    distinct_prefixes = len({tuple(seq[:n]) for seq in sequences for n in range(1, len(seq) + 1)})
+    query = (
+        "SELECT total_tokens, tree_tokens, forks FROM prefix_savings "
+        "WHERE scope_kind = 'prompt_group' AND scope_id = 'tree'"
+    )
+    deadline = time.monotonic() + 120
+    savings: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        savings = _sql(stack["api"], query)
+        if savings and int(str(savings[0]["total_tokens"])) == sum(map(len, sequences)):
+            break
+        time.sleep(1)
+    assert savings, "no prefix-tree savings for the group reached the pool"
+    assert int(str(savings[0]["total_tokens"])) == sum(map(len, sequences))
+    assert int(str(savings[0]["tree_tokens"])) == distinct_prefixes
+    stored = _sql(
+        stack["api"], "SELECT sum(length(token_ids)) AS n FROM prefix_nodes WHERE scope_id = 'tree'"
+    )
+    assert int(str(stored[0]["n"])) == distinct_prefixes, (
+        "the stored nodes must hold each distinct prefix once"
+    )
