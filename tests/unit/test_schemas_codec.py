@@ -173,3 +173,13 @@ def test_old_writer_versions_decode_into_the_current_schema(
         assert decoded["target_id"] == record["target_id"]
     finally:
         codec_module._by_fingerprint.cache_clear()
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_current_schema_is_a_released_version(name: str) -> None:
+    """Producers write the current schema: it must be kept in history/ so its messages stay readable
+    after the next change. To evolve a schema, edit it and add it as history/<name>.v<N+1>.avsc."""
+    released = {v.fingerprint for v in history_versions(name)}
+    assert current_schema(name).fingerprint in released, (
+        f"schemas/{name}.avsc changed: add it as schemas/history/{name}.v{len(released) + 1}.avsc"
+    )
