@@ -50,7 +50,7 @@ from schemas.codec import codec_for
 logger = logging.getLogger("clawr1.proxy")
 CA_BASENAME = "mitmproxy"
 CA_KEY_SIZE = 2048
-# Read from settings.extra until they are Settings fields.
+# Role-specific settings, read from settings.extra (see docs/proxy.md).
 UPSTREAM_CA_ENV = "CLAWR1_UPSTREAM_CA_FILE"
 UPSTREAM_INSECURE_ENV = "CLAWR1_UPSTREAM_INSECURE"
 INSTANCE_ENV = "CLAWR1_PROXY_INSTANCE"
