@@ -81,13 +81,23 @@ def _by_fingerprint() -> dict[bytes, SchemaVersion]:
     return table
 
 
+@lru_cache(maxsize=1)
+def _record_names() -> dict[str, str]:
+    """Avro record name (e.g. ``Step``) -> schema file name (``step``): a registry knows only the former."""
+    return {current_schema(name).raw["name"]: name for name in schema_names()}
+
+
+def _name_of_record(record_name: str) -> str | None:
+    return _record_names().get(record_name.rsplit(".", 1)[-1])
+
+
 class SchemaRegistryClient:
     """The few Confluent Schema Registry REST calls the codec needs, cached per process."""
 
-    def __init__(self, url: str, timeout: float = 10.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0, transport: Any = None) -> None:
         import httpx
 
-        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout)
+        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, transport=transport)
         self._ids: dict[tuple[str, bytes], int] = {}
         self._schemas: dict[int, SchemaVersion] = {}
 
@@ -111,15 +121,18 @@ class SchemaRegistryClient:
                 raise DecodeError(f"schema id {schema_id} is not in the registry")
             reply.raise_for_status()
             raw = json.loads(reply.json()["schema"])
-            self._schemas[schema_id] = _version(raw.get("name", "?"), raw)
+            name = _name_of_record(str(raw.get("name", "")))
+            if name is None:
+                raise DecodeError(f"schema id {schema_id} is {raw.get('name')!r}, not a Claw-R1 schema")
+            self._schemas[schema_id] = _version(name, raw)
         return self._schemas[schema_id]
 
 
 class AvroCodec:
     """Encode records of a named schema; decode any known writer version into the current schema."""
 
-    def __init__(self, registry_url: str = "") -> None:
-        self.registry = SchemaRegistryClient(registry_url) if registry_url else None
+    def __init__(self, registry_url: str = "", transport: Any = None) -> None:
+        self.registry = SchemaRegistryClient(registry_url, transport=transport) if registry_url else None
 
     def encode(self, name: str, record: dict[str, Any]) -> bytes:
         version = current_schema(name)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
+import httpx
 import pytest
 
 from schemas.codec import (
@@ -183,3 +184,39 @@ def test_every_current_schema_is_a_released_version(name: str) -> None:
     assert current_schema(name).fingerprint in released, (
         f"schemas/{name}.avsc changed: add it as schemas/history/{name}.v{len(released) + 1}.avsc"
     )
+
+
+class _Registry:
+    """The Schema Registry REST calls the codec makes, answered in memory (a unit test may isolate)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, str] = {}
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and request.url.path.startswith("/subjects/"):
+            schema = json.loads(request.content)["schema"]
+            ids = {text: i for i, text in self.by_id.items()}
+            schema_id = ids.get(schema, len(self.by_id) + 1)
+            self.by_id[schema_id] = schema
+            return httpx.Response(200, json={"id": schema_id})
+        if request.method == "GET" and request.url.path.startswith("/schemas/ids/"):
+            schema_id = int(request.url.path.rsplit("/", 1)[1])
+            if schema_id not in self.by_id:
+                return httpx.Response(404, json={"error_code": 40403, "message": "Schema not found"})
+            return httpx.Response(200, json={"schema": self.by_id[schema_id]})
+        return httpx.Response(404)
+
+
+def test_registry_mode_uses_the_confluent_wire_format_and_resolves_ids() -> None:
+    registry = _Registry()
+    writer = AvroCodec("http://registry.test", transport=httpx.MockTransport(registry))
+    record = _example(current_schema("step").raw, {})
+    data = writer.encode("step", record)
+    assert data[0] == 0 and int.from_bytes(data[1:5], "big") == 1
+    # A fresh reader knows nothing yet: it looks the id up in the registry.
+    reader = AvroCodec("http://registry.test", transport=httpx.MockTransport(registry))
+    assert reader.decode(data) == ("step", record)
+    with pytest.raises(DecodeError, match="not in the registry"):
+        reader.decode(b"\x00\x00\x00\x00\x09" + data[5:])
+    with pytest.raises(DecodeError, match="no schema registry"):
+        AvroCodec().decode(data)
