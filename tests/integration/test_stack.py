@@ -195,3 +195,13 @@ def test_stack_merges_a_prompt_group_into_an_exact_prefix_tree(stack: dict[str, 
     assert int(str(stored[0]["n"])) == distinct_prefixes, (
         "the stored nodes must hold each distinct prefix once"
     )
+
+
+def test_status_reports_health_and_the_pool(stack: dict[str, str]) -> None:
+    out = subprocess.run(
+        [*CLAWR1, "status", "--api", stack["api"]], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "health: 200" in out.stdout
+    summary = json.loads(out.stdout.split("pool:", 1)[1])
+    assert int(summary["steps"]) >= 1
