@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import TypeVar
 
 ENV_PREFIX = "CLAWR1_"
+T = TypeVar("T", str, int, float, bool)
 
 
 def _as_bool(value: str) -> bool:
@@ -67,6 +69,23 @@ class Settings:
     @property
     def is_embedded_pool(self) -> bool:
         return self.pool_dsn.startswith("chdb://")
+
+    def role_setting(self, name: str, default: T) -> T:
+        """A role's own ``CLAWR1_*`` variable (gateway, sink, worker, proxy tuning), kept in ``extra``
+        and parsed like its default; a malformed value fails fast with the variable's name."""
+        raw = self.extra.get(name, "")
+        if raw == "":
+            return default
+        try:
+            if isinstance(default, bool):
+                return _as_bool(raw)
+            if isinstance(default, int):
+                return int(raw)
+            if isinstance(default, float):
+                return float(raw)
+        except ValueError as exc:
+            raise ValueError(f"{name}: {exc}") from exc
+        return raw  # type: ignore[return-value]
 
     def with_overrides(self, **overrides: object) -> Settings:
         """Apply CLI flags on top of the environment; ``None`` means the flag was not given."""

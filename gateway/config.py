@@ -1,12 +1,13 @@
 """What the gateway reads from ``Settings``: limits, delivery timing, idempotency bounds and its topics.
 
-Settings the shared ``Settings`` dataclass does not have yet are read from ``settings.extra``
+Role-specific knobs are read with ``Settings.role_setting``
 (``CLAWR1_GATEWAY_*`` / ``CLAWR1_IDEMPOTENCY_*`` environment variables) with local defaults.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from clawr1.settings import Settings
 from clawr1.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
@@ -49,7 +50,6 @@ class GatewayConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
-        extra = settings.extra
         max_batch = _positive(settings.max_batch_steps, "CLAWR1_MAX_BATCH_STEPS")
         return cls(
             bootstrap=settings.bootstrap_servers,
@@ -59,28 +59,22 @@ class GatewayConfig:
             max_request_bytes=_positive(settings.max_request_bytes, "CLAWR1_MAX_REQUEST_BYTES"),
             max_batch=max_batch,
             # A whole batch must always fit, or a maximal batch could never be accepted.
-            max_in_flight=max(max_batch, int(_number(extra, MAX_IN_FLIGHT_ENV, 20_000))),
-            delivery_timeout_s=_number(extra, DELIVERY_TIMEOUT_ENV, 15.0),
-            idempotency_ttl_s=_number(extra, IDEMPOTENCY_TTL_ENV, 3600.0),
-            idempotency_max_keys=int(_number(extra, IDEMPOTENCY_MAX_KEYS_ENV, 100_000)),
-            idempotency_max_bytes=int(_number(extra, IDEMPOTENCY_MAX_BYTES_ENV, 64 * 1024 * 1024)),
+            max_in_flight=max(max_batch, _knob(settings, MAX_IN_FLIGHT_ENV, 20_000)),
+            delivery_timeout_s=_knob(settings, DELIVERY_TIMEOUT_ENV, 15.0),
+            idempotency_ttl_s=_knob(settings, IDEMPOTENCY_TTL_ENV, 3600.0),
+            idempotency_max_keys=_knob(settings, IDEMPOTENCY_MAX_KEYS_ENV, 100_000),
+            idempotency_max_bytes=_knob(settings, IDEMPOTENCY_MAX_BYTES_ENV, 64 * 1024 * 1024),
         )
 
 
-def _positive(value: int, name: str) -> int:
+_Number = TypeVar("_Number", int, float)
+
+
+def _positive(value: _Number, name: str) -> _Number:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
 
 
-def _number(extra: dict[str, str], name: str, default: float) -> float:
-    raw = extra.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError as exc:
-        raise ValueError(f"{name}: not a number: {raw!r}") from exc
-    if value <= 0:
-        raise ValueError(f"{name} must be positive, got {raw!r}")
-    return value
+def _knob(settings: Settings, name: str, default: _Number) -> _Number:
+    return _positive(settings.role_setting(name, default), name)

@@ -50,7 +50,7 @@ from schemas.codec import codec_for
 logger = logging.getLogger("clawr1.proxy")
 CA_BASENAME = "mitmproxy"
 CA_KEY_SIZE = 2048
-# Role-specific settings, read from settings.extra (see docs/proxy.md).
+# Role-specific settings, read with Settings.role_setting (see docs/proxy.md).
 UPSTREAM_CA_ENV = "CLAWR1_UPSTREAM_CA_FILE"
 UPSTREAM_INSECURE_ENV = "CLAWR1_UPSTREAM_INSECURE"
 INSTANCE_ENV = "CLAWR1_PROXY_INSTANCE"
@@ -109,10 +109,6 @@ def _upstream_origin(upstream: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _flag(value: str) -> bool:
-    return value.strip().lower() in {"1", "true", "yes", "on"}
-
-
 def proxy_config(settings: Settings) -> ProxyConfig:
     """Validate the settings into mitmproxy modes; raises ProxyStartError with the fix."""
     host = settings.proxy_host
@@ -135,19 +131,18 @@ def proxy_config(settings: Settings) -> ProxyConfig:
             f"refusing to listen on {host or 'all interfaces'} without proxy authentication (an open proxy): "
             "set CLAWR1_PROXY_AUTH=user:pass or bind to 127.0.0.1"
         )
-    extra = settings.extra
     return ProxyConfig(
         modes=tuple(modes),
         confdir=confdir(settings),
         spool_dir=(settings.data_dir / "proxy-spool").resolve(),
         proxyauth=auth,
-        upstream_ca=extra.get(UPSTREAM_CA_ENV) or None,
-        upstream_insecure=_flag(extra.get(UPSTREAM_INSECURE_ENV, "")),
+        upstream_ca=settings.role_setting(UPSTREAM_CA_ENV, "") or None,
+        upstream_insecure=settings.role_setting(UPSTREAM_INSECURE_ENV, False),
         capture_token_ids=settings.capture_token_ids,
         bootstrap=settings.bootstrap_servers,
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
-        instance=extra.get(INSTANCE_ENV) or _default_instance(settings),
+        instance=settings.role_setting(INSTANCE_ENV, "") or _default_instance(settings),
     )
 
 

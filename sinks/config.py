@@ -1,10 +1,10 @@
-"""The sink's knobs, read from ``Settings`` (``CLAWR1_SINK_*`` variables land in ``settings.extra``)."""
+"""The sink's knobs: ``CLAWR1_SINK_*`` variables, read with ``Settings.role_setting``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clawr1.settings import Settings
+from clawr1.settings import Settings, T
 from clawr1.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
 
 DEFAULT_GROUP = "clawr1-pool-sink"
@@ -26,23 +26,19 @@ class SinkConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
-        extra = settings.extra
         defaults = cls()
 
-        def text(name: str, default: str) -> str:
-            return extra.get(f"CLAWR1_SINK_{name}", default) or default
+        def knob(name: str, default: T) -> T:
+            return settings.role_setting(f"CLAWR1_SINK_{name}", default)
 
-        try:
-            return cls(
-                steps_topic=text("STEPS_TOPIC", defaults.steps_topic),
-                prefix_nodes_topic=text("PREFIX_NODES_TOPIC", defaults.prefix_nodes_topic),
-                dlq_topic=text("DLQ_TOPIC", defaults.dlq_topic),
-                feedback_topic=text("FEEDBACK_TOPIC", defaults.feedback_topic),
-                group_id=text("GROUP", defaults.group_id),
-                batch_rows=int(text("BATCH_ROWS", str(defaults.batch_rows))),
-                batch_seconds=float(text("BATCH_SECONDS", str(defaults.batch_seconds))),
-                session_timeout_ms=int(text("SESSION_TIMEOUT_MS", str(defaults.session_timeout_ms))),
-                exit_after_insert=text("EXIT_AFTER_INSERT", "0").strip().lower() in {"1", "true", "yes"},
-            )
-        except ValueError as exc:
-            raise ValueError(f"CLAWR1_SINK_*: {exc}") from exc
+        return cls(
+            steps_topic=knob("STEPS_TOPIC", defaults.steps_topic),
+            prefix_nodes_topic=knob("PREFIX_NODES_TOPIC", defaults.prefix_nodes_topic),
+            dlq_topic=knob("DLQ_TOPIC", defaults.dlq_topic),
+            feedback_topic=knob("FEEDBACK_TOPIC", defaults.feedback_topic),
+            group_id=knob("GROUP", defaults.group_id),
+            batch_rows=knob("BATCH_ROWS", defaults.batch_rows),
+            batch_seconds=knob("BATCH_SECONDS", defaults.batch_seconds),
+            session_timeout_ms=knob("SESSION_TIMEOUT_MS", defaults.session_timeout_ms),
+            exit_after_insert=knob("EXIT_AFTER_INSERT", defaults.exit_after_insert),
+        )

@@ -1,7 +1,7 @@
 """What a stream worker is configured with: topic names, app id, bounds and the readiness rule.
 
 Everything comes from ``Settings``; the streams-only knobs are read from ``CLAWR1_STREAMS_*`` /
-``CLAWR1_READY_RULE`` / ``CLAWR1_TOPIC_SUFFIX`` environment variables (``Settings.extra``) so a
+``CLAWR1_READY_RULE`` / ``CLAWR1_TOPIC_SUFFIX`` variables (``Settings.role_setting``) so a
 docker-compose service and a test differ only in environment.
 """
 
@@ -67,32 +67,22 @@ class StreamConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamConfig:
-        extra = settings.extra
         defaults = cls(bootstrap="", data_dir=Path())
-
-        def number(name: str, default: int) -> int:
-            raw = extra.get(name)
-            if raw is None:
-                return default
-            try:
-                return int(raw)
-            except ValueError as exc:
-                raise ValueError(f"{name}: not an integer: {raw!r}") from exc
-
+        knob = settings.role_setting
         return cls(
             bootstrap=settings.bootstrap_servers,
             data_dir=settings.data_dir / "streams",
-            app_id=extra.get("CLAWR1_STREAMS_APP_ID", DEFAULT_APP_ID),
-            topics=StreamTopics().with_suffix(extra.get("CLAWR1_TOPIC_SUFFIX", "")),
+            app_id=knob("CLAWR1_STREAMS_APP_ID", DEFAULT_APP_ID),
+            topics=StreamTopics().with_suffix(knob("CLAWR1_TOPIC_SUFFIX", "")),
             partitions=settings.topic_partitions,
-            replication=number("CLAWR1_STREAMS_REPLICATION", defaults.replication),
-            web_port=number("CLAWR1_STREAMS_WEB_PORT", defaults.web_port),
+            replication=knob("CLAWR1_STREAMS_REPLICATION", defaults.replication),
+            web_port=knob("CLAWR1_STREAMS_WEB_PORT", defaults.web_port),
             tokenizer=settings.tokenizer,
             schema_registry_url=settings.schema_registry_url,
-            readiness=ReadinessRule.parse(extra.get("CLAWR1_READY_RULE", DEFAULT_RULE)),
-            max_links_per_key=number("CLAWR1_STREAMS_MAX_LINKS", defaults.max_links_per_key),
-            max_scope_steps=number("CLAWR1_PREFIX_MAX_STEPS", defaults.max_scope_steps),
-            max_scope_tokens=number("CLAWR1_PREFIX_MAX_TOKENS", defaults.max_scope_tokens),
-            session_timeout_s=number("CLAWR1_STREAMS_SESSION_TIMEOUT_S", int(defaults.session_timeout_s)),
-            log_level=extra.get("CLAWR1_STREAMS_LOG_LEVEL", defaults.log_level),
+            readiness=ReadinessRule.parse(knob("CLAWR1_READY_RULE", DEFAULT_RULE)),
+            max_links_per_key=knob("CLAWR1_STREAMS_MAX_LINKS", defaults.max_links_per_key),
+            max_scope_steps=knob("CLAWR1_PREFIX_MAX_STEPS", defaults.max_scope_steps),
+            max_scope_tokens=knob("CLAWR1_PREFIX_MAX_TOKENS", defaults.max_scope_tokens),
+            session_timeout_s=knob("CLAWR1_STREAMS_SESSION_TIMEOUT_S", defaults.session_timeout_s),
+            log_level=knob("CLAWR1_STREAMS_LOG_LEVEL", defaults.log_level),
         )

@@ -46,3 +46,23 @@ def test_flags_override_environment_and_round_trip_through_env() -> None:
     again = load_settings(settings_to_env(settings))
     assert again.proxy_port == 2 and again.data_dir == Path("d").resolve()
     assert set(settings_to_env(Settings())) == set(env_names().values())
+
+
+def test_role_settings_are_typed_like_their_default_and_name_the_variable() -> None:
+    settings = load_settings(
+        {
+            "CLAWR1_SINK_BATCH_ROWS": "10",
+            "CLAWR1_X_RATE": "0.5",
+            "CLAWR1_X_ON": "yes",
+            "CLAWR1_X_NAME": "n",
+            "CLAWR1_X_EMPTY": "",
+        }
+    )
+    assert settings.role_setting("CLAWR1_SINK_BATCH_ROWS", 5000) == 10
+    assert settings.role_setting("CLAWR1_X_RATE", 1.0) == 0.5
+    assert settings.role_setting("CLAWR1_X_ON", False) is True
+    assert settings.role_setting("CLAWR1_X_NAME", "d") == "n"
+    assert settings.role_setting("CLAWR1_X_EMPTY", 3) == 3
+    assert settings.role_setting("CLAWR1_X_MISSING", 3) == 3
+    with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):
+        load_settings({"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting("CLAWR1_SINK_BATCH_ROWS", 1)
