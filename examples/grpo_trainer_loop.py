@@ -50,7 +50,8 @@ def clipped_loss_and_grad(
 ) -> tuple[float, np.ndarray]:
     """PPO-clipped surrogate over response tokens, and its gradient for a unigram softmax policy."""
     log_probs = theta - np.logaddexp.reduce(theta)
-    tokens = arrays.input_ids[arrays.loss_mask]
+    # The toy policy has VOCAB outputs: real token ids (any vocabulary) fold into them.
+    tokens = arrays.input_ids[arrays.loss_mask] % len(theta)
     new_lp = log_probs[tokens]
     old_lp = np.where(np.repeat(arrays.has_logprobs, arrays.response_lengths),
                       arrays.old_logprobs[arrays.loss_mask], new_lp)
