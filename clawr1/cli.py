@@ -111,7 +111,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     import asyncio
 
     from clawr1 import readiness
-    from dashboard.api import dashboard_router
+    from dashboard.api import dashboard_page_router, dashboard_router
     from gateway.app import create_app
     from gateway.server import serve
     from pool.api import pool_router
@@ -138,7 +138,12 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         status.update({part: readiness.is_ready(data_dir, part) for part in expect_parts})
         return status
 
-    app = create_app(settings, routers=[pool_router(store), dashboard_router(store)], readiness=parts)
+    app = create_app(
+        settings,
+        routers=[pool_router(store), dashboard_router(store)],
+        public_routers=[dashboard_page_router()],
+        readiness=parts,
+    )
 
     async def main() -> None:
         shutdown = asyncio.Event()

@@ -62,9 +62,9 @@ async def _read(fn: Callable[..., Any], *args: Any) -> Any:
         raise HTTPException(503, f"the pool could not answer: {exc}") from exc
 
 
-def dashboard_router(store: PoolStore) -> APIRouter:
-    """Routes over ``store``; a store of its own keeps dashboard refreshes from queuing behind the sink."""
-    board = Dashboard(store)
+def dashboard_page_router() -> APIRouter:
+    """The page and its assets. They hold no data, so they are served without a key; the page's
+    requests for data carry the key the user gives it when the API asks for one."""
     router = APIRouter(tags=["dashboard"])
 
     @router.get("/dashboard", response_class=FileResponse, summary="The interactive dashboard page")
@@ -84,6 +84,14 @@ def dashboard_router(store: PoolStore) -> APIRouter:
         if media_type is None:
             raise HTTPException(404, f"no dashboard asset {name!r}; assets: {', '.join(sorted(ASSETS))}")
         return FileResponse(STATIC_DIR / name, media_type=media_type, headers=_NO_STORE)
+
+    return router
+
+
+def dashboard_router(store: PoolStore) -> APIRouter:
+    """The data routes over ``store``; a store of its own keeps refreshes from queuing behind the sink."""
+    board = Dashboard(store)
+    router = APIRouter(tags=["dashboard"])
 
     @router.get(
         "/v1/dashboard/summary",

@@ -261,9 +261,11 @@ def _install_openapi(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
 
 
 def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readiness: Readiness | None = None,
+               public_routers: Sequence[APIRouter] = (),
                topics: GatewayTopics | None = None,
                producer_overrides: dict[str, Any] | None = None) -> FastAPI:
-    """The whole API app. ``topics`` renames the raw topics (tests, side-by-side stacks);
+    """The whole API app. ``routers`` read the pool and need a key allowed "pool" when keys are set;
+    ``public_routers`` serve no data (the dashboard's page). ``topics`` renames the raw topics (tests);
     ``producer_overrides`` go to librdkafka as they are."""
     config = GatewayConfig.from_settings(settings)
     state = GatewayState(
@@ -304,5 +306,7 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
     # Mounted routers (pool SQL, dashboard) read the pool: with keys set, they need a key allowed "pool".
     for router in routers:
         app.include_router(router, dependencies=[Depends(source_for("pool", state.keys))])
+    for router in public_routers:
+        app.include_router(router)
     _install_openapi(app, [StepIn, FeedbackIn, EventIn, TurnPayload])
     return app

@@ -608,8 +608,24 @@ function render() {
 
 // ---------- polling ----------
 
+// With CLAWR1_API_KEYS set, data needs a key allowed to read the pool: asked once, kept for the tab.
+const KEY_STORE = "clawr1.apiKey";
+
 async function getJson(url) {
-  const response = await fetch(url, { headers: { Accept: "application/json" } });
+  const headers = { Accept: "application/json" };
+  const key = sessionStorage.getItem(KEY_STORE);
+  if (key) headers.Authorization = `Bearer ${key}`;
+  const response = await fetch(url, { headers });
+  if ((response.status === 401 || response.status === 403) && !getJson.asking && !getJson.declined) {
+    getJson.asking = true;
+    const given = window.prompt("This Claw-R1 API needs a key allowed to read the pool (kind 'pool'):");
+    getJson.asking = false;
+    if (given) {
+      sessionStorage.setItem(KEY_STORE, given.trim());
+      return getJson(url);
+    }
+    getJson.declined = true; // no re-asking on every refresh; reload the page to try again
+  }
   if (!response.ok) {
     let reason = response.statusText;
     try { reason = JSON.stringify(await response.json()); } catch (_) { /* keep the status text */ }

@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from dashboard.api import dashboard_router
+from dashboard.api import dashboard_page_router, dashboard_router
 from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
 from pool.store import PoolStore, quote_identifier
 from sinks.rows import DLQ_ROUTE, FEEDBACK_ROUTE, PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, TableRoute
@@ -290,6 +290,7 @@ def seed(store: PoolStore) -> None:
 
 def client_for(store: PoolStore) -> TestClient:
     app = FastAPI()
+    app.include_router(dashboard_page_router())
     app.include_router(dashboard_router(store))
     return TestClient(app)
 

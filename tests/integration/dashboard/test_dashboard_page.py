@@ -9,7 +9,7 @@ from urllib.parse import urljoin, urlsplit
 from fastapi.testclient import TestClient
 
 from clawr1.settings import Settings
-from dashboard.api import dashboard_router
+from dashboard.api import dashboard_page_router, dashboard_router
 from gateway.app import create_app
 from pool.api import pool_router
 from pool.store import PoolStore
@@ -69,13 +69,32 @@ def test_only_the_listed_assets_are_served(empty_client: TestClient) -> None:
 
 
 def test_the_router_mounts_beside_the_pool_router_in_the_api_app(pool_store: PoolStore) -> None:
-    app = create_app(Settings(), routers=[pool_router(pool_store), dashboard_router(pool_store)])
+    app = create_app(
+        Settings(),
+        routers=[pool_router(pool_store), dashboard_router(pool_store)],
+        public_routers=[dashboard_page_router()],
+    )
     client = TestClient(app)  # no lifespan: the Kafka producer is not needed for these routes
     assert client.get("/dashboard").status_code == 200
     assert client.get("/v1/dashboard/summary").json()["totals"]["steps"] == 0
     assert client.post("/v1/sql", json={"query": "SELECT count() AS n FROM steps"}).status_code == 200
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/dashboard/summary", "/v1/dashboard/steps", "/v1/dashboard/steps/{step_id}"} <= set(paths)
+
+
+def test_with_keys_the_page_is_public_and_its_data_needs_a_pool_key(pool_store: PoolStore) -> None:
+    app = create_app(
+        Settings(api_keys="reader:key-r:pool,agent:key-a:steps"),
+        routers=[dashboard_router(pool_store)],
+        public_routers=[dashboard_page_router()],
+    )
+    client = TestClient(app)
+    assert client.get("/dashboard").status_code == 200
+    assert client.get("/dashboard/assets/app.js").status_code == 200
+    assert client.get("/v1/dashboard/summary").status_code == 401
+    assert client.get("/v1/dashboard/summary", headers={"Authorization": "Bearer key-a"}).status_code == 403
+    reply = client.get("/v1/dashboard/summary", headers={"Authorization": "Bearer key-r"})
+    assert reply.status_code == 200 and reply.json()["totals"]["steps"] == 0
 
 
 def test_a_pool_that_cannot_answer_is_a_503_with_the_reason(pool_dsn: str) -> None:
