@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,13 @@ from schemas.codec import codec_for
 from streams.config import StreamTopics
 from streams.worker import READY_LINE
 from tests.integration.streams.events import build_tokenizer
-from tests.integration.streams.mix import Raw
+from tests.integration.streams.mix import (
+    EXPECTED_DEAD_LETTERS,
+    EXPECTED_SCOPE_VERSIONS,
+    EXPECTED_STEPS,
+    MIX,
+    Raw,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 PARTITIONS = 4
@@ -42,6 +48,11 @@ class WorkerRun:
         return StreamTopics().with_suffix(self.suffix)
 
     @property
+    def app_id(self) -> str:
+        """Faust's app id, which is also the workers' consumer group."""
+        return "test-streams" + self.suffix
+
+    @property
     def log(self) -> Path:
         return self.workdir / f"worker-{self.starts}.log"
 
@@ -52,7 +63,7 @@ class WorkerRun:
             "CLAWR1_KAFKA_BOOTSTRAP": self.bootstrap,
             "CLAWR1_DATA_DIR": str(self.workdir),
             "CLAWR1_TOPIC_SUFFIX": self.suffix,
-            "CLAWR1_STREAMS_APP_ID": "test-streams" + self.suffix,
+            "CLAWR1_STREAMS_APP_ID": self.app_id,
             "CLAWR1_TOPIC_PARTITIONS": str(PARTITIONS),
             "CLAWR1_TOKENIZER": self.tokenizer,
             "CLAWR1_STREAMS_SESSION_TIMEOUT_S": "6",
@@ -120,11 +131,12 @@ class Outputs:
                     name
                 ].append(record)
 
-    def wait_for(self, done: Callable[[Outputs], bool], timeout: float, run: WorkerRun) -> None:
+    def wait_for(self, done: Callable[[Outputs], bool], timeout: float, *runs: WorkerRun) -> None:
         deadline = time.monotonic() + timeout
         while not done(self):
             if time.monotonic() > deadline:
-                raise AssertionError(f"outputs incomplete after {timeout}s; worker log:\n{run.tail()}")
+                logs = "\n".join(f"worker log {run.log}:\n{run.tail()}" for run in runs)
+                raise AssertionError(f"outputs incomplete after {timeout}s; {logs}")
             self.poll(0.5)
 
     def latest_steps(self) -> dict[str, dict[str, Any]]:
@@ -172,3 +184,80 @@ def worker_runs(
     for run, outputs in made:
         run.stop()
         outputs.close()
+
+
+@pytest.fixture(scope="module")
+def worker_peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[WorkerRun], WorkerRun]]:
+    """Makes more workers of a run's app (same app id and topics, own data dir and log, as on another
+    host); stops every one at the end."""
+    made: list[WorkerRun] = []
+
+    def make(run: WorkerRun) -> WorkerRun:
+        made.append(replace(run, workdir=tmp_path_factory.mktemp("peer"), process=None, starts=0))
+        return made[-1]
+
+    yield make
+    for peer in made:
+        peer.stop()
+
+
+def settled(outputs: Outputs) -> bool:
+    """Every step, dead letter and prefix-tree scope at its final version."""
+    versions = {step_id: record["version"] for step_id, record in outputs.latest_steps().items()}
+    scopes = {scope: tree["figures"][0] for scope, tree in outputs.tree_nodes().items()}
+    return (
+        versions == {step_id: fields[0] for step_id, fields in EXPECTED_STEPS.items()}
+        and len({d["dlq_id"] for d in outputs.dead_letters}) == len(EXPECTED_DEAD_LETTERS)
+        and scopes == EXPECTED_SCOPE_VERSIONS
+    )
+
+
+@dataclass
+class Result:
+    run: WorkerRun
+    outputs: Outputs
+
+    @property
+    def steps(self) -> dict[str, dict[str, Any]]:
+        return self.outputs.latest_steps()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(worker_runs: Callable[[], tuple[WorkerRun, Outputs]]) -> Result:
+    """One worker replays the whole mix without interruption: the reference final state."""
+    run, outputs = worker_runs()
+    run.start()
+    run.produce(MIX)
+    outputs.wait_for(settled, 90, run)
+    outputs.poll(2.0)  # anything after the final state would be a wrong extra version
+    return Result(run, outputs)
+
+
+def kept_dead_letters(outputs: Outputs, topics: StreamTopics) -> list[tuple[str, str, str, bytes | None]]:
+    """Dead letters as the pool keeps them: one per ``dlq_id`` (a replay writes the same one again)."""
+    field_of = {
+        getattr(topics, name): name for name in ("raw_llm", "raw_steps", "raw_events", "raw_feedback")
+    }
+    unique = {d["dlq_id"]: d for d in outputs.dead_letters}
+    return sorted(
+        (field_of[d["source_topic"]], d["stage"], d["reason"], d["original_value"]) for d in unique.values()
+    )
+
+
+def final_state(result: Result) -> dict[str, Any]:
+    """What the pool ends up holding, free of the run's topic names: comparable across runs."""
+    trees = {
+        scope: (
+            sorted(
+                (n["node_id"], n["parent_node_id"], n["depth_start"], n["token_ids"], n["step_ids"])
+                for n in tree["nodes"].values()
+            ),
+            tree["figures"][1:],
+        )
+        for scope, tree in result.outputs.tree_nodes().items()
+    }
+    return {
+        "steps": result.steps,
+        "dead_letters": kept_dead_letters(result.outputs, result.run.topics),
+        "trees": trees,
+    }

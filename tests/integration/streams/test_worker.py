@@ -5,18 +5,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import pytest
 from tokenizers import Tokenizer
 
-from streams.config import StreamTopics
-from tests.integration.streams.conftest import Outputs, WorkerRun
+from tests.integration.streams.conftest import (
+    Outputs,
+    Result,
+    WorkerRun,
+    final_state,
+    kept_dead_letters,
+    settled,
+)
 from tests.integration.streams.mix import (
     ENGINE_TOKENS,
     EXPECTED_DEAD_LETTERS,
-    EXPECTED_SCOPE_VERSIONS,
     EXPECTED_STEPS,
     EXPECTED_TRAJECTORY_TREE,
     FEEDBACK_OF_G0,
@@ -26,37 +29,6 @@ from tests.integration.streams.mix import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def settled(outputs: Outputs) -> bool:
-    """Every step, dead letter and prefix-tree scope at its final version."""
-    versions = {step_id: record["version"] for step_id, record in outputs.latest_steps().items()}
-    scopes = {scope: tree["figures"][0] for scope, tree in outputs.tree_nodes().items()}
-    return (
-        versions == {step_id: fields[0] for step_id, fields in EXPECTED_STEPS.items()}
-        and len({d["dlq_id"] for d in outputs.dead_letters}) == len(EXPECTED_DEAD_LETTERS)
-        and scopes == EXPECTED_SCOPE_VERSIONS
-    )
-
-
-@dataclass
-class Result:
-    run: WorkerRun
-    outputs: Outputs
-
-    @property
-    def steps(self) -> dict[str, dict[str, Any]]:
-        return self.outputs.latest_steps()
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(worker_runs: Callable[[], tuple[WorkerRun, Outputs]]) -> Result:
-    run, outputs = worker_runs()
-    run.start()
-    run.produce(MIX)
-    outputs.wait_for(settled, 90, run)
-    outputs.poll(2.0)  # anything after the final state would be a wrong extra version
-    return Result(run, outputs)
 
 
 def test_latest_version_of_every_step_is_exact(uninterrupted: Result) -> None:
@@ -104,19 +76,8 @@ def test_feedback_kept_with_its_source(uninterrupted: Result) -> None:
     }
 
 
-def _dead_letters(outputs: Outputs, topics: StreamTopics) -> list[tuple[str, str, str, bytes | None]]:
-    """Dead letters as the pool keeps them: one per ``dlq_id`` (a replay writes the same one again)."""
-    field_of = {
-        getattr(topics, name): name for name in ("raw_llm", "raw_steps", "raw_events", "raw_feedback")
-    }
-    unique = {d["dlq_id"]: d for d in outputs.dead_letters}
-    return sorted(
-        (field_of[d["source_topic"]], d["stage"], d["reason"], d["original_value"]) for d in unique.values()
-    )
-
-
 def test_dead_letters_carry_reason_position_and_bytes(uninterrupted: Result) -> None:
-    letters = _dead_letters(uninterrupted.outputs, uninterrupted.run.topics)
+    letters = kept_dead_letters(uninterrupted.outputs, uninterrupted.run.topics)
     assert len(letters) == len(EXPECTED_DEAD_LETTERS)
     for (topic, stage, reason, value), expected in zip(letters, sorted(EXPECTED_DEAD_LETTERS), strict=True):
         assert (topic, stage, value) == (expected[0], expected[1], expected[3]) and expected[2] in reason
@@ -141,24 +102,6 @@ def test_prefix_tree_of_the_conversation(uninterrupted: Result) -> None:
     assert "fail-1" not in json.dumps(scopes) and "tr-f" not in scopes
 
 
-def _final_state(result: Result) -> dict[str, Any]:
-    trees = {
-        scope: (
-            sorted(
-                (n["node_id"], n["parent_node_id"], n["depth_start"], n["token_ids"], n["step_ids"])
-                for n in tree["nodes"].values()
-            ),
-            tree["figures"][1:],
-        )
-        for scope, tree in result.outputs.tree_nodes().items()
-    }
-    return {
-        "steps": result.steps,
-        "dead_letters": _dead_letters(result.outputs, result.run.topics),
-        "trees": trees,
-    }
-
-
 def test_sigkill_mid_stream_then_restart_reaches_the_same_final_state(
     uninterrupted: Result, worker_runs: Callable[[], tuple[WorkerRun, Outputs]]
 ) -> None:
@@ -171,7 +114,7 @@ def test_sigkill_mid_stream_then_restart_reaches_the_same_final_state(
     run.start()
     outputs.wait_for(settled, 90, run)
     outputs.poll(2.0)
-    final, reference = _final_state(Result(run, outputs)), _final_state(uninterrupted)
+    final, reference = final_state(Result(run, outputs)), final_state(uninterrupted)
     assert final["steps"] == reference["steps"]
     assert final["dead_letters"] == reference["dead_letters"]
     assert final["trees"] == reference["trees"]
