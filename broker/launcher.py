@@ -212,10 +212,14 @@ class KafkaBroker:
 
 
 def _kafka_uuid() -> str:
-    """Kafka's cluster ids are URL-safe base64 of 16 random bytes without padding."""
+    """Kafka's cluster ids are URL-safe base64 of 16 random bytes without padding. Like Kafka's own
+    generator, never start with '-': the storage tool's argument parser would read it as an option."""
     import base64
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def run_foreground(data_dir: Path, port: int, heap: str, controller_port: int | None = None) -> int:
