@@ -32,7 +32,6 @@ test: install
 
 lint: install
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
 
 bench: install
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
