@@ -105,7 +105,8 @@ def run_demo(api_url: str, reverse_url: str, turns: int = 3, group_size: int = 4
         f"{len(step_ids) + len(response_ids)} rewards in {time.monotonic() - started:.1f}s",
         flush=True,
     )
-    _print_pool_summary(api_url, wait)
+    _wait_for_rewarded(api_url, step_ids, wait)
+    _print_pool_summary(api_url)
 
 
 _SUMMARY_SQL = (
@@ -115,20 +116,29 @@ _SUMMARY_SQL = (
 )
 
 
-def _print_pool_summary(api_url: str, wait: float) -> None:
+def _query(api_url: str, sql: str, parameters: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    reply = httpx.post(
+        f"{api_url}/v1/sql",
+        json={"query": sql, "format": "JSONEachRow", "parameters": parameters or {}},
+        timeout=30,
+    )
+    reply.raise_for_status()
+    return [json.loads(line) for line in reply.text.splitlines() if line.strip()]
+
+
+def _wait_for_rewarded(api_url: str, step_ids: list[str], wait: float) -> None:
+    """This run's white-box steps with their joined rewards: proof the whole path has carried them."""
+    sql = "SELECT count() AS n FROM steps WHERE has({ids:Array(String)}, step_id) AND reward_status = 'final'"
     deadline = time.monotonic() + wait
-    rows: list[dict[str, Any]] = []
     while time.monotonic() < deadline:
-        reply = httpx.post(
-            f"{api_url}/v1/sql", json={"query": _SUMMARY_SQL, "format": "JSONEachRow"}, timeout=30
-        )
-        rows = (
-            [json.loads(line) for line in reply.text.splitlines() if line.strip()] if reply.is_success else []
-        )
-        if sum(int(r["rewarded"]) for r in rows) > 0 and len(rows) >= 2:
-            break
-        time.sleep(1)
+        if int(_query(api_url, sql, {"ids": step_ids})[0]["n"]) == len(step_ids):
+            return
+        time.sleep(0.5)
+    print(f"[demo] the rewarded steps did not all reach the pool within {wait:.0f}s", flush=True)
+
+
+def _print_pool_summary(api_url: str) -> None:
     print("[demo] pool by source:", flush=True)
-    for row in rows:
+    for row in _query(api_url, _SUMMARY_SQL):
         print(f"[demo]   {json.dumps(row)}", flush=True)
     print(f'[demo] explore: clawr1 sql --api {api_url} "SELECT * FROM steps LIMIT 5"', flush=True)
