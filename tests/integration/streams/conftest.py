@@ -136,7 +136,7 @@ class Outputs:
         while not done(self):
             if time.monotonic() > deadline:
                 logs = "\n".join(f"worker log {run.log}:\n{run.tail()}" for run in runs)
-                raise AssertionError(f"outputs incomplete after {timeout}s; {logs}")
+                raise AssertionError(f"outputs incomplete after {timeout}s: {unsettled(self)}; {logs}")
             self.poll(0.5)
 
     def latest_steps(self) -> dict[str, dict[str, Any]]:
@@ -201,15 +201,32 @@ def worker_peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         peer.stop()
 
 
+def unsettled(outputs: Outputs) -> dict[str, object]:
+    """What still differs from the final state: step versions, dead letters, prefix-tree scopes."""
+    versions = {step_id: record["version"] for step_id, record in outputs.latest_steps().items()}
+    expected = {step_id: fields[0] for step_id, fields in EXPECTED_STEPS.items()}
+    scopes = {scope: tree["figures"][0] for scope, tree in outputs.tree_nodes().items()}
+    differ: dict[str, object] = {
+        "steps (got, want)": {
+            k: (versions.get(k), expected.get(k))
+            for k in versions.keys() | expected.keys()
+            if versions.get(k) != expected.get(k)
+        },
+        "scopes (got, want)": {
+            k: (scopes.get(k), EXPECTED_SCOPE_VERSIONS.get(k))
+            for k in scopes.keys() | EXPECTED_SCOPE_VERSIONS.keys()
+            if scopes.get(k) != EXPECTED_SCOPE_VERSIONS.get(k)
+        },
+    }
+    dead = len({d["dlq_id"] for d in outputs.dead_letters})
+    if dead != len(EXPECTED_DEAD_LETTERS):
+        differ["dead letters (got, want)"] = (dead, len(EXPECTED_DEAD_LETTERS))
+    return {k: v for k, v in differ.items() if v}
+
+
 def settled(outputs: Outputs) -> bool:
     """Every step, dead letter and prefix-tree scope at its final version."""
-    versions = {step_id: record["version"] for step_id, record in outputs.latest_steps().items()}
-    scopes = {scope: tree["figures"][0] for scope, tree in outputs.tree_nodes().items()}
-    return (
-        versions == {step_id: fields[0] for step_id, fields in EXPECTED_STEPS.items()}
-        and len({d["dlq_id"] for d in outputs.dead_letters}) == len(EXPECTED_DEAD_LETTERS)
-        and scopes == EXPECTED_SCOPE_VERSIONS
-    )
+    return not unsettled(outputs)
 
 
 @dataclass
