@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -231,16 +232,18 @@ def run_foreground(data_dir: Path, port: int, heap: str, controller_port: int | 
         f"kafka ready on {broker.bootstrap} in {time.monotonic() - started:.1f}s (data: {data_dir})",
         flush=True,
     )
-    stopping = False
-
-    def _stop(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    stop = stop_on_signals()
     assert broker.process is not None
-    while not stopping and broker.process.poll() is None:
-        time.sleep(0.2)
+    while not stop.wait(0.2) and broker.process.poll() is None:
+        pass
     broker.stop()
-    return 0 if stopping else (broker.process.returncode or 1)
+    return 0 if stop.is_set() else (broker.process.returncode or 1)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT or SIGTERM, so a foreground command stops its children cleanly
+    (brokers flush their logs) instead of dying mid-write."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda _signum, _frame: stop.set())
+    return stop

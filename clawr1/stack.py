@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from broker.launcher import KafkaBroker
+from broker.launcher import KafkaBroker, stop_on_signals
 from clawr1 import readiness
 from clawr1.kafka_io import ensure_topics
 from clawr1.settings import Settings, settings_to_env
@@ -73,14 +73,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
     data_dir = settings.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     readiness.clear(data_dir)
-    stopping = False
-
-    def _on_signal(signum: int, _frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
+    stop = stop_on_signals()
 
     broker: KafkaBroker | None = None
     children: list[Child] = []
@@ -120,7 +113,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             from demo.workload import run_demo
 
             run_demo(api_url=api_url, reverse_url=f"http://127.0.0.1:{env['CLAWR1_REVERSE_PORT']}")
-        while not stopping:
+        while not stop.is_set():
             for child in children:
                 if child.process.poll() is not None:
                     print(
@@ -129,7 +122,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
                         flush=True,
                     )
                     return 1
-            time.sleep(0.3)
+            stop.wait(0.3)
         return 0
     finally:
         _stop(children)
