@@ -77,7 +77,10 @@ _STEP_COLUMNS = f"""
     ready UInt8,
     metadata_json String {TEXT_CODEC},
     updated_at_ms DateTime64(3, 'UTC'),
-    trajectory_reward_status LowCardinality(String)"""
+    trajectory_reward_status LowCardinality(String),
+    channel LowCardinality(String) DEFAULT 'train',
+    link_status LowCardinality(String) DEFAULT 'linked',
+    link_candidate_step_id Nullable(String)"""
 
 STEP_FIELDS: tuple[str, ...] = tuple(
     line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
@@ -247,6 +250,16 @@ SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
        min(created_at_ms) AS started_at
 FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
 GROUP BY prompt_group_id;
+"""),
+    # Pools made before step.v2: add its columns, then widen the view (a view's column list is fixed when
+    # it is created). On a fresh pool 0001 already made them and the ALTERs do nothing.
+    ("0007_step_channel_and_link_status", f"""
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS channel LowCardinality(String) DEFAULT 'train';
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS link_status LowCardinality(String) DEFAULT 'linked';
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS link_candidate_step_id Nullable(String);
+CREATE OR REPLACE VIEW steps AS
+SELECT {', '.join(STEP_FIELDS)}, ingested_at
+FROM step_versions FINAL;
 """),
 ]
 

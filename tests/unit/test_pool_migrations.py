@@ -27,7 +27,7 @@ def test_consumer_migrations_follow_the_pool_migrations() -> None:
 def test_every_statement_is_rerunnable() -> None:
     for migration_id, sql in all_migrations():
         for statement in split_statements(sql):
-            head = " ".join(statement.split()[:6]).upper()
+            head = " ".join(statement.split()[:8]).upper()
             assert "IF NOT EXISTS" in head or "OR REPLACE" in head, (migration_id, head)
 
 
