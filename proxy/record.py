@@ -17,7 +17,7 @@ from clawr1.conversation import conversation_key
 from proxy.apis import BY_NAME, Assembled
 from proxy.apis.base import error_text
 from proxy.hints import Hints
-from proxy.redact import redact_headers, redact_url
+from proxy.redact import redact_headers, redact_record, redact_url
 from proxy.sse import parse_stream
 from proxy.token_ids import Injection, dump, strip_json
 
@@ -192,4 +192,4 @@ def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str
         "response_id": assembled.response_id,
         "capture_notes": notes,
     }
-    return call.hints.trajectory_id or conv_key, record
+    return call.hints.trajectory_id or conv_key, redact_record(record)

@@ -1,0 +1,219 @@
+"""Secrets placed anywhere in a captured call (header values under innocent names, query parameters,
+URL userinfo and path, secret-named JSON fields at any depth of request and response, inside prompt
+and reply text) never reach the bytes produced to Kafka; ordinary content is left alone."""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.hints import Hints
+from proxy.record import CapturedCall, build_record
+from proxy.redact import (
+    REDACTED,
+    REDACTED_WITH_TOKEN_IDS,
+    is_secret_field,
+    redact_headers,
+    redact_text,
+    redact_url,
+)
+from schemas.codec import codec_for
+
+ALNUM = string.ascii_letters + string.digits
+UPPER_DIGITS = string.ascii_uppercase + string.digits
+B64URL = ALNUM + "-_"
+
+
+def chars(alphabet: str, size: int, max_size: int | None = None) -> st.SearchStrategy[str]:
+    return st.text(alphabet, min_size=size, max_size=size if max_size is None else max_size)
+
+
+def joined(*parts: st.SearchStrategy[str] | str) -> st.SearchStrategy[str]:
+    return st.tuples(*(st.just(p) if isinstance(p, str) else p for p in parts)).map("".join)
+
+
+@dataclass(frozen=True)
+class Secret:
+    placed: str
+    """What the agent sent or got."""
+    needle: str
+    """What must not survive (for ``Bearer x``, the credential ``x``)."""
+
+
+# Secret-shaped tokens as their issuers mint them.
+TOKENS = st.one_of(
+    joined("sk-", chars(B64URL, 20, 60)),
+    joined("sk-proj-", chars(B64URL, 40, 80)),
+    joined("sk-ant-api03-", chars(B64URL, 40, 95)),
+    joined("hf_", chars(ALNUM, 34)),
+    joined(st.sampled_from(["ghp_", "gho_", "ghu_", "ghs_", "ghr_"]), chars(ALNUM, 36)),
+    joined("github_pat_", chars(ALNUM, 22), "_", chars(ALNUM, 59)),
+    joined("glpat-", chars(B64URL, 20)),
+    joined(st.sampled_from("abposr").map(lambda c: f"xox{c}-"), chars(string.digits, 10, 13), "-",
+           chars(ALNUM, 24)),
+    joined(st.sampled_from(["AKIA", "ASIA"]), chars(UPPER_DIGITS, 16)),
+    joined("AIza", chars(B64URL, 35)),
+    joined("eyJ", chars(B64URL, 10, 40), ".eyJ", chars(B64URL, 10, 80), ".", chars(B64URL, 0, 43)),
+)
+SHAPED = st.one_of(
+    TOKENS.map(lambda token: Secret(token, token)),
+    joined(chars(ALNUM + "._~+/-", 15, 40), st.sampled_from(string.digits))
+    .map(lambda cred: Secret(f"Bearer {cred}", cred)),
+)
+# A value whose only sign of being secret is the name it is stored under. Always has a capital, so it
+# cannot collide with the lower-case filler text or the hex ids of the record.
+OPAQUE = joined(st.sampled_from(string.ascii_uppercase), chars(UPPER_DIGITS, 9, 30))
+SECRET_FIELDS = ["api_key", "apiKey", "token", "access_token", "refresh_token", "client_secret", "password",
+                 "secret", "x-api-key", "privateKey", "id_token", "authorization"]
+FILLER = st.text(string.ascii_lowercase + " ", max_size=30)
+SEPARATORS = st.sampled_from([" ", "\n", "\"", "'", "(", ": ", "=", ", ", "`", "<", "/"])
+
+
+def in_text(secret: Secret) -> st.SearchStrategy[str]:
+    return joined(FILLER, SEPARATORS, secret.placed, SEPARATORS, FILLER)
+
+
+def nested(key: str, value: str, depth: int) -> Any:
+    """``{key: value}`` under ``depth`` levels of objects and lists."""
+    node: Any = {key: value, "note": "kept"}
+    for level in range(depth):
+        node = {f"level{level}": node} if level % 2 == 0 else [node]
+    return node
+
+
+@st.composite
+def captured_calls(draw: st.DrawFn) -> tuple[CapturedCall, list[str]]:
+    """One chat call with secrets in every place a client or server puts them, and their needles."""
+    needles: list[str] = []
+
+    def shaped() -> Secret:
+        secret = draw(SHAPED)
+        needles.append(secret.needle)
+        return secret
+
+    def opaque() -> str:
+        value = draw(OPAQUE)
+        needles.append(value)
+        return value
+
+    header = (draw(st.sampled_from(["X-Note", "X-Request-Tag", "Accept-Language"])), shaped().placed)
+    userinfo = f"{quote(draw(FILLER.filter(bool)) or 'u')}:{quote(opaque(), safe='')}@" if draw(st.booleans()) \
+        else ""
+    query = urlencode([("q", shaped().placed), (draw(st.sampled_from(["code", "access_token", "key",
+                                                                        "client_secret", "sig"])), opaque())])
+    path_token = draw(TOKENS)  # URL-safe as minted
+    needles.append(path_token)
+    url = f"https://{userinfo}api.example:8443/v1/{path_token}/chat/completions?{query}"
+    metadata = nested(draw(st.sampled_from(SECRET_FIELDS)), opaque(), draw(st.integers(0, 4)))
+    request = {
+        "model": "m",
+        "max_tokens": 7,
+        "messages": [{"role": "system", "content": draw(in_text(shaped()))},
+                     {"role": "user", "content": draw(in_text(shaped()))}],
+        "metadata": metadata,
+    }
+    response = {
+        "id": "c1", "model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {
+            "role": "assistant", "content": draw(in_text(shaped()))}}],
+        "service": nested(draw(st.sampled_from(SECRET_FIELDS)), opaque(), draw(st.integers(0, 3))),
+    }
+    call = CapturedCall(
+        flow_id="flow-1", api="openai.chat", method="POST", url=url, upstream="https://api.example:8443",
+        request_headers=(header, ("Content-Type", "application/json")),
+        request_body=json.dumps(request).encode(), hints=Hints(), streamed=False, status=200,
+        response_headers=(("x-served-by", shaped().placed), ("content-type", "application/json")),
+        response_body=json.dumps(response).encode(), response_encoding="", engine_body=None, injection=None,
+        started=1.0, first_byte=1.5, finished=2.0, captured_at=2.0,
+    )
+    return call, needles
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(captured_calls())
+def test_no_secret_placed_anywhere_reaches_the_produced_bytes(case: tuple[CapturedCall, list[str]]) -> None:
+    call, needles = case
+    _, record = build_record(call, "proxy-test")
+    produced = codec_for().encode("raw_llm_call", record)
+    for needle in needles:
+        assert needle.encode() not in produced, needle
+    assert REDACTED.encode() in produced
+
+
+@settings(max_examples=300, deadline=None)
+@given(SHAPED, SEPARATORS, SEPARATORS)
+def test_secret_shaped_tokens_are_replaced_in_plain_text(secret: Secret, before: str, after: str) -> None:
+    text = f"my key is{before}{secret.placed}{after} do not share"
+    assert secret.needle not in redact_text(text)
+    assert redact_text(text).startswith("my key is") and redact_text(text).endswith("do not share")
+
+
+@pytest.mark.parametrize("name", SECRET_FIELDS + ["clientSecret", "AWS_SECRET_ACCESS_KEY", "new_password",
+                                                  "github_token", "session_token"])
+def test_secret_field_names(name: str) -> None:
+    assert is_secret_field(name)
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens", "prompt_cache_key", "stop_token",
+                                  "top_k", "keys", "token_ids", "key_points", "session_id", "code"])
+def test_ordinary_field_names_are_not_secret(name: str) -> None:
+    assert not is_secret_field(name)
+
+
+def test_ordinary_content_is_kept_byte_for_byte() -> None:
+    body = json.dumps({
+        "model": "m", "max_tokens": 5, "prompt_cache_key": "user-42",
+        "messages": [{"role": "user", "content": "A Bearer token goes in the Authorization header; ask-me "
+                                                 "about risk-management-framework and sk-learn."}],
+        "tools": [{"type": "function", "function": {"name": "login", "parameters": {
+            "type": "object", "properties": {"password": {"type": "string"}, "token": {"type": "string"}}}}}],
+    }, indent=1)
+    assert redact_text(body) is body
+
+
+def test_secret_named_fields_are_replaced_and_the_rest_kept() -> None:
+    body = {"model": "m", "metadata": {"apiKey": "opaque-1", "auth": {"refresh_token": "opaque-2"},
+                                       "retries": 3, "password": ""},
+            "messages": [{"role": "user", "content": "call me with hf_" + "a1" * 17}]}
+    assert json.loads(redact_text(json.dumps(body))) == {
+        "model": "m", "metadata": {"apiKey": REDACTED, "auth": {"refresh_token": REDACTED}, "retries": 3,
+                                   "password": ""},
+        "messages": [{"role": "user", "content": f"call me with {REDACTED}"}]}
+
+
+def test_urls_lose_userinfo_credential_parameters_and_path_tokens() -> None:
+    url = ("https://bob:hunter2@host:8443/bot/xoxb-1234567890-abcdefghij/send"
+           "?code=oauth-code&state=s1&access_token=t&key=k&alt=sse")
+    assert redact_url(url) == f"https://host:8443/bot/{REDACTED}/send?state=s1&alt=sse"
+    assert redact_url("http://h/v1/chat/completions") == "http://h/v1/chat/completions"
+
+
+def test_secret_values_under_innocent_header_names_are_dropped() -> None:
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"
+    headers = [("X-Note", jwt), ("X-Trace", "glpat-abcdefghij0123456789"), ("X-Id", "AKIAABCDEFGHIJKLMNOP"),
+               ("X-Request-Id", "req-123"), ("Accept", "application/json")]
+    assert redact_headers(headers) == {"x-request-id": "req-123", "accept": "application/json"}
+
+
+def test_records_with_engine_token_ids_say_their_text_was_redacted() -> None:
+    response = {"id": "c1", "model": "m", "prompt_token_ids": [1, 2],
+                "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [3],
+                             "message": {"role": "assistant", "content": "ghp_" + "x1" * 18}}]}
+    call = CapturedCall(
+        flow_id="f", api="openai.chat", method="POST", url="http://h/v1/chat/completions", upstream="http://h",
+        request_headers=(), request_body=json.dumps({"model": "m", "messages": [{"role": "user",
+                                                                                 "content": "hi"}]}).encode(),
+        hints=Hints(), streamed=False, status=200, response_headers=(), response_body=json.dumps(response).encode(),
+        response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.5, finished=2.0,
+        captured_at=2.0,
+    )
+    _, record = build_record(call, "p")
+    assert record["choices"][0]["text"] == REDACTED
+    assert REDACTED_WITH_TOKEN_IDS in record["capture_notes"]
