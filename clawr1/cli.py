@@ -61,6 +61,7 @@ def _build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("worker", "run one stream worker"),
         ("sink", "run the pool sink alone"),
+        ("rewarder", "score trajectories or steps with CLAWR1_REWARD_FN and post the rewards"),
         ("ca", "print the path of the proxy's CA certificate"),
     ):
         _common(sub.add_parser(name, help=text))
@@ -192,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         from streams.worker import run_worker
 
         return run_worker(settings, ready=_ready_marker(settings, "worker"))
+    if args.command == "rewarder":
+        from rewards.worker import run_rewarder
+
+        return run_rewarder(settings, ready=_ready_marker(settings, "rewarder"))
     if args.command == "proxy":
         from proxy.runner import run_proxy
 

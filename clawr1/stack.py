@@ -2,7 +2,8 @@
 
 The supervisor owns the Kafka broker (when no external bootstrap is configured) and starts one
 process per role: the API process (gateway + pool SQL + sink; it owns the embedded chDB pool, which
-allows a single process), the stream worker and the proxy. Children get the same settings through
+allows a single process), the stream worker, the proxy, and the rewarder when
+``CLAWR1_REWARD_FN`` names a reward function. Children get the same settings through
 ``CLAWR1_*`` variables. If any child dies, the stack stops rather than run half-alive.
 """
 
@@ -98,9 +99,13 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             env["CLAWR1_CAPTURE_TOKEN_IDS"] = "true"  # the stand-in speaks vLLM's token-id fields
             if not settings.reverse_port:
                 env["CLAWR1_REVERSE_PORT"] = str(settings.proxy_port + 1)
-        children.append(_spawn("api", ["api", "--expect-parts", "worker,proxy"], env))
+        rewarding = bool(settings.role_setting("CLAWR1_REWARD_FN", ""))
+        parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
+        children.append(_spawn("api", ["api", "--expect-parts", parts], env))
         children.append(_spawn("worker", ["worker"], env))
         children.append(_spawn("proxy", ["proxy"], env))
+        if rewarding:
+            children.append(_spawn("rewarder", ["rewarder"], env))
         api_url = f"http://127.0.0.1:{settings.api_port}"
         wait_healthy(api_url, children, health_timeout)
         print(
