@@ -2,8 +2,11 @@
 
 A black-box call continues a trajectory when its messages start with an earlier call's messages
 plus that call's reply. Agents echo replies back with cosmetic differences (``content: null`` vs
-``""``, extra null fields, text parts vs. a plain string), so messages are compared in a canonical
-form, and prefixes by chained digests so one table lookup per prefix finds the parent call.
+``""``, extra null fields, text parts vs. a plain string), frameworks re-serialize tool-call
+arguments (``{"q": "x"}`` vs ``{"q":"x"}``), and providers let agents drop reasoning they were sent
+(Anthropic thinking blocks, Responses-API reasoning items). So messages are compared in a
+canonical form that parses arguments and ignores reasoning, and prefixes by chained digests so one
+table lookup per prefix finds the parent call.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 _EMPTY = hashlib.sha256(b"clawr1.conversation").hexdigest()
+# Content parts and whole messages (Responses-API items) that carry reasoning an agent may drop.
+_REASONING_PARTS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+_REASONING_ROLES = frozenset({"reasoning"})
 
 
 def _canonical_content(content: Any) -> Any:
@@ -22,7 +28,8 @@ def _canonical_content(content: Any) -> Any:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        parts = [_canonical_part(p) for p in content]
+        parts = [_canonical_part(p) for p in content
+                 if not (isinstance(p, dict) and p.get("type") in _REASONING_PARTS)]
         if all(isinstance(p, str) for p in parts):
             return "".join(parts)
         return parts
@@ -42,6 +49,21 @@ def _canonical_part(part: Any) -> Any:
     return {k: v for k, v in sorted(part.items()) if v is not None and k != "cache_control"}
 
 
+def canonical_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as parsed JSON when they parse: key order and spacing carry no meaning."""
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments
+
+
+def is_reasoning(message: dict[str, Any]) -> bool:
+    """A message that is only the model's reasoning (agents may drop it when they echo history)."""
+    return message.get("role") in _REASONING_ROLES
+
+
 def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     """The parts of a message that carry meaning: role, content, tool calls and their ids."""
     out: dict[str, Any] = {
@@ -51,7 +73,8 @@ def canonical_message(message: dict[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls") or []
     if calls:
         out["tool_calls"] = [
-            [c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")]
+            [c.get("id"), (c.get("function") or {}).get("name"),
+             canonical_arguments((c.get("function") or {}).get("arguments"))]
             for c in calls
         ]
     for key in ("tool_call_id", "name"):
@@ -66,11 +89,14 @@ def message_digest(message: dict[str, Any]) -> str:
 
 
 def prefix_digests(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """``result[i]`` identifies ``messages[: i + 1]``: equal digests mean equal prefixes."""
+    """``result[i]`` identifies ``messages[: i + 1]``: equal digests mean equal prefixes.
+
+    Reasoning messages do not count: ``result[i]`` repeats the digest before one."""
     digests: list[str] = []
     current = _EMPTY
     for message in messages:
-        current = hashlib.sha256((current + message_digest(message)).encode()).hexdigest()
+        if not is_reasoning(message):
+            current = hashlib.sha256((current + message_digest(message)).encode()).hexdigest()
         digests.append(current)
     return digests
 

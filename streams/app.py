@@ -9,7 +9,7 @@ Flow (every arrow a Kafka topic, every box one agent; tables in brackets)::
     internal.targets --> resolve_targets [targets: per target id] --> internal.trajectories
     internal.trajectories --> join [join_steps, join_trajectories] --> steps, internal.scopes
     internal.scopes --> merge_prefixes [scopes, scope_steps] --> prefix_nodes
-    any agent --> dlq (events it cannot use, with the reason)
+    any agent --> dlq (events it cannot use, with the reason; feedback no single step takes)
 
 Co-partitioning: all topics and changelogs have ``config.partitions`` partitions and every key is
 hashed with murmur2, so a table key always lives in the partition of the events that touch it.
@@ -20,6 +20,7 @@ output loses nothing and duplicates nothing the pool keeps.
 
 from __future__ import annotations
 
+import base64
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -38,16 +39,17 @@ from streams.join import (
     TrajectoryState,
     apply_feedback,
     apply_step_fact,
+    apply_supersede,
     build_step,
     effective_parent,
     mergeable,
     scope_of,
 )
-from streams.linking import LinkState, link_turn
+from streams.linking import LinkState, link_turn, step_ids_of
 from streams.normalize import StepFact, step_from_whitebox, steps_from_turn
 from streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
 from streams.rewards import feedback_fact
-from streams.targets import TargetState, add_feedback, add_target
+from streams.targets import Refusal, Target, TargetState, add_feedback, add_target
 from streams.tokenization import Retokenizer
 from streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
 
@@ -58,6 +60,14 @@ _SEP = "\x1f"  # joins a scope / trajectory id and a step id into one table key
 
 def _text(key: bytes | None) -> str | None:
     return None if key is None else key.decode("utf-8", "backslashreplace")
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _unb64(text: str | None) -> bytes | None:
+    return None if text is None else base64.b64decode(text)
 
 
 class StreamsApp:
@@ -146,10 +156,19 @@ class StreamsApp:
             await self._dead_letter(event, stage, f"{type(exc).__name__}: {exc}")
 
     async def _dead_letter(self, event: EventT, stage: str, reason: str) -> None:
+        await self._send_dead_letter(stage, reason, self._origin(event))
+
+    @staticmethod
+    def _origin(event: EventT) -> dict[str, object]:
+        """An event's position and bytes, as a dead letter cites them (also after re-keying)."""
         msg = event.message
-        record = dead_letter(reason, stage, msg.topic, msg.partition, msg.offset, msg.key, msg.value,
-                             round((msg.timestamp or 0) * 1000))
-        await self.out_dlq.send(key=msg.topic.encode(), value=self.codec.encode("dead_letter", record))
+        return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset, "key": _b64(msg.key),
+                "value": _b64(msg.value), "timestamp_ms": round((msg.timestamp or 0) * 1000)}
+
+    async def _send_dead_letter(self, stage: str, reason: str, origin: dict) -> None:
+        record = dead_letter(reason, stage, origin["topic"], origin["partition"], origin["offset"],
+                             _unb64(origin["key"]), _unb64(origin["value"]), origin["timestamp_ms"])
+        await self.out_dlq.send(key=origin["topic"].encode(), value=self.codec.encode("dead_letter", record))
 
     async def _send(self, topic: faust.TopicT, key: str, value: bytes) -> None:
         await topic.send(key=key.encode(), value=value)
@@ -171,11 +190,26 @@ class StreamsApp:
     async def _link_and_publish(self, key: str, turn: Turn) -> None:
         state = LinkState.from_json(self.links.get(key))
         replayed = turn.event_id in state.assigned
-        assignment = link_turn(state, turn, self.config.max_links_per_key)
+        linked = link_turn(state, turn, self.config.link_horizon_ms, self.config.max_links_per_key)
         if not replayed:
             self.links[key] = state.to_json()
-        for fact in steps_from_turn(turn, assignment, self.retokenizer):
+        for fact in steps_from_turn(turn, linked.assignments, self.retokenizer):
             await self._publish_fact(fact)
+        if len(turn.replies) > 1 and turn.engine_response_id:  # the bare id names every choice
+            for step_id, assignment in zip(step_ids_of(turn), linked.assignments, strict=True):
+                await self._publish_target(turn.engine_response_id, step_id, Target(
+                    assignment.trajectory_id, turn.created_at_ms, choice=True))
+        for step_id, trajectory_id in linked.superseded:
+            await self._send(self.trajectories_topic, trajectory_id,
+                             messages.encode(messages.SUPERSEDE, step_id=step_id))
+        if linked.continued is not None:
+            c = linked.continued
+            await self._publish_target(c.response_id, c.step_id,
+                                       Target(c.trajectory_id, c.created_at_ms, choice=True, continued=True))
+
+    async def _publish_target(self, target_id: str, step_id: str, target: Target) -> None:
+        await self._send(self.targets_topic, target_id, messages.encode(
+            messages.TARGET, step_id=step_id, target=target.__dict__))
 
     async def _on_whitebox_step(self, event: EventT) -> None:
         _, record = self.codec.decode(event.value, expect="whitebox_step")
@@ -184,9 +218,9 @@ class StreamsApp:
     async def _publish_fact(self, fact: StepFact) -> None:
         step = fact.step
         await self._send(self.trajectories_topic, step["trajectory_id"], messages.step_message(fact))
-        for target in sorted({step["step_id"], step["response_id"]}):
-            await self._send(self.targets_topic, target, messages.encode(
-                messages.TARGET, trajectory_id=step["trajectory_id"], step_id=step["step_id"]))
+        for target_id in sorted({step["step_id"], step["response_id"]}):
+            await self._publish_target(target_id, step["step_id"],
+                                       Target(step["trajectory_id"], step["created_at_ms"]))
 
     async def _on_feedback(self, event: EventT) -> None:
         _, record = self.codec.decode(event.value, expect="feedback")
@@ -196,22 +230,30 @@ class StreamsApp:
                              messages.encode(messages.TRAJECTORY_FEEDBACK, feedback=fact))
         else:
             await self._send(self.targets_topic, fact["target_id"],
-                             messages.encode(messages.FEEDBACK, feedback=fact))
+                             messages.encode(messages.FEEDBACK, feedback=fact, origin=self._origin(event)))
 
     # ------------------------------------------------------------------ resolve
     async def _on_target_message(self, event: EventT) -> None:
         key = _text(event.key) or ""
         message = messages.decode(event.value)
         state = TargetState.from_json(self.targets.get(key))
+        window = self.config.feedback_window_ms
         if message["kind"] == messages.TARGET:
-            changed, forwards = add_target(state, message["trajectory_id"], message["step_id"])
+            outcome = add_target(state, key, message["step_id"], Target(**message["target"]), window)
         else:
-            changed, forwards = add_feedback(state, message["feedback"])
+            outcome = add_feedback(state, key, message["feedback"], message["origin"], window)
+        changed, forwards, refusals = outcome
         if changed:
             self.targets[key] = state.to_json()
         for forward in forwards:
             await self._send(self.trajectories_topic, forward.trajectory_id, messages.encode(
                 messages.STEP_FEEDBACK, step_id=forward.step_id, feedback=forward.feedback))
+        for refusal in refusals:
+            await self._refuse(refusal)
+
+    async def _refuse(self, refusal: Refusal) -> None:
+        """Feedback that names no single step: a dead letter citing the raw feedback event."""
+        await self._send_dead_letter("join", refusal.reason, refusal.origin)
 
     # ------------------------------------------------------------------ join
     def _step_state(self, trajectory_id: str, step_id: str) -> StepState:
@@ -227,6 +269,11 @@ class StreamsApp:
                 self.join_trajectories[trajectory_id] = trajectory.to_json()
             for step_id in trajectory.step_ids():
                 await self._emit(self._step_state(trajectory_id, step_id), trajectory, to_scope=False)
+        elif kind == messages.SUPERSEDE:
+            state = self._step_state(trajectory_id, message["step_id"])
+            if apply_supersede(state):
+                self.join_steps[trajectory_id + _SEP + message["step_id"]] = state.to_json()
+            await self._emit(state, trajectory, to_scope=False)
         elif kind == messages.STEP_FEEDBACK:
             state = self._step_state(trajectory_id, message["step_id"])
             if apply_feedback(state.feedback, message["feedback"]):

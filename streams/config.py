@@ -54,8 +54,14 @@ class StreamConfig:
     tokenizer: str = ""
     schema_registry_url: str = ""
     readiness: ReadinessRule = field(default_factory=ReadinessRule)
-    # Bound of the linking state kept per raw.llm key (links, assignments, open trajectories).
-    max_links_per_key: int = 256
+    # Linking state per raw.llm key expires by event-time age (a continuation after a longer pause
+    # starts a flagged trajectory; a redelivery keeps its first assignment within it); the count is
+    # a safety valve for keys busier than that.
+    link_horizon_ms: int = 24 * 3_600_000
+    max_links_per_key: int = 4096
+    # Feedback by a response id several steps share resolves to the one created within this window
+    # before the feedback was received, if exactly one is.
+    feedback_window_ms: int = 3_600_000
     # Bounds of one prefix-tree merge scope; steps beyond them are not merged (counted as skipped).
     max_scope_steps: int = 128
     max_scope_tokens: int = 1 << 20
@@ -80,7 +86,9 @@ class StreamConfig:
             tokenizer=settings.tokenizer,
             schema_registry_url=settings.schema_registry_url,
             readiness=ReadinessRule.parse(knob("CLAWR1_READY_RULE", DEFAULT_RULE)),
+            link_horizon_ms=knob("CLAWR1_STREAMS_LINK_HORIZON_MS", defaults.link_horizon_ms),
             max_links_per_key=knob("CLAWR1_STREAMS_MAX_LINKS", defaults.max_links_per_key),
+            feedback_window_ms=knob("CLAWR1_STREAMS_FEEDBACK_WINDOW_MS", defaults.feedback_window_ms),
             max_scope_steps=knob("CLAWR1_PREFIX_MAX_STEPS", defaults.max_scope_steps),
             max_scope_tokens=knob("CLAWR1_PREFIX_MAX_TOKENS", defaults.max_scope_tokens),
             session_timeout_s=knob("CLAWR1_STREAMS_SESSION_TIMEOUT_S", defaults.session_timeout_s),

@@ -7,6 +7,10 @@ sets, so the outcome does not depend on arrival order, and re-delivered facts ch
 
     version = distinct step facts + distinct step feedback + distinct trajectory feedback
               + steps seen at index - 1 (only for steps whose parent is found by index)
+              + 1 once the step is superseded
+
+A superseded step (a retry the agent threw away) keeps its own feedback but gets no trajectory
+reward and is never ready.
 
 Each term only grows, so every change gets a higher version, the final version of a step is the
 same in any order, and equal versions carry equal content within one history of the input.
@@ -29,10 +33,11 @@ class StepState:
     base_digest: str = ""
     base_digests: list[str] = field(default_factory=list)
     feedback: list[dict[str, Any]] = field(default_factory=list)  # distinct by content digest
+    superseded: bool = False  # the linker found the trajectory continued from a sibling (a retry)
 
     def to_json(self) -> dict[str, Any]:
         return {"base": self.base, "base_digest": self.base_digest, "base_digests": self.base_digests,
-                "feedback": self.feedback}
+                "feedback": self.feedback, "superseded": self.superseded}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> StepState:
@@ -90,6 +95,13 @@ def apply_step_fact(state: StepState, trajectory: TrajectoryState, fact: StepFac
     return new
 
 
+def apply_supersede(state: StepState) -> bool:
+    """Mark the step superseded; True when it was not yet."""
+    new = not state.superseded
+    state.superseded = True
+    return new
+
+
 def apply_feedback(facts: list[dict[str, Any]], fact: dict[str, Any]) -> bool:
     """Fold step- or trajectory-level feedback into its state's list; True when it was new."""
     return _add_fact(facts, fact)
@@ -113,7 +125,7 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
     if base is None:
         return None
     step_facts = distinct_facts(state.feedback)
-    trajectory_facts = distinct_facts(trajectory.feedback)
+    trajectory_facts = [] if state.superseded else distinct_facts(trajectory.feedback)
     reward = fold_rewards(step_facts)
     trajectory_reward = fold_rewards(trajectory_facts)
     everything = sorted(step_facts + trajectory_facts, key=lambda f: (f["received_at_ms"], f["feedback_id"]))
@@ -121,7 +133,7 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
         **base,
         "parent_step_id": effective_parent(base, trajectory),
         "version": len(state.base_digests) + len(state.feedback) + len(trajectory.feedback)
-        + len(parent_candidates(base, trajectory)),
+        + len(parent_candidates(base, trajectory)) + state.superseded,
         "reward": reward.value,
         "reward_components": reward.components,
         "reward_source": reward.sources,
@@ -133,6 +145,8 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
         "quality_score": human_score(everything),
         "updated_at_ms": max([base["updated_at_ms"], *(f["received_at_ms"] for f in everything)]),
     }
+    if state.superseded:
+        record["link_status"] = "superseded"
     record["ready"] = rule.is_ready(record)
     return record
 

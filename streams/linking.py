@@ -1,65 +1,124 @@
-"""Trajectory linking of turns by conversation continuation.
+"""Trajectory linking of turns: a bijection between calls and trajectories, or an explicit flag.
 
-A turn continues an earlier step when its messages start with that step's prompt plus its reply;
-the longest such prefix names the parent. An explicit trajectory id (X-Claw header, service
-event) wins: the turn joins that trajectory whatever its content, after its latest step when no
-content link is found. Otherwise a turn without a parent starts a new trajectory whose id derives
-from the turn's event id, so replays assign the same ids.
+A turn continues an earlier step when its messages start with that step's prompt plus its reply
+(compared canonically, ``clawr1.conversation``). Several steps can have the same prompt plus
+reply: k GRPO rollouts of one task whose first actions are identical. Their states are identical,
+so any one-to-one assignment is correct, and the linker keeps it one-to-one: a continuation goes
+to a matching step that has not been continued yet (preferring the one whose call came on the
+same client connection, then the oldest), never to one already continued.
 
-The state is one ``LinkState`` per raw.llm key (trajectory hint or conversation root), which is
-why it lives in the streams: several proxy instances feed the same key. It is bounded: each map
-keeps its newest ``max_entries`` entries, so a continuation of a very old step (beyond the bound)
-starts a new trajectory instead.
+When every matching step has already been continued, the turn is either a retry (its prompt
+equals a sibling's: same parent, same prompt) or a branch. A retry joins the sibling's trajectory
+at the same index; once the trajectory continues from one sibling the others are ``superseded``.
+A branch the linker cannot place starts a new trajectory marked ``ambiguous``; so does a turn that
+extends a step's prompt but not its reply. A turn that keeps only the conversation's root prompt
+(system + task) and then goes on with content no step produced is ``compacted``. Both name the
+step they most likely continue (``candidate_step_id``). A turn nothing matches is a ``root``.
+
+An explicit trajectory id (X-Claw header, the compat port's path, a service event) wins: the
+turn is matched only within that trajectory, a turn matching nothing there follows its latest
+step, and a continuation of an already-continued step is a retry (the agent said so).
+
+With ``n > 1`` every choice is a rollout of its own trajectory (``<trajectory>:<choice>``) in one
+prompt group of size n; continuations inherit their parent's group.
+
+State is one ``LinkState`` per raw.llm key (explicit trajectory or conversation root). It is
+bounded by event-time age (``horizon_ms``, relative to the newest event of the key) and, as a
+safety valve, by a count. A redelivered event gets its first assignment while that is within the
+horizon; an unknown event older than the horizon is refused (its first assignment may have
+expired), never silently relinked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from clawr1.conversation import prefix_digests
-from streams.turns import Turn
+from streams.turns import InvalidEvent, Turn
+
+LINKED, ROOT, AMBIGUOUS, COMPACTED, SUPERSEDED = "linked", "root", "ambiguous", "compacted", "superseded"
 
 
-@dataclass(frozen=True)
-class StepRef:
-    step_id: str
-    trajectory_id: str
-    step_index: int
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """Where a turn sits: its trajectory, its index there, its parent step (if known)."""
+@dataclass
+class Node:
+    """What the linker remembers of a step."""
 
     trajectory_id: str
     step_index: int
     parent_step_id: str | None
+    prompt: str  # digest of the prompt
+    tail: str  # digest of prompt + reply; "" for a failed call (never a parent)
+    at_ms: int
+    connection: str = ""
+    explicit: str | None = None  # the trajectory id the call named
+    group_id: str | None = None
+    group_size: int | None = None
+    response_id: str | None = None  # the engine's id of the call, for a choice of an n > 1 call
+    continued: bool = False
+    superseded: bool = False
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Where one step sits: trajectory, index, parent (if known), how it was linked, its group."""
+
+    trajectory_id: str
+    step_index: int
+    parent_step_id: str | None
+    link_status: str = LINKED
+    candidate_step_id: str | None = None
+    prompt_group_id: str | None = None
+    prompt_group_size: int | None = None
+
+
+@dataclass(frozen=True)
+class Continued:
+    """A choice of an n > 1 call that a turn continued: feedback by the call's id resolves to it."""
+
+    response_id: str
+    trajectory_id: str
+    step_id: str
+    created_at_ms: int
+
+
+@dataclass(frozen=True)
+class Linked:
+    """What linking one turn decided; re-published as is when the turn is redelivered."""
+
+    assignments: list[Assignment]  # one per step of the turn (``step_ids_of``)
+    superseded: list[tuple[str, str]] = field(default_factory=list)  # (step id, trajectory id)
+    continued: Continued | None = None
+    at_ms: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"assignments": [asdict(a) for a in self.assignments],
+                "superseded": [list(s) for s in self.superseded],
+                "continued": None if self.continued is None else asdict(self.continued), "at_ms": self.at_ms}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Linked:
+        continued = data["continued"]
+        return cls([Assignment(**a) for a in data["assignments"]], [(s, t) for s, t in data["superseded"]],
+                   None if continued is None else Continued(**continued), data["at_ms"])
 
 
 @dataclass
 class LinkState:
-    links: dict[str, StepRef] = field(default_factory=dict)  # digest(prompt + reply) -> step
-    assigned: dict[str, Assignment] = field(default_factory=dict)  # event id -> assignment
-    latest: dict[str, StepRef] = field(default_factory=dict)  # explicit trajectory -> its latest step
+    nodes: dict[str, Node] = field(default_factory=dict)  # step id -> node
+    assigned: dict[str, Linked] = field(default_factory=dict)  # event id -> what linking decided
+    clock_ms: int = 0  # newest event time seen: the horizon is measured from here
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "links": {k: [r.step_id, r.trajectory_id, r.step_index] for k, r in self.links.items()},
-            "assigned": {k: [a.trajectory_id, a.step_index, a.parent_step_id]
-                         for k, a in self.assigned.items()},
-            "latest": {k: [r.step_id, r.trajectory_id, r.step_index] for k, r in self.latest.items()},
-        }
+        return {"nodes": {k: asdict(n) for k, n in self.nodes.items()},
+                "assigned": {k: a.to_json() for k, a in self.assigned.items()}, "clock_ms": self.clock_ms}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> LinkState:
-        if not data:
+        if not data or "nodes" not in data:  # nothing, or the pre-bijection layout: start over
             return cls()
-        return cls(
-            links={k: StepRef(*v) for k, v in data["links"].items()},
-            assigned={k: Assignment(*v) for k, v in data["assigned"].items()},
-            latest={k: StepRef(*v) for k, v in data["latest"].items()},
-        )
+        return cls({k: Node(**n) for k, n in data["nodes"].items()},
+                   {k: Linked.from_json(a) for k, a in data["assigned"].items()}, data["clock_ms"])
 
 
 def step_ids_of(turn: Turn) -> list[str]:
@@ -76,45 +135,189 @@ def reply_digest(turn: Turn, reply_messages: list[dict[str, Any]]) -> str:
     return prefix_digests([*turn.messages, *reply_messages])[-1]
 
 
-def _find_parent(state: LinkState, turn: Turn) -> StepRef | None:
-    for digest in reversed(prefix_digests(turn.messages)):
-        ref = state.links.get(digest)
-        if ref is not None and (turn.trajectory_id is None or ref.trajectory_id == turn.trajectory_id):
-            return ref
-    return None
+def _prompt_digest(turn: Turn) -> str:
+    digests = prefix_digests(turn.messages)
+    return digests[-1] if digests else ""
 
 
-def _assign(state: LinkState, turn: Turn) -> Assignment:
-    parent = _find_parent(state, turn)
-    if parent is None and turn.trajectory_id is not None and turn.step_index is None:
-        parent = state.latest.get(turn.trajectory_id)
+def _preference(turn: Turn, step_id: str, node: Node) -> tuple[bool, int, str]:
+    """Among equally valid steps: the one from the same client connection, then the oldest."""
+    same = bool(turn.connection) and node.connection == turn.connection
+    return (not same, node.at_ms, step_id)
+
+
+def _best(turn: Turn, state: LinkState, step_ids: list[str]) -> str:
+    return min(step_ids, key=lambda s: _preference(turn, s, state.nodes[s]))
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where the turn goes before n > 1 splits it: a parent to follow, a retry slot, or a start."""
+
+    status: str
+    parent: str | None = None  # step to continue (linked)
+    sibling: str | None = None  # step whose slot a retry shares
+    candidate: str | None = None  # the likely parent of an ambiguous / compacted start
+
+
+def _place(state: LinkState, turn: Turn) -> _Place:
+    live = {s: n for s, n in state.nodes.items() if not n.superseded
+            and (turn.trajectory_id is None or n.explicit == turn.trajectory_id)}
+    digests = prefix_digests(turn.messages)
+    prompt = digests[-1] if digests else ""
+    depth_of = {d: i for i, d in enumerate(digests)}
+    # The deepest step whose prompt plus reply the turn starts with, and the deepest whose prompt only.
+    tails = [(depth_of[n.tail], s) for s, n in live.items() if n.tail in depth_of]
+    extended = [(depth_of[n.prompt], s) for s, n in live.items()
+                if n.prompt in depth_of and depth_of[n.prompt] < len(digests) - 1]
+    tail_depth = max((i for i, _ in tails), default=-1)
+    prompt_depth = max((i for i, _ in extended), default=-1)
+    if tail_depth >= 0 and tail_depth >= prompt_depth:
+        matching = [s for i, s in tails if i == tail_depth]
+        free = [s for s in matching if not live[s].continued]
+        if free:
+            return _Place(LINKED, parent=_best(turn, state, free))
+        retries = [s for s, n in live.items() if n.parent_step_id in matching and n.prompt == prompt]
+        if retries or turn.trajectory_id is not None:
+            children = retries or [s for s, n in live.items() if n.parent_step_id in matching]
+            return _Place(LINKED, sibling=_best(turn, state, children))
+        return _Place(AMBIGUOUS, candidate=_best(turn, state, matching))
+    same_prompt = [s for s, n in live.items() if n.prompt == prompt]
+    if turn.trajectory_id is not None:
+        if same_prompt:
+            return _Place(LINKED, sibling=_best(turn, state, same_prompt))
+        if live:
+            latest = max(live, key=lambda s: (live[s].step_index, live[s].at_ms, s))
+            return _Place(LINKED, parent=latest)
+        return _Place(ROOT)
+    if same_prompt or prompt_depth < 0:
+        return _Place(ROOT)  # another rollout of a known prompt, or a new conversation
+    deepest = [s for i, s in extended if i == prompt_depth]
+    if all(live[s].step_index == 0 for s in deepest):
+        # Only the task survives: a compacted context. Its likely parent is a trajectory's newest tip.
+        roots = {live[s].trajectory_id for s in deepest}
+        tips = [s for s, n in live.items() if n.trajectory_id in roots and not n.continued]
+        return _Place(COMPACTED, candidate=max(tips or deepest, key=lambda s: (
+            bool(turn.connection) and live[s].connection == turn.connection, live[s].at_ms, s)))
+    return _Place(AMBIGUOUS, candidate=_best(turn, state, deepest))
+
+
+def _group(turn: Turn, parent: Node | None) -> tuple[str | None, int | None]:
+    if turn.prompt_group_id:
+        return turn.prompt_group_id, turn.prompt_group_size
+    if len(turn.replies) > 1:
+        return turn.event_id, len(turn.replies)
     if parent is not None:
-        index = turn.step_index if turn.step_index is not None else parent.step_index + 1
-        return Assignment(turn.trajectory_id or parent.trajectory_id, index, parent.step_id)
-    return Assignment(turn.trajectory_id or f"traj-{turn.event_id}", turn.step_index or 0, None)
+        return parent.group_id, parent.group_size
+    return None, None
 
 
-def _trim(mapping: dict[str, Any], bound: int) -> None:
-    for key in list(mapping)[: max(0, len(mapping) - bound)]:
-        del mapping[key]
+def _assign(state: LinkState, turn: Turn, step_ids: list[str]) -> list[Assignment]:
+    """One assignment per step: n > 1 choices of a start become trajectories ``<id>:<choice>``."""
+    if turn.step_index is not None:  # an explicit position (service event): the join finds the parent
+        group = _group(turn, None)
+        status = ROOT if turn.step_index == 0 else LINKED
+        return [Assignment(turn.trajectory_id or f"traj-{turn.event_id}", turn.step_index, None, status,
+                           None, *group)]
+    place = _place(state, turn)
+    anchor = place.parent or place.sibling
+    if anchor is not None:
+        node = state.nodes[anchor]
+        parent = node if place.parent else state.nodes.get(node.parent_step_id or "")
+        group = _group(turn, parent)
+        trajectory = node.trajectory_id
+        if place.parent:
+            index, parent_id = node.step_index + 1, anchor
+        else:
+            index, parent_id = node.step_index, node.parent_step_id
+        if len(step_ids) == 1:
+            status = ROOT if index == 0 else LINKED
+            return [Assignment(trajectory, index, parent_id, status, None, *group)]
+        return [Assignment(f"{trajectory}:{i}", index, parent_id, LINKED if index else ROOT, None, *group)
+                for i in range(len(step_ids))]
+    group = _group(turn, None)
+    base = turn.trajectory_id or f"traj-{turn.event_id}"
+    if len(step_ids) == 1:
+        return [Assignment(base, 0, None, place.status, place.candidate, *group)]
+    return [Assignment(f"{base}:{reply.index}", 0, None, place.status, place.candidate, *group)
+            for reply in turn.replies]
 
 
-def link_turn(state: LinkState, turn: Turn, max_entries: int) -> Assignment:
-    """Assign ``turn`` and record it in ``state`` (mutated). Replaying a turn returns its first assignment."""
+def _supersede(state: LinkState, step_id: str) -> list[tuple[str, str]]:
+    """Continuing from ``step_id`` supersedes the other steps at its slot nobody continued (retries)."""
+    node = state.nodes[step_id]
+    out = []
+    for other_id, other in state.nodes.items():
+        if (other_id != step_id and other.trajectory_id == node.trajectory_id
+                and other.step_index == node.step_index and not other.continued and not other.superseded):
+            other.superseded = True
+            out.append((other_id, other.trajectory_id))
+    return sorted(out)
+
+
+def _record(state: LinkState, turn: Turn, step_ids: list[str], assignments: list[Assignment]) -> None:
+    prompt = _prompt_digest(turn)
+    replies = turn.replies if turn.replies else [None]
+    for step_id, assignment, reply in zip(step_ids, assignments, replies, strict=True):
+        tail = "" if turn.failed or reply is None else reply_digest(turn, reply.messages)
+        state.nodes[step_id] = Node(
+            assignment.trajectory_id, assignment.step_index, assignment.parent_step_id, prompt, tail,
+            turn.created_at_ms, turn.connection, turn.trajectory_id, assignment.prompt_group_id,
+            assignment.prompt_group_size, turn.engine_response_id if len(step_ids) > 1 else None)
+
+
+def _expire(state: LinkState, horizon_ms: int, max_entries: int) -> None:
+    oldest = state.clock_ms - horizon_ms
+    for mapping in (state.nodes, state.assigned):
+        stale = [k for k, v in mapping.items() if v.at_ms < oldest]
+        excess = sorted(((v.at_ms, k) for k, v in mapping.items() if v.at_ms >= oldest))
+        stale += [k for _, k in excess[: max(0, len(excess) - max_entries)]]
+        for key in stale:
+            del mapping[key]
+
+
+def link_turn(state: LinkState, turn: Turn, horizon_ms: int, max_entries: int) -> Linked:
+    """Assign ``turn`` and record it in ``state`` (mutated). A redelivered turn gets its first result."""
     known = state.assigned.get(turn.event_id)
     if known is not None:
         return known
-    assignment = _assign(state, turn)
-    state.assigned[turn.event_id] = assignment
-    if not turn.failed:
-        for step_id, reply in zip(step_ids_of(turn), turn.replies, strict=True):
-            ref = StepRef(step_id, assignment.trajectory_id, assignment.step_index)
-            state.links[reply_digest(turn, reply.messages)] = ref
-            if turn.trajectory_id is not None:
-                previous = state.latest.get(turn.trajectory_id)
-                if previous is None or previous.step_index <= ref.step_index:
-                    state.latest.pop(turn.trajectory_id, None)  # re-insert: newest last, trimmed last
-                    state.latest[turn.trajectory_id] = ref
-    for mapping in (state.links, state.assigned, state.latest):
-        _trim(mapping, max_entries)
-    return assignment
+    if turn.created_at_ms < state.clock_ms - horizon_ms:
+        raise InvalidEvent(f"event time {turn.created_at_ms} is older than the linking horizon ({horizon_ms} "
+                           f"ms before {state.clock_ms}); its first assignment may have expired")
+    step_ids = step_ids_of(turn)
+    assignments = _assign(state, turn, step_ids)
+    superseded: list[tuple[str, str]] = []
+    continued = None
+    parent_id = assignments[0].parent_step_id
+    parent = state.nodes.get(parent_id or "")
+    if parent is not None and parent_id is not None and not _is_retry(state, turn, assignments[0]):
+        parent.continued = True
+        superseded = _supersede(state, parent_id)
+        if parent.response_id:
+            continued = Continued(parent.response_id, parent.trajectory_id, parent_id, parent.at_ms)
+    elif _slot_taken(state, assignments[0]):
+        # A retry whose sibling was already continued: thrown away from the start.
+        assignments = [replace(a, link_status=SUPERSEDED) for a in assignments]
+    _record(state, turn, step_ids, assignments)
+    if assignments[0].link_status == SUPERSEDED:
+        for step_id in step_ids:
+            state.nodes[step_id].superseded = True
+    linked = Linked(assignments, superseded, continued, turn.created_at_ms)
+    state.assigned[turn.event_id] = linked
+    state.clock_ms = max(state.clock_ms, turn.created_at_ms)
+    _expire(state, horizon_ms, max_entries)
+    return linked
+
+
+def _siblings(state: LinkState, assignment: Assignment) -> list[Node]:
+    return [n for n in state.nodes.values()
+            if n.trajectory_id == assignment.trajectory_id and n.step_index == assignment.step_index]
+
+
+def _is_retry(state: LinkState, turn: Turn, assignment: Assignment) -> bool:
+    """The turn shares a slot with an earlier step (a retry): its parent was continued already."""
+    return turn.step_index is None and bool(_siblings(state, assignment))
+
+
+def _slot_taken(state: LinkState, assignment: Assignment) -> bool:
+    return any(n.continued for n in _siblings(state, assignment))

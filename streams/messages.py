@@ -15,9 +15,10 @@ from streams.normalize import StepFact
 STEP = "step"  # {"fact": StepFact}
 STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
+SUPERSEDE = "supersede"  # {"step_id"}
 # clawr1.internal.targets (key: target id)
-TARGET = "target"  # {"trajectory_id", "step_id"}
-FEEDBACK = "feedback"  # {"feedback"}
+TARGET = "target"  # {"step_id", "target": streams.targets.Target fields}
+FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
 
 
 def encode(kind: str, **fields: Any) -> bytes:

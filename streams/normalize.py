@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.conversation import prefix_digests
-from streams.linking import Assignment, reply_digest, step_ids_of
+from streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
 from streams.rewards import inline_fact
 from streams.tokenization import Retokenizer
 from streams.turns import Reply, Turn, turn_from_whitebox
@@ -81,14 +81,6 @@ def choose_tokens(turn: Turn, reply: Reply, retokenizer: Retokenizer | None) -> 
     return Tokens(prompt, response, None, "retokenized", retokenizer.identity, partial)
 
 
-def _group(turn: Turn) -> tuple[str | None, int | None]:
-    if turn.prompt_group_id:
-        return turn.prompt_group_id, turn.prompt_group_size
-    if len(turn.replies) > 1:
-        return turn.event_id, len(turn.replies)
-    return None, None
-
-
 def _response_id(turn: Turn, reply: Reply, single: bool, prompt_id: str) -> str:
     """The engine's id (per choice when n > 1), else a content hash of prompt and reply."""
     if turn.engine_response_id:
@@ -102,14 +94,14 @@ def _response_id(turn: Turn, reply: Reply, single: bool, prompt_id: str) -> str:
 INLINE_REWARD_SOURCE = {"blackbox_service": "service", "whitebox_agent": "whitebox"}
 
 
-def steps_from_turn(turn: Turn, assignment: Assignment, retokenizer: Retokenizer | None) -> list[StepFact]:
-    """One step per reply (choice); a failed call is one failed step without a reply."""
+def steps_from_turn(turn: Turn, assignments: list[Assignment],
+                    retokenizer: Retokenizer | None) -> list[StepFact]:
+    """One step per reply (choice), placed by its assignment; a failed call is one failed step."""
     replies = turn.replies or [Reply(0, "", [], [])]
     single = len(replies) == 1
-    group_id, group_size = _group(turn)
     prompt_id = prompt_id_of(turn.messages, turn.prompt_token_ids)
     facts = []
-    for step_id, reply in zip(step_ids_of(turn), replies, strict=True):
+    for step_id, reply, assignment in zip(step_ids_of(turn), replies, assignments, strict=True):
         tokens = choose_tokens(turn, reply, retokenizer)
         metadata = dict(turn.metadata)
         if not single:
@@ -123,8 +115,8 @@ def steps_from_turn(turn: Turn, assignment: Assignment, retokenizer: Retokenizer
             "trajectory_id": assignment.trajectory_id,
             "step_index": assignment.step_index,
             "parent_step_id": assignment.parent_step_id,
-            "prompt_group_id": group_id,
-            "prompt_group_size": group_size,
+            "prompt_group_id": assignment.prompt_group_id,
+            "prompt_group_size": assignment.prompt_group_size,
             "prompt_id": prompt_id,
             "response_id": _response_id(turn, reply, single, prompt_id),
             "source_kind": turn.source_kind,
@@ -151,6 +143,9 @@ def steps_from_turn(turn: Turn, assignment: Assignment, retokenizer: Retokenizer
             "error": turn.error,
             "metadata_json": _dumps(metadata),
             "updated_at_ms": turn.updated_at_ms,
+            "channel": turn.channel,
+            "link_status": assignment.link_status,
+            "link_candidate_step_id": assignment.candidate_step_id,
         }
         inline = [] if turn.reward is None else [inline_fact(
             step_id, turn.reward, turn.reward_final, INLINE_REWARD_SOURCE[turn.source_kind], turn.source_name,
@@ -162,5 +157,7 @@ def steps_from_turn(turn: Turn, assignment: Assignment, retokenizer: Retokenizer
 def step_from_whitebox(record: dict[str, Any], retokenizer: Retokenizer | None) -> StepFact:
     """A white-box step: its position is given, so it needs no linking."""
     turn = turn_from_whitebox(record)
-    assignment = Assignment(record["trajectory_id"], record["step_index"], None)
-    return steps_from_turn(turn, assignment, retokenizer)[0]
+    status = ROOT if record["step_index"] == 0 else LINKED
+    assignment = Assignment(record["trajectory_id"], record["step_index"], None, status, None,
+                            turn.prompt_group_id, turn.prompt_group_size)
+    return steps_from_turn(turn, [assignment], retokenizer)[0]

@@ -1,7 +1,8 @@
 """When a step is training-ready: a small, configurable conjunction of requirements.
 
 The rule is a comma-separated list of requirement words (``CLAWR1_READY_RULE``); a step is ready
-when it did not fail and meets every listed requirement. Default ``tokens,final_reward``.
+when it did not fail, is not a superseded retry, and meets every listed requirement. Default
+``tokens,final_reward``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class ReadinessRule:
 
     def is_ready(self, step: dict[str, Any]) -> bool:
         """``step`` is a normalized step record (step.avsc field names)."""
-        if step["status"] != "ok":
+        if step["status"] != "ok" or step["link_status"] == "superseded":
             return False
         has_tokens = bool(step["prompt_token_ids"]) and bool(step["response_token_ids"])
         checks = {

@@ -69,6 +69,8 @@ class Turn:
     reward: float | None = None
     reward_final: bool = True
     metadata: dict[str, Any] = field(default_factory=dict)
+    channel: str = "train"  # train | val
+    connection: str = ""  # the proxy's id of the agent's client connection (a linking hint), "" unknown
 
     @property
     def failed(self) -> bool:
@@ -198,6 +200,8 @@ def turn_from_llm_call(record: dict[str, Any]) -> Turn:
             "tools": body.get("tools"),
             "capture_notes": record["capture_notes"],
         },
+        channel=record["channel"],
+        connection=record["client_connection"],
     )
 
 
@@ -254,6 +258,7 @@ def turn_from_service_event(record: dict[str, Any]) -> Turn | None:
         reward_final=_optional(payload, "reward_final", bool) is not False,
         metadata={"api": "service.turn", "event_id": record["event_id"],
                   **(_optional(payload, "metadata", dict) or {})},
+        channel=_optional(payload, "channel", str) or "train",
     )
 
 
@@ -294,4 +299,5 @@ def turn_from_whitebox(record: dict[str, Any]) -> Turn:
         reward=_finite(record["reward"], "reward"),
         reward_final=record["reward_final"],
         metadata=metadata,
+        channel=record["channel"],
     )

@@ -60,7 +60,7 @@ class Join:
 
 def engine_step(step_id: str, index: int, parent: str | None) -> StepFact:
     record = llm_call(step_id, [user(step_id)], ["a"], prompt_ids=[1, 2], reply_ids=[[3]])
-    (fact,) = steps_from_turn(turn_from_llm_call(record), Assignment("T", index, parent), None)
+    (fact,) = steps_from_turn(turn_from_llm_call(record), [Assignment("T", index, parent)], None)
     return fact
 
 

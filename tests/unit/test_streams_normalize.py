@@ -8,13 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from streams.linking import Assignment
+from streams.linking import Assignment, LinkState, link_turn
 from streams.normalize import step_from_whitebox, steps_from_turn
 from streams.tokenization import Retokenizer, render_prompt, render_response
-from streams.turns import InvalidEvent, turn_from_llm_call, turn_from_service_event
+from streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
 from tests.integration.streams.events import build_tokenizer, llm_call, service_event, user, whitebox_step
 
-FIRST = Assignment("T", 0, None)
+FIRST = [Assignment("T", 0, None)]
+
+
+def placed(turn: Turn) -> list[Assignment]:
+    """Where the linker puts a turn's steps on an empty state (groups of n > 1 choices included)."""
+    return link_turn(LinkState(), turn, 3_600_000, 64).assignments
 
 
 @pytest.fixture(scope="module")
@@ -37,9 +42,10 @@ def test_choices_become_one_prompt_group() -> None:
     record = llm_call(
         "e2", [user("hi")], ["a", "b", "a"], prompt_ids=[1], reply_ids=[[2], [3], [2]], response_id="cmpl-2"
     )
-    facts = steps_from_turn(turn_from_llm_call(record), FIRST, None)
-    steps = [f.step for f in facts]
+    turn = turn_from_llm_call(record)
+    steps = [f.step for f in steps_from_turn(turn, placed(turn), None)]
     assert [s["step_id"] for s in steps] == ["e2:0", "e2:1", "e2:2"]
+    assert [s["trajectory_id"] for s in steps] == ["traj-e2:0", "traj-e2:1", "traj-e2:2"]
     assert {(s["prompt_group_id"], s["prompt_group_size"], s["step_index"]) for s in steps} == {("e2", 3, 0)}
     assert [s["response_id"] for s in steps] == ["cmpl-2:0", "cmpl-2:1", "cmpl-2:2"]
     assert len({s["prompt_id"] for s in steps}) == 1
@@ -47,7 +53,8 @@ def test_choices_become_one_prompt_group() -> None:
 
 def test_declared_group_wins_over_choices() -> None:
     record = llm_call("e3", [user("hi")], ["a", "b"], group=("g-7", 8))
-    steps = [f.step for f in steps_from_turn(turn_from_llm_call(record), FIRST, None)]
+    turn = turn_from_llm_call(record)
+    steps = [f.step for f in steps_from_turn(turn, placed(turn), None)]
     assert {(s["prompt_group_id"], s["prompt_group_size"]) for s in steps} == {("g-7", 8)}
 
 
@@ -104,7 +111,7 @@ def test_service_turn_reward_travels_as_inline_feedback() -> None:
     )
     turn = turn_from_service_event(event)
     assert turn is not None
-    (fact,) = steps_from_turn(turn, Assignment("svc", 0, None), None)
+    (fact,) = steps_from_turn(turn, [Assignment("svc", 0, None)], None)
     assert fact.step["step_id"] == "svc-step" and fact.step["source_kind"] == "blackbox_service"
     assert fact.step["token_provenance"] == "engine"
     assert [(f["feedback_id"], f["reward"], f["source"]) for f in fact.feedback] == [
@@ -156,6 +163,7 @@ def test_bad_whitebox_steps_are_invalid(changes: dict, reason: str) -> None:
 
 def test_normalizing_is_deterministic(retokenizer: Retokenizer) -> None:
     record = llm_call("e8", [user("hi")], ["a", "b"])
-    first = steps_from_turn(turn_from_llm_call(record), FIRST, retokenizer)
-    again = steps_from_turn(turn_from_llm_call(record), FIRST, retokenizer)
+    turn = turn_from_llm_call(record)
+    first = steps_from_turn(turn, placed(turn), retokenizer)
+    again = steps_from_turn(turn_from_llm_call(record), placed(turn), retokenizer)
     assert [f.to_json() for f in first] == [f.to_json() for f in again]

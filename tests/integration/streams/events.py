@@ -44,8 +44,12 @@ def llm_call(
     response_id: str | None = None,
     policy_version: int | None = None,
     usage: tuple[int, int] | None = None,
+    reply_messages: list[list[dict[str, Any]]] | None = None,
+    connection: str = "",
+    channel: str = "train",
 ) -> dict[str, Any]:
-    """A captured OpenAI chat call; ``reply_ids`` given means the engine returned token ids."""
+    """A captured OpenAI chat call; ``reply_ids`` given means the engine returned token ids;
+    ``reply_messages`` replaces each choice's echoed reply (tool calls, thinking blocks)."""
     engine = prompt_ids is not None
     choices = (
         []
@@ -56,7 +60,7 @@ def llm_call(
                 "text": text,
                 "token_ids": (reply_ids or [])[i] if engine else [],
                 "finish_reason": "stop",
-                "reply_messages_json": json.dumps([assistant(text)]),
+                "reply_messages_json": json.dumps(reply_messages[i] if reply_messages else [assistant(text)]),
             }
             for i, text in enumerate(replies)
         ]
@@ -93,6 +97,8 @@ def llm_call(
         "conversation_key": conversation_key(messages),
         "messages_json": json.dumps(messages),
         "response_id": response_id,
+        "client_connection": connection,
+        "channel": channel,
     }
     return decoded("raw_llm_call", record)
 

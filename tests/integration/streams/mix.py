@@ -128,9 +128,9 @@ EXPECTED_STEPS: dict[str, tuple] = {
            False, "ok", True, []),
     "c3": (2, "traj-c1", 2, "c2", None, None, "engine", None, "pending", None, 5.0, "final", True, "ok",
            False, []),
-    "g:0": (2, "tr-2", 0, None, "g", 2, "retokenized", 1.0, "final", "human:alice", None, "pending", False,
+    "g:0": (2, "tr-2:0", 0, None, "g", 2, "retokenized", 1.0, "final", "human:alice", None, "pending", False,
             "ok", True, ["good"]),
-    "g:1": (2, "tr-2", 0, None, "g", 2, "retokenized", 0.0, "final", "rule:fmt", None, "pending", False,
+    "g:1": (2, "tr-2:1", 0, None, "g", 2, "retokenized", 0.0, "final", "rule:fmt", None, "pending", False,
             "ok", True, []),
     "fail-1": (1, "tr-f", 0, None, None, None, "none", None, "pending", None, None, "pending", False,
                "failed", False, []),
@@ -146,6 +146,9 @@ EXPECTED_STEPS: dict[str, tuple] = {
     "ev-s1": (2, "svc-1", 1, "svc-1-0", None, None, "retokenized", None, "pending", None, None, "pending",
               False, "ok", False, []),
 }
+# How each step was linked: the first of a trajectory is a root, each choice of ``g`` its own.
+LINK_STATUS = {"c1": "root", "c2": "linked", "c3": "linked", "g:0": "root", "g:1": "root", "fail-1": "root",
+               "w0": "root", "w1": "linked", "w2": "linked", "svc-1-0": "root", "ev-s1": "linked"}
 ENGINE_TOKENS = {
     "c1": ([1, 2, 3], [4, 5]), "c2": ([1, 2, 3, 4, 5, 6], [7]), "c3": ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10]),
     "w0": ([10, 11], [12]), "w1": ([10, 11, 12, 13], [14]), "w2": ([10, 11, 12, 13, 14, 15], [16]),

@@ -24,6 +24,7 @@ from tests.integration.streams.mix import (
     EXPECTED_TRAJECTORY_TREE,
     FEEDBACK_OF_G0,
     FIELDS,
+    LINK_STATUS,
     MIX,
     RETOKENIZED_TEXT,
 )
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.integration
 def test_latest_version_of_every_step_is_exact(uninterrupted: Result) -> None:
     latest = uninterrupted.steps
     assert {step_id: tuple(latest[step_id][f] for f in FIELDS) for step_id in latest} == EXPECTED_STEPS
+    assert {step_id: record["link_status"] for step_id, record in latest.items()} == LINK_STATUS
+    assert {record["channel"] for record in latest.values()} == {"train"}
     for step_id, (prompt, response) in ENGINE_TOKENS.items():
         assert (latest[step_id]["prompt_token_ids"], latest[step_id]["response_token_ids"]) == (
             prompt,
