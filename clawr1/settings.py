@@ -35,15 +35,22 @@ class Settings:
     kafka_heap: str = "512m"
     # Empty means: the embedded chDB pool under data_dir.
     clickhouse_dsn: str = ""
+    # Analyst SQL on a ClickHouse server: a DSN of the read-only user (pool/server/); empty = the pool DSN.
+    sql_dsn: str = ""
     schema_registry_url: str = ""
     api_host: str = "127.0.0.1"
     api_port: int = 8000
+    # The seed Claw-R1 gateway's protocol, served by the API process (compat/); 0 = off.
+    compat_port: int = 8100
     proxy_host: str = "127.0.0.1"
     proxy_port: int = 8080
     reverse_port: int = 0
     upstream: str = ""
     proxy_auth: str = ""
     capture_token_ids: bool = False
+    # Upstreams (host or host:port, comma-separated, * for all) that accept token-id fields;
+    # empty means: the reverse-mode upstream.
+    token_id_hosts: str = ""
     api_keys: str = ""
     max_request_bytes: int = 4 * 1024 * 1024
     max_batch_steps: int = 1000

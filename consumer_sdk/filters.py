@@ -98,10 +98,14 @@ class Filters:
     min_policy_version: int | None = None
     max_staleness: int | None = None
     """Steps at most this many versions behind the version the trainer reports."""
+    include_superseded: bool = False
+    """Also retries the agent threw away (``link_status = 'superseded'``); they are never ready."""
 
     def __post_init__(self) -> None:
         if self.ready is not None and not isinstance(self.ready, bool):
             raise InvalidFilter(f"ready: expected True, False or None, got {self.ready!r}")
+        if not isinstance(self.include_superseded, bool):
+            raise InvalidFilter(f"include_superseded: expected a bool, got {self.include_superseded!r}")
         norm: dict[str, Any] = {
             "reward_status": _strings("reward_status", self.reward_status, REWARD_STATUSES),
             "quality_labels": _strings("quality_labels", self.quality_labels, None),
@@ -173,6 +177,8 @@ def filter_sql(filters: Filters, current_policy_version: int | None) -> tuple[li
 
     if filters.ready is not None:
         clauses.append("ready = 1" if filters.ready else "ready = 0")
+    if not filters.include_superseded and filters.ready is not True:  # ready steps are never superseded
+        clauses.append("link_status != 'superseded'")
     if filters.reward_status:
         bind("reward_status", "Array(String)", list(filters.reward_status), "reward_status IN {p}")
     if filters.min_reward is not None:

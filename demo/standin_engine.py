@@ -12,7 +12,17 @@ Plain responses write unrequested vLLM fields as ``null``; stream chunks leave t
 
 Test hooks, as request headers: ``x-standin-chunk-delay`` (seconds between stream events),
 ``x-standin-status`` (answer with that error status), ``x-standin-abort-after`` (drop the connection
-after that many stream events).
+after that many stream events), ``x-standin-end-after`` (end the stream cleanly after that many
+events: no finish reason, no ``[DONE]``/``message_stop``). Behaviours chosen by model name:
+
+- ``strict-*``: refuses engine extension fields (``return_token_ids``, SGLang's ``sglext`` flags)
+  with OpenAI's 400 "Unrecognized request argument supplied: <field>";
+- ``sglang-*``: ignores ``return_token_ids`` and returns SGLang's ``sglext`` ids when asked by flag
+  (``return_input_ids_in_sglext`` / ``return_output_ids_in_sglext``) or ``x-sglext-return-*-ids``
+  header: plain, top-level ``input_ids`` and per-choice ``output_ids``; streamed, one final chunk per
+  choice (before ``[DONE]``) naming the choice, with both;
+- ``*refuse*``: declines (OpenAI ``message.refusal`` / ``delta.refusal``, Anthropic
+  ``stop_reason: "refusal"``).
 """
 
 from __future__ import annotations
@@ -36,6 +46,10 @@ CREATED = 1_700_000_000
 BOS, EOS, END_OF_TURN = 256, 257, 258
 ROLE_IDS = {"system": 259, "user": 260, "assistant": 261, "tool": 262}
 TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+REFUSAL = ("I'm sorry,", " I can't help with that.")
+# Engine extensions a strict (OpenAI-like) upstream does not know.
+EXTENSION_FIELDS = ("return_token_ids", "return_tokens_as_token_ids", "return_input_ids_in_sglext",
+                    "return_output_ids_in_sglext")
 WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
          "kilo", "lima", "mike", "november", "oscar", "papa", "quebec", "romeo", "sierra", "tango")
 
@@ -86,6 +100,26 @@ def completion_prompt_ids(prompt: str) -> list[int]:
     return [BOS, *encode(prompt)]
 
 
+def _is_token_ids(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value)
+
+
+def completion_prompts(prompt: Any) -> list[tuple[Any, list[int]]] | None:
+    """Each prompt of a completions call with its token ids: vLLM takes text, token ids (used as
+    they are), or a list of either; None when ``prompt`` is none of these."""
+    batch = prompt if isinstance(prompt, list) and prompt and not _is_token_ids(prompt) else [prompt]
+    out: list[tuple[Any, list[int]]] = []
+    for item in batch:
+        if isinstance(item, str):
+            out.append((item, completion_prompt_ids(item)))
+        elif _is_token_ids(item):
+            out.append((item, list(item)))
+        else:
+            return None
+    return out
+
+
 def toy_logprob(token_id: int, position: int) -> float:
     return -(((token_id * 31 + position * 17) % 97) + 1) / 100.0
 
@@ -127,6 +161,9 @@ def _digest(*parts: Any) -> bytes:
 
 def make_reply(conversation: Any, index: int, tool_names: Sequence[str], call_tool: bool,
                max_tokens: int | None) -> Reply:
+    """The reply of a ``*refuse*`` model (``conversation[0]``) is the refusal, finish reason ``refusal``."""
+    if "refuse" in str(conversation[0]):
+        return Reply(REFUSAL, (), "refusal")
     digest = _digest(conversation, index)
     words = [WORDS[b % len(WORDS)] for b in digest[1:5 + digest[0] % 6]]
     if call_tool and tool_names:
@@ -207,6 +244,14 @@ class Received:
 class _Options:
     delay: float
     abort_after: int | None
+    end_after: int | None = None
+    # SGLang's sglext ids asked for: (input ids, output ids).
+    sglext: tuple[bool, bool] = (False, False)
+
+
+def _sglext_asked(body: Json, headers: Any) -> tuple[bool, bool]:
+    return (bool(body.get("return_input_ids_in_sglext") or headers.get("x-sglext-return-input-ids")),
+            bool(body.get("return_output_ids_in_sglext") or headers.get("x-sglext-return-output-ids")))
 
 
 def _dump(obj: Any) -> str:
@@ -216,6 +261,15 @@ def _dump(obj: Any) -> str:
 def _sse(data: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {data if isinstance(data, str) else _dump(data)}\n\n".encode()
+
+
+def _sglext(input_ids: list[int] | None, output_ids: list[int] | None) -> Json:
+    return {k: v for k, v in (("input_ids", input_ids), ("output_ids", output_ids)) if v is not None}
+
+
+def _openai_finish(reply: Reply) -> str:
+    """OpenAI ends a refusal with ``stop``; the refusal itself is in ``refusal``."""
+    return "stop" if reply.finish_reason == "refusal" else reply.finish_reason
 
 
 def _interleave(streams: Sequence[Sequence[bytes]]) -> Iterator[bytes]:
@@ -271,9 +325,16 @@ class StandinEngine:
             return self._error(request.path, 400, "request body is not JSON")
         if not isinstance(body, dict):
             return self._error(request.path, 400, "request body must be a JSON object")
+        unknown = [f for f in EXTENSION_FIELDS if f in body]
+        if str(body.get("model", "")).startswith("strict") and unknown:
+            return web.json_response({"error": {
+                "message": f"Unrecognized request argument supplied: {unknown[0]}",
+                "type": "invalid_request_error", "param": None, "code": None}}, status=400)
         abort_after = request.headers.get("x-standin-abort-after")
+        end_after = request.headers.get("x-standin-end-after")
         delay = float(request.headers.get("x-standin-chunk-delay", self.chunk_delay))
-        return body, _Options(delay, int(abort_after) if abort_after else None)
+        return body, _Options(delay, int(abort_after) if abort_after else None,
+                              int(end_after) if end_after else None, _sglext_asked(body, request.headers))
 
     @staticmethod
     def _error(path: str, status: int, message: str) -> web.Response:
@@ -294,6 +355,8 @@ class StandinEngine:
                 assert request.transport is not None
                 request.transport.abort()
                 return response
+            if options.end_after is not None and sent >= options.end_after:
+                break
             if sent and options.delay:
                 await asyncio.sleep(options.delay)
             await response.write(event)
@@ -320,8 +383,10 @@ class StandinEngine:
                               body.get("max_completion_tokens") or body.get("max_tokens"))
                    for i in range(int(body.get("n") or 1))]
         prompt_ids = render_prompt(messages)
-        want_ids = bool(body.get("return_token_ids"))
+        sglang = model.startswith("sglang")
+        want_ids = bool(body.get("return_token_ids")) and not sglang
         want_logprobs = bool(body.get("logprobs"))
+        sglext_in, sglext_out = options.sglext if sglang else (False, False)
         response_id = f"chatcmpl-{_digest(conversation).hex()[:24]}"
         usage = {"prompt_tokens": len(prompt_ids),
                  "total_tokens": len(prompt_ids) + sum(len(r.token_ids()) for r in replies),
@@ -331,6 +396,11 @@ class StandinEngine:
             streams = [self._chat_chunks(head, i, r, prompt_ids, want_ids, want_logprobs)
                        for i, r in enumerate(replies)]
             events = list(_interleave(streams))
+            if sglext_in or sglext_out:
+                events += [_sse({**head, "choices": [{"index": i, "delta": {}, "finish_reason": None}],
+                                 "sglext": _sglext(prompt_ids if sglext_in else None,
+                                                   r.token_ids() if sglext_out else None)})
+                           for i, r in enumerate(replies)]
             if (body.get("stream_options") or {}).get("include_usage"):
                 events.append(_sse({**head, "choices": [], "usage": usage}))
             events.append(_sse("[DONE]"))
@@ -340,22 +410,29 @@ class StandinEngine:
             ids = reply.token_ids()
             calls = [{"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                      for c in reply.tool_calls]
-            choices.append({
+            refused = reply.finish_reason == "refusal"
+            choice: Json = {
                 "index": i,
-                "message": {"role": "assistant", "content": None if calls else reply.text,
-                            "refusal": None, "annotations": None, "audio": None, "function_call": None,
-                            "tool_calls": calls, "reasoning_content": None},
+                "message": {"role": "assistant", "content": None if calls or refused else reply.text,
+                            "refusal": reply.text if refused else None, "annotations": None, "audio": None,
+                            "function_call": None, "tool_calls": calls, "reasoning_content": None},
                 "logprobs": {"content": self._chat_logprobs(ids, 0)} if want_logprobs else None,
-                "finish_reason": reply.finish_reason,
+                "finish_reason": _openai_finish(reply),
                 "stop_reason": None,
                 "token_ids": ids if want_ids else None,
-            })
-        return web.Response(text=_dump({
+            }
+            if sglext_out:
+                choice["sglext"] = _sglext(None, ids)
+            choices.append(choice)
+        plain: Json = {
             "id": response_id, "object": "chat.completion", "created": CREATED, "model": model,
             "choices": choices, "service_tier": None, "system_fingerprint": None,
             "usage": {**usage, "prompt_tokens_details": None}, "prompt_logprobs": None,
             "prompt_token_ids": prompt_ids if want_ids else None, "kv_transfer_params": None,
-        }), content_type="application/json")
+        }
+        if sglext_in:
+            plain["sglext"] = _sglext(prompt_ids, None)
+        return web.Response(text=_dump(plain), content_type="application/json")
 
     @staticmethod
     def _chat_logprobs(ids: Sequence[int], start: int) -> list[Json]:
@@ -384,7 +461,8 @@ class StandinEngine:
         if want_ids:
             first["prompt_token_ids"] = prompt_ids
         events = [_sse(first)]
-        events += [chunk({"content": piece}, encode(piece)) for piece in reply.pieces]
+        text_key = "refusal" if reply.finish_reason == "refusal" else "content"
+        events += [chunk({text_key: piece}, encode(piece)) for piece in reply.pieces]
         for k, call in enumerate(reply.tool_calls):
             half = len(call.arguments) // 2
             events.append(chunk({"tool_calls": [{"index": k, "id": call.id, "type": "function",
@@ -394,7 +472,7 @@ class StandinEngine:
                 events.append(chunk({"tool_calls": [{"index": k, "function": {"arguments": part}}]},
                                     encode(part)))
             events.append(chunk({}, encode(TOOL_CLOSE)))
-        events.append(chunk({}, [] if reply.finish_reason == "length" else [EOS], reply.finish_reason))
+        events.append(chunk({}, [] if reply.finish_reason == "length" else [EOS], _openai_finish(reply)))
         return events
 
     # -- OpenAI completions --
@@ -404,20 +482,19 @@ class StandinEngine:
         if isinstance(parsed, web.Response):
             return parsed
         body, options = parsed
-        prompt = body.get("prompt")
-        prompts = [prompt] if isinstance(prompt, str) else prompt
-        if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-            return self._error(request.path, 400, "prompt must be a string or a list of strings")
+        prompts = completion_prompts(body.get("prompt"))
+        if prompts is None:
+            return self._error(request.path, 400, "prompt must be a string, token ids, or a list of either")
         model = self._model(body)
         n = int(body.get("n") or 1)
         want_ids = bool(body.get("return_token_ids"))
         logprobs = body.get("logprobs")
-        response_id = f"cmpl-{_digest(model, prompts).hex()[:24]}"
+        response_id = f"cmpl-{_digest(model, [p for p, _ in prompts]).hex()[:24]}"
         choices = []
-        for p_index, text in enumerate(prompts):
+        for p_index, (prompt, prompt_ids) in enumerate(prompts):
             for k in range(n):
-                reply = make_reply([model, text], k, (), False, body.get("max_tokens"))
-                choices.append((p_index * n + k, completion_prompt_ids(text), reply))
+                reply = make_reply([model, prompt], k, (), False, body.get("max_tokens"))
+                choices.append((p_index * n + k, prompt_ids, reply))
         prompt_tokens = sum(len(c[1]) for c in choices[::n])
         completion_tokens = sum(len(c[2].token_ids()) for c in choices)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
@@ -568,7 +645,8 @@ class StandinEngine:
                                 "input": json.loads(c.arguments)} for c in reply.tool_calls]
         if not reply.tool_calls:
             content = [{"type": "text", "text": reply.text}]
-        stop = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens"}[reply.finish_reason]
+        stop = {"stop": "end_turn", "tool_calls": "tool_use", "length": "max_tokens",
+                "refusal": "refusal"}[reply.finish_reason]
         usage = {"input_tokens": len(render_prompt(messages)), "output_tokens": len(reply.token_ids())}
         final = {"id": f"msg_{tag}", "type": "message", "role": "assistant", "model": model,
                  "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}

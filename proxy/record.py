@@ -22,6 +22,8 @@ from proxy.sse import parse_stream
 from proxy.token_ids import Injection, dump, strip_json
 
 Headers = tuple[tuple[str, str], ...]
+# Opens the note of a stream that ended without its finish (the steps' ``truncated`` status reads it).
+TRUNCATED_NOTE = "stream truncated"
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,10 @@ class CapturedCall:
     finished: float | None
     captured_at: float
     error: str | None = None
+    # mitmproxy's id of the agent's connection: calls on one keep-alive connection share it.
+    client_connection: str = ""
+    # What the hooks noticed (token-id provenance, a refused injection and its retry).
+    notes: tuple[str, ...] = ()
 
 
 def event_id(proxy_instance: str, flow_id: str) -> str:
@@ -134,7 +140,7 @@ def _call_error(call: CapturedCall, agent_body: bytes, assembled: Assembled) -> 
 
 def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str, Any]]:
     """The Kafka key (trajectory hint, else conversation root) and the record, secrets removed."""
-    notes: list[str] = []
+    notes: list[str] = list(call.notes)
     request = _json_object(call.request_body)
     if request is None:
         notes.append("request body is not a JSON object")
@@ -143,6 +149,9 @@ def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str
     assembled, final_response = _assemble(call, agent_body, notes)
     notes.extend(assembled.notes)
     notes.extend(_token_notes(assembled, call.injection))
+    error = _call_error(call, agent_body, assembled)
+    if call.streamed and assembled.truncated and error is None:
+        notes.append(f"{TRUNCATED_NOTE}: {assembled.truncated}")
     conv_key = conversation_key(messages)
     has_ids = bool(assembled.prompt_token_ids) or any(c.token_ids for c in assembled.choices)
     record: dict[str, Any] = {
@@ -160,7 +169,7 @@ def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str
         "response_headers": redact_headers(call.response_headers),
         "response_body": _text(agent_body),
         "assembled_response": final_response,
-        "error": _call_error(call, agent_body, assembled),
+        "error": error,
         "request_started_ms": _ms(call.started),
         "first_byte_ms": _ms(call.first_byte),
         "finished_ms": _ms(call.finished),
@@ -191,5 +200,6 @@ def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str
         "messages_json": _text(dump(messages)),
         "response_id": assembled.response_id,
         "capture_notes": notes,
+        "client_connection": call.client_connection,
     }
     return call.hints.trajectory_id or conv_key, redact_record(record)

@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from proxy.addons.auth import ProxyAuthHeader
 from proxy.emitter import Emitter
 from proxy.record import CapturedCall, build_record
 from proxy.spool import SpoolBusyError
+from proxy.token_ids import TokenIdPolicy
 from schemas.codec import codec_for
 
 logger = logging.getLogger("clawr1.proxy")
@@ -71,6 +73,8 @@ class ProxyConfig:
     upstream_ca: str | None
     upstream_insecure: bool
     capture_token_ids: bool
+    # Upstreams that get token-id fields (``TokenIdPolicy.parse``), when capture_token_ids is on.
+    token_id_hosts: str
     bootstrap: str
     partitions: int
     registry_url: str
@@ -139,11 +143,27 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         upstream_ca=settings.role_setting(UPSTREAM_CA_ENV, "") or None,
         upstream_insecure=settings.role_setting(UPSTREAM_INSECURE_ENV, False),
         capture_token_ids=settings.capture_token_ids,
+        token_id_hosts=settings.token_id_hosts or _reverse_upstream_address(settings),
         bootstrap=settings.bootstrap_servers,
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
         instance=settings.role_setting(INSTANCE_ENV, "") or _default_instance(settings),
     )
+
+
+def _reverse_upstream_address(settings: Settings) -> str:
+    """``host:port`` of the reverse-mode upstream (the default token-id host), empty without one."""
+    if not settings.reverse_port or not settings.upstream:
+        return ""
+    parts = urlsplit(settings.upstream)
+    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
+
+
+def _upstream_verify(config: ProxyConfig) -> ssl.SSLContext | bool:
+    """The upstream trust mitmproxy is given, for requests the proxy sends itself."""
+    if config.upstream_insecure:
+        return False
+    return ssl.create_default_context(cafile=config.upstream_ca) if config.upstream_ca else True
 
 
 def _default_instance(settings: Settings) -> str:
@@ -177,6 +197,7 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         ssl_verify_upstream_trusted_ca=config.upstream_ca,
     )
     master = Master(opts)
+    token_ids = TokenIdPolicy.parse(config.token_id_hosts) if config.capture_token_ids else None
     master.addons.add(
         core.Core(),
         strip_dns_https_records.StripDnsHttpsRecords(),
@@ -187,7 +208,7 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         update_alt_svc.UpdateAltSvc(),
-        *build_addons(submit, config.capture_token_ids),
+        *build_addons(submit, token_ids, _upstream_verify(config)),
         _Readiness(readiness),
     )
     # Addon options exist only once their addon is loaded.

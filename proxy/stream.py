@@ -19,9 +19,12 @@ Json = dict[str, Any]
 
 
 class SseRewriter:
-    """Applies ``transform`` to the JSON data of each complete event; other bytes pass unchanged."""
+    """Applies ``transform`` to the JSON data of each complete event; other bytes pass unchanged.
 
-    def __init__(self, transform: Callable[[Json], bool]) -> None:
+    ``transform`` edits the object in place and says whether it changed it, or None to drop the event.
+    """
+
+    def __init__(self, transform: Callable[[Json], bool | None]) -> None:
         self._transform = transform
         self._pending = b""
 
@@ -42,7 +45,12 @@ class SseRewriter:
             obj = json.loads(b"\n".join(data))
         except ValueError:
             return raw
-        if not isinstance(obj, dict) or not self._transform(obj):
+        if not isinstance(obj, dict):
+            return raw
+        changed = self._transform(obj)
+        if changed is None:
+            return b""
+        if not changed:
             return raw
         out: list[bytes] = []
         for line in lines:

@@ -1,8 +1,10 @@
 """Asking a vLLM/SGLang-style engine for exact token ids, and taking back out only what the proxy asked for.
 
 With ``--capture-token-ids`` the proxy adds ``return_token_ids`` (and logprobs) to chat and completions
-requests that did not ask for them, then removes those fields from the reply, so the agent receives
-what it would have received without the proxy. Fields the agent asked for itself are left alone.
+requests that did not ask for them, and SGLang's ``x-sglext-return-*-ids`` headers, then removes what
+those produced from the reply, so the agent receives what it would have received without the proxy.
+Fields the agent asked for itself are left alone. Only upstreams listed as accepting the fields get
+them (``TokenIdPolicy``): others (OpenAI's API, reasoning models) answer an unknown field with a 400.
 
 Engines differ in how they serialize fields nobody asked for: vLLM writes them as ``null`` in plain
 responses and leaves them out of stream chunks. Each JSON object says which style it uses: if it
@@ -12,7 +14,8 @@ carries any other ``null`` field, the injected fields are set back to ``null``; 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.apis import openai_chat, openai_completions
@@ -22,6 +25,11 @@ TOKEN_ID_APIS = frozenset({openai_chat.NAME, openai_completions.NAME})
 # vLLM's names, SGLang's per-choice name for chat.
 ID_FIELDS = ("prompt_token_ids", "token_ids", "response_token_ids")
 COMPLETIONS_LOGPROBS = 1
+# SGLang returns ``sglext.input_ids`` / ``sglext.output_ids`` when asked by header (or body flag).
+SGLEXT_HEADERS = ("x-sglext-return-input-ids", "x-sglext-return-output-ids")
+SGLEXT_FLAGS = ("return_input_ids_in_sglext", "return_output_ids_in_sglext")
+# Statuses an upstream answers an unknown or unsupported request field with (OpenAI 400, FastAPI 422).
+REFUSAL_STATUSES = frozenset({400, 422})
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,11 @@ class Injection:
 
     token_ids: bool
     logprobs: bool
+    sglext: bool = False
+
+    def body_fields(self) -> tuple[str, ...]:
+        """The request fields the proxy added to the body (an upstream's refusal names one of them)."""
+        return (("return_token_ids",) if self.token_ids else ()) + (("logprobs",) if self.logprobs else ())
 
 
 def inject(api_name: str, body: Json) -> Injection | None:
@@ -74,6 +87,47 @@ def inject_body(api_name: str, body: bytes) -> tuple[bytes, Injection] | None:
     return (dump(parsed), injection) if injection is not None else None
 
 
+def wants_sglext(headers: Mapping[str, str], body: bytes) -> bool:
+    """Whether the agent asked SGLang for its ``sglext`` ids itself (then the proxy leaves them be)."""
+    return any(headers.get(name) for name in SGLEXT_HEADERS) or any(
+        f'"{flag}"'.encode() in body for flag in SGLEXT_FLAGS
+    )
+
+
+def refused_field(status: int, body: bytes, injection: Injection) -> str | None:
+    """The injected field an error answer names (``Unrecognized request argument supplied: logprobs``,
+    ``logprobs is not supported with this model``), None when the error is about something else."""
+    if status not in REFUSAL_STATUSES:
+        return None
+    text = body.decode("utf-8", "replace")
+    return next((name for name in injection.body_fields() if name in text), None)
+
+
+@dataclass
+class TokenIdPolicy:
+    """Which upstreams get token-id fields: those configured as accepting them (``host`` for any port,
+    ``host:port``, or ``*`` for all), less those seen refusing them in this process."""
+
+    hosts: frozenset[str]
+    refused: set[str] = field(default_factory=set)
+
+    @classmethod
+    def parse(cls, text: str) -> TokenIdPolicy:
+        return cls(frozenset(h.strip().lower() for h in text.split(",") if h.strip()))
+
+    def skip_reason(self, host: str, port: int) -> str | None:
+        """None when this upstream gets the fields, else why not (for the record's provenance)."""
+        address = f"{host.lower()}:{port}"
+        if address in self.refused:
+            return f"token ids not requested: {address} refused injected fields earlier"
+        if "*" in self.hosts or host.lower() in self.hosts or address in self.hosts:
+            return None
+        return f"token ids not requested: {address} is not in CLAWR1_TOKEN_ID_HOSTS"
+
+    def remember_refusal(self, host: str, port: int) -> None:
+        self.refused.add(f"{host.lower()}:{port}")
+
+
 def _keeps_nulls(obj: Json) -> bool:
     return any(value is None for key, value in obj.items() if key not in ID_FIELDS)
 
@@ -102,7 +156,31 @@ def strip_json(obj: Json, injection: Injection) -> bool:
         # OpenAI-compatible servers send ``logprobs`` on every choice, null when not asked for.
         for choice in choices:
             changed |= _remove(choice, "logprobs", keep_null=True)
+    if injection.sglext:
+        for holder in (obj, *choices):
+            changed |= _remove(holder, "sglext", keep_null=False)
     return changed
+
+
+def _is_empty_chunk(obj: Json) -> bool:
+    """A chunk with nothing the agent would have seen: no text, role, tool call, finish or usage."""
+    if obj.get("usage") or obj.get("error"):
+        return False
+    return all(
+        isinstance(c, dict) and not c.get("delta") and c.get("finish_reason") is None
+        and c.get("logprobs") is None
+        for c in obj.get("choices") or []
+    )
+
+
+def strip_chunk(obj: Json, injection: Injection) -> bool | None:
+    """``strip_json`` for one stream chunk; None when the chunk existed only to carry what the proxy
+    asked for (SGLang's final ``sglext`` chunk), so the agent must not get it at all."""
+    carried_sglext = injection.sglext and (
+        "sglext" in obj or any(isinstance(c, dict) and "sglext" in c for c in obj.get("choices") or [])
+    )
+    changed = strip_json(obj, injection)
+    return None if carried_sglext and _is_empty_chunk(obj) else changed
 
 
 def dump(obj: Any) -> bytes:

@@ -2,20 +2,24 @@
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable
 
 from proxy.addons.capture import Capture
 from proxy.addons.hints import ClawHints
 from proxy.addons.token_ids import TokenIdCapture
 from proxy.record import CapturedCall
+from proxy.token_ids import TokenIdPolicy
 
 
-def build_addons(submit: Callable[[CapturedCall], None], capture_token_ids: bool) -> list[object]:
+def build_addons(submit: Callable[[CapturedCall], None], token_ids: TokenIdPolicy | None,
+                 upstream_verify: ssl.SSLContext | bool = True) -> list[object]:
     """Hints first (they may refuse a call), token-id injection next (it must see the response before
-    the capture reads what the agent got), capture last."""
+    the capture reads what the agent got), capture last. ``token_ids`` None: no injection at all;
+    ``upstream_verify`` is how a retry without injected fields trusts the upstream."""
     addons: list[object] = [ClawHints()]
-    if capture_token_ids:
-        addons.append(TokenIdCapture())
+    if token_ids is not None:
+        addons.append(TokenIdCapture(token_ids, upstream_verify))
     addons.append(Capture(submit))
     return addons
 

@@ -83,4 +83,6 @@ class Capture:
             finished=(response.timestamp_end if response is not None else None) or time.time(),
             captured_at=time.time(),
             error=error,
+            client_connection=flow.client_conn.id,
+            notes=tuple(state.notes),
         ))

@@ -6,7 +6,7 @@ request exactly as the agent sent it, before any addon strips hint headers or in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mitmproxy import http
 
@@ -29,6 +29,8 @@ class CallState:
     tee: StreamTee | None = None
     # The engine's plain response body when the agent got a rewritten copy.
     engine_body: bytes | None = None
+    # What the hooks noticed, for the record's ``capture_notes`` (e.g. why no token ids were asked for).
+    notes: list[str] = field(default_factory=list)
     # The proxy answered the call itself (bad hint, missing proxy auth): nothing to record.
     skip: bool = False
     emitted: bool = False

@@ -1,7 +1,8 @@
 """Anthropic messages (``/v1/messages``), plain and streamed as typed events.
 
 The system prompt travels beside the messages; it is put first as a system message so the
-conversation key covers it, as it does for the OpenAI APIs.
+conversation key covers it, as it does for the OpenAI APIs. A refusal is ``stop_reason: "refusal"``
+with whatever text came before it; a stream without ``message_stop`` was cut.
 """
 
 from __future__ import annotations
@@ -85,8 +86,10 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     partial_json: dict[int, list[str]] = {}
     notes: list[str] = []
     error: str | None = None
+    stopped = False
     for event, data in json_events(events, notes):
         kind = data.get("type", event.event)
+        stopped = stopped or kind == "message_stop"
         index = int_or_none(data.get("index")) or 0
         if kind == "message_start" and isinstance(data.get("message"), dict):
             message = {**data["message"], "content": []}
@@ -112,4 +115,5 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     assembled = assemble(message)
     assembled.notes.extend(notes)
     assembled.error = error
+    assembled.truncated = None if stopped else "no message_stop"
     return assembled

@@ -44,6 +44,8 @@ class Assembled:
     prompt_token_ids: list[int] = field(default_factory=list)
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    # Why a stream counts as cut before its end (no finish reason, no end marker); None when complete.
+    truncated: str | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,28 @@ def token_list(value: Any) -> list[int]:
         return array("i", value).tolist()
     except (TypeError, OverflowError):
         return []
+
+
+def ext_ids(holder: Json) -> tuple[list[int], list[int]]:
+    """SGLang's prompt and output ids from an object's ``sglext`` (or ``meta_info``), empty when absent."""
+    for key in ("sglext", "meta_info"):
+        ext = holder.get(key)
+        if isinstance(ext, dict):
+            return token_list(ext.get("input_ids")), token_list(ext.get("output_ids"))
+    return [], []
+
+
+def has_done_marker(events: Iterable[SseEvent]) -> bool:
+    """OpenAI-style streams end with ``data: [DONE]``; without it the stream was cut."""
+    return any(event.data.strip() == "[DONE]" for event in events)
+
+
+def unfinished(choices: Iterable[AssembledChoice], done: bool) -> str | None:
+    """Why an OpenAI-style stream is truncated (no ``[DONE]``, a choice without a finish reason)."""
+    missing = [str(c.index) for c in choices if c.finish_reason is None]
+    if missing:
+        return f"choice {', '.join(missing)} has no finish_reason"
+    return None if done else "no [DONE]"
 
 
 def float_list(values: Sequence[Any]) -> list[float]:

@@ -2,7 +2,11 @@
 
 vLLM puts ``prompt_token_ids`` at the top level and ``token_ids`` on each choice; streamed, the first
 chunk of each choice carries the prompt ids and every later chunk the ids of its own delta. SGLang
-names the per-choice field ``response_token_ids`` and streams ids in an ``sglext`` object.
+names the per-choice field ``response_token_ids`` and puts ids in an ``sglext`` object, on a choice or
+at the top level (streamed: in a final chunk, for the choice that chunk names).
+
+A refusal (``message.refusal``, streamed ``delta.refusal``) is the choice's text, with finish reason
+``refusal``: the model answered, it declined.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ from proxy.apis.base import (
     AssembledChoice,
     Json,
     error_text,
+    ext_ids,
     float_list,
     function_call,
+    has_done_marker,
     int_or_none,
     json_events,
     token_list,
+    unfinished,
 )
 from proxy.sse import SseEvent
 
@@ -50,7 +57,12 @@ def _logprob_values(logprobs: Any) -> list[float] | None:
 
 
 def _choice_token_ids(choice: Json) -> list[int]:
-    return token_list(choice.get("token_ids")) or token_list(choice.get("response_token_ids"))
+    return token_list(choice.get("token_ids")) or token_list(choice.get("response_token_ids")) \
+        or ext_ids(choice)[1]
+
+
+def _finish(finish_reason: Any, refusal: str) -> Any:
+    return "refusal" if refusal else finish_reason
 
 
 def _usage(assembled: Assembled, usage: Any) -> None:
@@ -60,17 +72,20 @@ def _usage(assembled: Assembled, usage: Any) -> None:
 
 
 def assemble(body: Json) -> Assembled:
+    ext_prompt, ext_output = ext_ids(body)
     assembled = Assembled(
         response=body,
         model=body.get("model"),
         response_id=body.get("id"),
-        prompt_token_ids=token_list(body.get("prompt_token_ids")),
+        prompt_token_ids=token_list(body.get("prompt_token_ids")) or ext_prompt,
     )
     _usage(assembled, body.get("usage"))
     for raw in body.get("choices") or []:
         if not isinstance(raw, dict):
             continue
+        assembled.prompt_token_ids = assembled.prompt_token_ids or ext_ids(raw)[0]
         message = raw.get("message") if isinstance(raw.get("message"), dict) else {}
+        refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else ""
         calls = [
             function_call(
                 c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")
@@ -81,14 +96,16 @@ def assemble(body: Json) -> Assembled:
         assembled.choices.append(
             AssembledChoice(
                 index=int_or_none(raw.get("index")) or 0,
-                text=content_text(message.get("content")),
+                text=content_text(message.get("content")) or refusal,
                 tool_calls=calls,
-                finish_reason=raw.get("finish_reason"),
+                finish_reason=_finish(raw.get("finish_reason"), refusal),
                 token_ids=_choice_token_ids(raw),
                 logprobs=_logprob_values(raw.get("logprobs")),
                 reply_messages=[message],
             )
         )
+    if ext_output and len(assembled.choices) == 1 and not assembled.choices[0].token_ids:
+        assembled.choices[0].token_ids = ext_output
     return assembled
 
 
@@ -104,6 +121,7 @@ class _ChoiceParts:
     index: int
     role: str = "assistant"
     content: list[str] = field(default_factory=list)
+    refusal: list[str] = field(default_factory=list)
     reasoning: list[str] = field(default_factory=list)
     tool_calls: dict[int, _ToolCallParts] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -115,6 +133,8 @@ class _ChoiceParts:
         self.role = delta.get("role") or self.role
         if isinstance(delta.get("content"), str):
             self.content.append(delta["content"])
+        if isinstance(delta.get("refusal"), str):
+            self.refusal.append(delta["refusal"])
         reasoning = delta.get("reasoning_content") or delta.get("reasoning")
         if isinstance(reasoning, str):
             self.reasoning.append(reasoning)
@@ -136,6 +156,8 @@ class _ChoiceParts:
 
     def message(self) -> Json:
         message: Json = {"role": self.role, "content": "".join(self.content) if self.content else None}
+        if self.refusal:
+            message["refusal"] = "".join(self.refusal)
         if self.reasoning:
             message["reasoning_content"] = "".join(self.reasoning)
         if self.tool_calls:
@@ -149,7 +171,7 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     choices: dict[int, _ChoiceParts] = {}
     top: Json = {}
     assembled = Assembled(response={})
-    sglext_output: list[int] = []
+    sglext_output: dict[int, list[int]] = {}
     for _event, chunk in json_events(events, assembled.notes):
         if "error" in chunk:
             assembled.error = error_text(chunk)
@@ -161,16 +183,17 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
             top["usage"] = chunk["usage"]
         if not assembled.prompt_token_ids:
             assembled.prompt_token_ids = token_list(chunk.get("prompt_token_ids"))
-        sglext = chunk.get("sglext") if isinstance(chunk.get("sglext"), dict) else {}
-        if sglext:
-            assembled.prompt_token_ids = assembled.prompt_token_ids or token_list(sglext.get("input_ids"))
-            sglext_output = token_list(sglext.get("output_ids")) or sglext_output
-        for raw in chunk.get("choices") or []:
-            if isinstance(raw, dict):
-                index = int_or_none(raw.get("index")) or 0
-                choices.setdefault(index, _ChoiceParts(index)).add(raw)
-    if sglext_output and 0 in choices and not choices[0].token_ids:
-        choices[0].token_ids = sglext_output
+        raws = [raw for raw in chunk.get("choices") or [] if isinstance(raw, dict)]
+        ext_prompt, ext_output = ext_ids(chunk)
+        assembled.prompt_token_ids = assembled.prompt_token_ids or ext_prompt
+        if ext_output:  # a top-level sglext belongs to the one choice its chunk names
+            sglext_output[(int_or_none(raws[0].get("index")) or 0) if len(raws) == 1 else 0] = ext_output
+        for raw in raws:
+            index = int_or_none(raw.get("index")) or 0
+            choices.setdefault(index, _ChoiceParts(index)).add(raw)
+    for index, ids in sglext_output.items():
+        if index in choices and not choices[index].token_ids:
+            choices[index].token_ids = ids
     response: Json = {
         "id": top.get("id"),
         "object": "chat.completion",
@@ -183,12 +206,13 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
         if parts.logprob_entries is not None:
             choice["logprobs"] = {"content": parts.logprob_entries}
         response["choices"].append(choice)
+        refusal = "".join(parts.refusal)
         assembled.choices.append(
             AssembledChoice(
                 index=index,
-                text="".join(parts.content),
+                text="".join(parts.content) or refusal,
                 tool_calls=choice["message"].get("tool_calls", []),
-                finish_reason=parts.finish_reason,
+                finish_reason=_finish(parts.finish_reason, refusal),
                 token_ids=parts.token_ids,
                 logprobs=_logprob_values(choice.get("logprobs")),
                 reply_messages=[choice["message"]],
@@ -199,5 +223,6 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     assembled.response = response
     assembled.model = top.get("model")
     assembled.response_id = top.get("id")
+    assembled.truncated = unfinished(assembled.choices, has_done_marker(events))
     _usage(assembled, top.get("usage"))
     return assembled

@@ -16,10 +16,13 @@ from proxy.apis.base import (
     AssembledChoice,
     Json,
     error_text,
+    ext_ids,
     float_list,
+    has_done_marker,
     int_or_none,
     json_events,
     token_list,
+    unfinished,
 )
 from proxy.sse import SseEvent
 
@@ -79,7 +82,7 @@ def assemble(body: Json) -> Assembled:
                 int_or_none(raw.get("index")) or 0,
                 text,
                 raw.get("finish_reason"),
-                token_list(raw.get("token_ids")),
+                token_list(raw.get("token_ids")) or ext_ids(raw)[1],
                 _token_logprobs(raw.get("logprobs")),
             )
         )
@@ -98,7 +101,7 @@ class _ChoiceParts:
             self.text.append(raw["text"])
         if raw.get("finish_reason"):
             self.finish_reason = raw["finish_reason"]
-        self.token_ids.extend(token_list(raw.get("token_ids")))
+        self.token_ids.extend(token_list(raw.get("token_ids")) or ext_ids(raw)[1])
         logprobs = raw.get("logprobs")
         if isinstance(logprobs, dict):
             merged = self.logprobs if self.logprobs is not None else {}
@@ -147,5 +150,6 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     assembled.response = response
     assembled.model = top.get("model")
     assembled.response_id = top.get("id")
+    assembled.truncated = unfinished(assembled.choices, has_done_marker(events))
     _usage(assembled, top.get("usage"))
     return assembled

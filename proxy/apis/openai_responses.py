@@ -65,11 +65,11 @@ def request_messages(body: Json) -> list[Json]:
     return messages
 
 
-def _output_text(item: Json) -> str:
+def _output_text(item: Json, kind: str = "output_text", key: str = "text") -> str:
     return "".join(
-        part.get("text", "")
+        str(part.get(key, ""))
         for part in item.get("content") or []
-        if isinstance(part, dict) and part.get("type") == "output_text"
+        if isinstance(part, dict) and part.get("type") == kind
     )
 
 
@@ -79,15 +79,17 @@ def assemble(body: Json) -> Assembled:
     details = body.get("incomplete_details") if isinstance(body.get("incomplete_details"), dict) else {}
     finish = f"incomplete:{details.get('reason')}" if status == "incomplete" and details else status
     usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    messages = [item for item in output if item.get("type") == "message"]
+    refusal = "".join(_output_text(item, "refusal", "refusal") for item in messages)
     choice = AssembledChoice(
         index=0,
-        text="".join(_output_text(item) for item in output if item.get("type") == "message"),
+        text="".join(_output_text(item) for item in messages) or refusal,
         tool_calls=[
             function_call(item.get("call_id"), item.get("name"), item.get("arguments"))
             for item in output
             if item.get("type") == "function_call"
         ],
-        finish_reason=finish,
+        finish_reason="refusal" if refusal else finish,
         reply_messages=[normalize_item(item) for item in output],
     )
     return Assembled(
@@ -148,4 +150,6 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
     assembled = assemble(final if final is not None else _partial_response(parsed))
     assembled.notes.extend(notes)
     assembled.error = assembled.error or error
+    if final is None:
+        assembled.truncated = "no response.completed, response.incomplete or response.failed event"
     return assembled

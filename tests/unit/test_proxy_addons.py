@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 
 from mitmproxy import http
@@ -9,8 +11,13 @@ from mitmproxy.test import tflow
 
 from proxy.addons import build_addons
 from proxy.record import CapturedCall
+from proxy.token_ids import TokenIdPolicy
 
 CHAT_URL = "http://up:8000/v1/chat/completions"
+
+
+def _policy() -> TokenIdPolicy:
+    return TokenIdPolicy.parse("up:8000")
 
 
 def _flow(
@@ -28,9 +35,15 @@ def _run(addons: list, flow: http.HTTPFlow, response: http.Response | None) -> N
         for addon in addons:
             if hasattr(addon, "responseheaders"):
                 addon.responseheaders(flow)
+    _respond(addons, flow)
+
+
+def _respond(addons: list, flow: http.HTTPFlow) -> None:
     for addon in addons:
         if hasattr(addon, "response"):
-            addon.response(flow)
+            result = addon.response(flow)
+            if inspect.isawaitable(result):
+                asyncio.run(result)
 
 
 def _json_response(body: dict) -> http.Response:
@@ -40,7 +53,7 @@ def _json_response(body: dict) -> http.Response:
 def test_hints_are_recorded_and_never_forwarded() -> None:
     captured: list[CapturedCall] = []
     flow = _flow(headers={"X-Claw-Trajectory-Id": "t-1", "X-Claw-Agent": "a", "X-Claw-Unknown": "x"})
-    _run(build_addons(captured.append, capture_token_ids=False), flow, _json_response({"choices": []}))
+    _run(build_addons(captured.append, None), flow, _json_response({"choices": []}))
     assert not any(k.lower().startswith("x-claw") for k in flow.request.headers)
     (call,) = captured
     assert (call.hints.trajectory_id, call.hints.agent) == ("t-1", "a")
@@ -50,7 +63,7 @@ def test_hints_are_recorded_and_never_forwarded() -> None:
 def test_a_bad_hint_is_answered_by_the_proxy_and_not_recorded() -> None:
     captured: list[CapturedCall] = []
     flow = _flow(headers={"X-Claw-Prompt-Group-Size": "lots"})
-    _run(build_addons(captured.append, capture_token_ids=False), flow, None)
+    _run(build_addons(captured.append, None), flow, None)
     assert flow.response is not None and flow.response.status_code == 400
     assert "X-Claw-Prompt-Group-Size must be an integer" in flow.response.get_text()
     assert captured == []
@@ -64,7 +77,7 @@ def test_plain_reply_is_stripped_for_the_agent_and_kept_whole_for_the_record() -
         "prompt_token_ids": [1],
         "choices": [{"index": 0, "message": {"content": "x"}, "logprobs": {"content": []}, "token_ids": [2]}],
     }
-    _run(build_addons(captured.append, capture_token_ids=True), flow, _json_response(engine))
+    _run(build_addons(captured.append, _policy()), flow, _json_response(engine))
     assert json.loads(flow.request.content or b"")["return_token_ids"] is True
     assert json.loads(flow.response.content or b"") == {
         "id": "c",
@@ -78,7 +91,7 @@ def test_plain_reply_is_stripped_for_the_agent_and_kept_whole_for_the_record() -
 
 def test_streamed_reply_is_teed_and_rewritten_live() -> None:
     captured: list[CapturedCall] = []
-    addons = build_addons(captured.append, capture_token_ids=True)
+    addons = build_addons(captured.append, _policy())
     flow = _flow(body={"model": "m", "messages": [], "stream": True})
     for addon in addons:
         addon.request(flow)
@@ -93,9 +106,7 @@ def test_streamed_reply_is_teed_and_rewritten_live() -> None:
         b'data: {"choices":[{"index":0,"delta":{}}]}\n\n'
     ]
     assert tee(b"") == []
-    for addon in addons:
-        if hasattr(addon, "response"):
-            addon.response(flow)
+    _respond(addons, flow)
     (call,) = captured
     assert (
         call.streamed and b"token_ids" in (call.engine_body or b"") and b"token_ids" not in call.response_body
@@ -106,14 +117,14 @@ def test_other_traffic_is_left_alone() -> None:
     captured: list[CapturedCall] = []
     flow = _flow(url="http://up:8000/v1/models", method="GET", headers={"X-Claw-Agent": "a"})
     before = flow.request.content
-    _run(build_addons(captured.append, capture_token_ids=True), flow, _json_response({"data": []}))
+    _run(build_addons(captured.append, _policy()), flow, _json_response({"data": []}))
     assert captured == [] and flow.request.content == before and flow.response.stream is False
     assert "X-Claw-Agent" not in flow.request.headers  # hints are never forwarded, whatever the call
 
 
 def test_an_error_is_captured_once() -> None:
     captured: list[CapturedCall] = []
-    addons = build_addons(captured.append, capture_token_ids=False)
+    addons = build_addons(captured.append, None)
     flow = _flow()
     for addon in addons:
         addon.request(flow)

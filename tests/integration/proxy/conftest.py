@@ -38,6 +38,23 @@ def standin(servers_loop: LoopThread) -> Iterator[Standin]:
 
 
 @pytest.fixture(scope="package")
+def refusing_standin(servers_loop: LoopThread) -> Iterator[Standin]:
+    """Listed as accepting token ids, but its ``strict-*`` models refuse them: one test teaches the proxy
+    that, and the proxy then stops asking this host."""
+    server = start_standin(servers_loop)
+    yield server
+    servers_loop.run(server.engine.stop())
+
+
+@pytest.fixture(scope="package")
+def unlisted_standin(servers_loop: LoopThread) -> Iterator[Standin]:
+    """An upstream not in ``CLAWR1_TOKEN_ID_HOSTS``: it never gets token-id fields."""
+    server = start_standin(servers_loop)
+    yield server
+    servers_loop.run(server.engine.stop())
+
+
+@pytest.fixture(scope="package")
 def standin_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return self_signed_cert(tmp_path_factory.mktemp("standin-tls"))
 
@@ -61,11 +78,14 @@ def proxy(
     tmp_path_factory: pytest.TempPathFactory,
     kafka_bootstrap: str,
     standin: Standin,
+    tls_standin: Standin,
+    refusing_standin: Standin,
     standin_cert: tuple[Path, Path],
     capture_topic: str,
 ) -> Iterator[EmbeddedProxy]:
-    """Explicit proxy and base URL to the HTTP stand-in, token-id capture on; it trusts the TLS
-    stand-in's certificate for intercepted HTTPS."""
+    """Explicit proxy and base URL to the HTTP stand-in, token-id capture on toward every stand-in but
+    the unlisted one; it trusts the TLS stand-in's certificate for intercepted HTTPS."""
+    listed = [server.url.split("://", 1)[1] for server in (standin, tls_standin, refusing_standin)]
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("proxy-data"),
         kafka_bootstrap=kafka_bootstrap,
@@ -73,6 +93,7 @@ def proxy(
         reverse_port=free_port(),
         upstream=standin.url,
         capture_token_ids=True,
+        token_id_hosts=",".join(listed),
         extra={"CLAWR1_UPSTREAM_CA_FILE": str(standin_cert[0])},
     )
     with EmbeddedProxy(settings, capture_topic) as running:

@@ -1,0 +1,246 @@
+"""End to end as a user measures it: posted (or proxied) -> queryable in the pool, against Kafka's own
+round trip of same-size messages on the same broker, in the same run.
+
+- baseline: a confluent-kafka producer sends N (at least 20,000) messages the size of one encoded
+  white-box step to a fresh topic and a consumer reads them all back;
+  msgs/s = N / (last consumed - first produced).
+- white-box: N steps of 512 prompt + 128 response token ids posted to the gateway in batches, timed from
+  the first POST until ``count()`` of them in ``steps`` equals N; steps/s and the ratio to the baseline.
+- black-box: M chat calls with the official openai SDK through the proxy's reverse port in front of the
+  stand-in engine, timed from the first call until all M steps are queryable.
+- freshness: steps posted one batch at a time at fixed rates (default 25%, 50% and 80% of the measured
+  white-box capacity, and a steady 100 steps/s); per step ``ingested_at - created_at_ms`` (gateway
+  receive -> sink insert, both on this machine's clock), p50 and p99.
+
+The whole stack is the real one (``clawr1 up``: broker, API with sink, stream worker, proxy) on a
+private data dir and free ports, torn down at the end.
+
+    .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 200] [--batch 500] [--seconds 10]
+
+Results: bench/results/bench_pipeline.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
+from gateway.client import GatewayClient  # noqa: E402
+from schemas.codec import codec_for  # noqa: E402
+
+PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
+RESULTS = REPO / "bench" / "results" / "bench_pipeline.json"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def step(run: str, n: int) -> dict[str, Any]:
+    """One white-box step; trajectories of 10 steps so linking and trees see realistic shapes."""
+    return {"trajectory_id": f"{run}-t{n // 10}", "step_index": n % 10,
+            "prompt_token_ids": [(n * 31 + i) % 32_000 for i in range(PROMPT_TOKENS)],
+            "response_token_ids": [(n * 17 + i) % 32_000 for i in range(RESPONSE_TOKENS)],
+            "response_logprobs": [-0.5] * RESPONSE_TOKENS, "agent": "bench"}
+
+
+class Stack:
+    """``clawr1 up`` on a private data dir and free ports, with the stand-in engine as upstream."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.api_port, self.kafka_port = free_port(), free_port()
+        self.reverse_port, self.engine_port = free_port(), free_port()
+        self.api = f"http://127.0.0.1:{self.api_port}"
+        self.bootstrap = f"127.0.0.1:{self.kafka_port}"
+        env = {**os.environ, "CLAWR1_DATA_DIR": str(workdir / "data")}
+        env.pop("CLAWR1_KAFKA_BOOTSTRAP", None)
+        clawr1 = [sys.executable, "-m", "clawr1.cli"]
+        self.engine = subprocess.Popen([*clawr1, "standin-engine", "--port", str(self.engine_port)], cwd=REPO,
+                                       env=env, stdout=(workdir / "engine.log").open("wb"),
+                                       stderr=subprocess.STDOUT)
+        self.up = subprocess.Popen(
+            [*clawr1, "up", "--api-port", str(self.api_port), "--kafka-port", str(self.kafka_port),
+             "--proxy-port", str(free_port()), "--reverse-port", str(self.reverse_port),
+             "--upstream", f"http://127.0.0.1:{self.engine_port}"],
+            cwd=REPO, env=env, stdout=(workdir / "stack.log").open("wb"), stderr=subprocess.STDOUT)
+        self.log = workdir / "stack.log"
+
+    def wait_healthy(self, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.up.poll() is not None:
+                raise RuntimeError("stack exited:\n" + self.log.read_text(errors="replace")[-3000:])
+            try:
+                if httpx.get(f"{self.api}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("stack not healthy:\n" + self.log.read_text(errors="replace")[-3000:])
+
+    def sql(self, query: str) -> list[dict[str, Any]]:
+        reply = httpx.post(f"{self.api}/v1/sql", json={"query": query}, timeout=60)
+        reply.raise_for_status()
+        return [json.loads(line) for line in reply.text.splitlines() if line]
+
+    def count(self, where: str) -> int:
+        return int(self.sql(f"SELECT count() AS n FROM steps WHERE {where}")[0]["n"])
+
+    def wait_count(self, where: str, expected: int, timeout: float) -> float:
+        """Monotonic time at which ``expected`` steps matching ``where`` are queryable."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.count(where) >= expected:
+                return time.monotonic()
+            time.sleep(0.1)
+        raise RuntimeError(f"only {self.count(where)} of {expected} steps ({where}) reached the pool")
+
+    def stop(self) -> None:
+        for process in (self.up, self.engine):
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+        for process in (self.up, self.engine):
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def kafka_round_trip(bootstrap: str, n: int, size: int) -> float:
+    """msgs/s of produce + consume of ``n`` messages of ``size`` bytes on a fresh topic."""
+    topic = f"bench.pipeline.baseline.{uuid.uuid4().hex[:8]}"
+    ensure_topics(bootstrap, [topic], partitions=4)
+    consumer = make_consumer(bootstrap, f"bench-{uuid.uuid4().hex[:8]}", **{"auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    consumer.poll(1.0)
+    payload = os.urandom(size)
+    producer = make_producer(bootstrap)
+    started = time.monotonic()
+    for i in range(n):
+        producer.produce(topic, key=str(i).encode(), value=payload)
+        producer.poll(0)
+    producer.flush(60)
+    seen = 0
+    deadline = time.monotonic() + 120
+    while seen < n and time.monotonic() < deadline:
+        seen += sum(1 for m in consumer.consume(1000, 1.0) if not m.error())
+    elapsed = time.monotonic() - started
+    consumer.close()
+    if seen < n:
+        raise RuntimeError(f"baseline consumed {seen} of {n}")
+    return n / elapsed
+
+
+def whitebox_throughput(stack: Stack, n: int, batch: int) -> dict[str, Any]:
+    run = "bw" + uuid.uuid4().hex[:8]
+    steps = [step(run, i) for i in range(n)]
+    with GatewayClient(stack.api, batch_size=batch, timeout_s=120) as client:
+        started = time.monotonic()
+        client.submit_steps(steps)
+        accepted = time.monotonic()
+    done = stack.wait_count(f"trajectory_id LIKE '{run}-%'", n, timeout=600)
+    return {"steps": n, "batch": batch, "accept_s": round(accepted - started, 3),
+            "queryable_s": round(done - started, 3), "steps_per_s": round(n / (done - started), 1)}
+
+
+def blackbox_throughput(stack: Stack, calls: int) -> dict[str, Any]:
+    from openai import OpenAI
+
+    agent = "bb" + uuid.uuid4().hex[:8]
+    client = OpenAI(base_url=f"http://127.0.0.1:{stack.reverse_port}/v1", api_key="sk-bench",
+                    default_headers={"X-Claw-Agent": agent})
+    started = time.monotonic()
+    for i in range(calls):
+        client.chat.completions.create(model="standin", messages=[
+            {"role": "system", "content": "bench"}, {"role": "user", "content": f"{agent} task {i}"}])
+    answered = time.monotonic()
+    done = stack.wait_count(f"agent = '{agent}'", calls, timeout=600)
+    return {"calls": calls, "answered_s": round(answered - started, 3),
+            "queryable_s": round(done - started, 3), "calls_per_s": round(calls / (done - started), 1)}
+
+
+def freshness(stack: Stack, rate: float, seconds: float, batch_period: float = 0.2) -> dict[str, Any]:
+    """Steps at ``rate``/s for ``seconds``, in small batches every ``batch_period``; ingest -> queryable."""
+    run = "bf" + uuid.uuid4().hex[:8]
+    per_batch = max(1, round(rate * batch_period))
+    sent = 0
+    with GatewayClient(stack.api, batch_size=per_batch, timeout_s=60) as client:
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            due = started + sent / rate
+            if (wait := due - time.monotonic()) > 0:
+                time.sleep(wait)
+            client.submit_steps([step(run, sent + i) for i in range(per_batch)])
+            sent += per_batch
+    stack.wait_count(f"trajectory_id LIKE '{run}-%'", sent, timeout=600)
+    lags = [float(r["lag"]) for r in stack.sql(
+        "SELECT toUnixTimestamp64Milli(ingested_at) - toUnixTimestamp64Milli(created_at_ms) AS lag "
+        f"FROM steps WHERE trajectory_id LIKE '{run}-%'")]
+    achieved = sent / (time.monotonic() - started)
+    return {"target_rate": round(rate, 1), "sent": sent, "offered_rate": round(sent / seconds, 1),
+            "p50_ms": percentile(lags, 0.5), "p99_ms": percentile(lags, 0.99),
+            "mean_ms": round(statistics.fmean(lags), 1), "overall_rate": round(achieved, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=4000)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    size = len(codec_for().encode("whitebox_step", {
+        **step("size", 1), "step_id": "s" * 32, "source_name": "anonymous", "received_at_ms": 0,
+        "response_logprobs": [-0.5] * RESPONSE_TOKENS}))
+    with tempfile.TemporaryDirectory(prefix="clawr1-bench-pipeline-") as tmp:
+        stack = Stack(Path(tmp))
+        try:
+            stack.wait_healthy()
+            # Enough messages that the consumer's first fetch wait does not dominate the baseline.
+            baseline = kafka_round_trip(stack.bootstrap, max(args.steps, 20_000), size)
+            white = whitebox_throughput(stack, args.steps, args.batch)
+            black = blackbox_throughput(stack, args.calls)
+            capacity = white["steps_per_s"]
+            rates = sorted({round(capacity * f, 1) for f in (0.25, 0.5, 0.8)} | {100.0})
+            fresh = [freshness(stack, rate, args.seconds) for rate in rates]
+        finally:
+            stack.stop()
+    result = {
+        "message_bytes": size,
+        "kafka_round_trip_msgs_per_s": round(baseline, 1),
+        "whitebox": {**white, "ratio_to_kafka": round(white["steps_per_s"] / baseline, 4)},
+        "blackbox": {**black, "ratio_to_kafka": round(black["calls_per_s"] / baseline, 4)},
+        "freshness": fresh,
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
