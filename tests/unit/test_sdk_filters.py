@@ -19,7 +19,8 @@ def test_defaults_deliver_ready_steps_only() -> None:
     clauses, params = filter_sql(Filters(), None)
     assert clauses == ["ready = 1"]
     assert params == {}
-    assert filter_sql(Filters(ready=None), None) == ([], {})
+    assert filter_sql(Filters(ready=None, include_superseded=True), None) == ([], {})
+    assert filter_sql(Filters(ready=None), None)[0] == ["link_status != 'superseded'"]  # retries thrown away
     assert filter_sql(Filters(ready=False), None)[0] == ["ready = 0"]
 
 
