@@ -58,7 +58,7 @@ class StreamConfig:
     # starts a flagged trajectory; a redelivery keeps its first assignment within it); the count is
     # a safety valve for keys busier than that.
     link_horizon_ms: int = 24 * 3_600_000
-    max_links_per_key: int = 4096
+    max_links_per_key: int = 2048
     # Feedback by a response id several steps share resolves to the one created within this window
     # before the feedback was received, if exactly one is.
     feedback_window_ms: int = 3_600_000

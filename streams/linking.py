@@ -31,7 +31,7 @@ expired), never silently relinked.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clawr1.conversation import prefix_digests
@@ -92,15 +92,16 @@ class Linked:
     at_ms: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"assignments": [asdict(a) for a in self.assignments],
+        return {"assignments": [list(vars(a).values()) for a in self.assignments],
                 "superseded": [list(s) for s in self.superseded],
-                "continued": None if self.continued is None else asdict(self.continued), "at_ms": self.at_ms}
+                "continued": None if self.continued is None else list(vars(self.continued).values()),
+                "at_ms": self.at_ms}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Linked:
         continued = data["continued"]
-        return cls([Assignment(**a) for a in data["assignments"]], [(s, t) for s, t in data["superseded"]],
-                   None if continued is None else Continued(**continued), data["at_ms"])
+        return cls([Assignment(*a) for a in data["assignments"]], [(s, t) for s, t in data["superseded"]],
+                   None if continued is None else Continued(*continued), data["at_ms"])
 
 
 @dataclass
@@ -110,14 +111,15 @@ class LinkState:
     clock_ms: int = 0  # newest event time seen: the horizon is measured from here
 
     def to_json(self) -> dict[str, Any]:
-        return {"nodes": {k: asdict(n) for k, n in self.nodes.items()},
+        """Nodes as plain lists (field order): the state is rewritten on every call of its key."""
+        return {"nodes": {k: list(vars(n).values()) for k, n in self.nodes.items()},
                 "assigned": {k: a.to_json() for k, a in self.assigned.items()}, "clock_ms": self.clock_ms}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> LinkState:
         if not data or "nodes" not in data:  # nothing, or the pre-bijection layout: start over
             return cls()
-        return cls({k: Node(**n) for k, n in data["nodes"].items()},
+        return cls({k: Node(*n) for k, n in data["nodes"].items()},
                    {k: Linked.from_json(a) for k, a in data["assigned"].items()}, data["clock_ms"])
 
 
@@ -135,8 +137,15 @@ def reply_digest(turn: Turn, reply_messages: list[dict[str, Any]]) -> str:
     return prefix_digests([*turn.messages, *reply_messages])[-1]
 
 
+_DIGEST_CHARS = 32  # 128 bits: collisions within one key are out of reach, and the state stays small
+
+
+def _digests(messages: list[dict[str, Any]]) -> list[str]:
+    return [d[:_DIGEST_CHARS] for d in prefix_digests(messages)]
+
+
 def _prompt_digest(turn: Turn) -> str:
-    digests = prefix_digests(turn.messages)
+    digests = _digests(turn.messages)
     return digests[-1] if digests else ""
 
 
@@ -163,7 +172,7 @@ class _Place:
 def _place(state: LinkState, turn: Turn) -> _Place:
     live = {s: n for s, n in state.nodes.items() if not n.superseded
             and (turn.trajectory_id is None or n.explicit == turn.trajectory_id)}
-    digests = prefix_digests(turn.messages)
+    digests = _digests(turn.messages)
     prompt = digests[-1] if digests else ""
     depth_of = {d: i for i, d in enumerate(digests)}
     # The deepest step whose prompt plus reply the turn starts with, and the deepest whose prompt only.
@@ -259,7 +268,7 @@ def _record(state: LinkState, turn: Turn, step_ids: list[str], assignments: list
     prompt = _prompt_digest(turn)
     replies = turn.replies if turn.replies else [None]
     for step_id, assignment, reply in zip(step_ids, assignments, replies, strict=True):
-        tail = "" if turn.failed or reply is None else reply_digest(turn, reply.messages)
+        tail = "" if turn.failed or reply is None else reply_digest(turn, reply.messages)[:_DIGEST_CHARS]
         state.nodes[step_id] = Node(
             assignment.trajectory_id, assignment.step_index, assignment.parent_step_id, prompt, tail,
             turn.created_at_ms, turn.connection, turn.trajectory_id, assignment.prompt_group_id,
