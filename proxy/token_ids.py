@@ -163,12 +163,12 @@ def strip_json(obj: Json, injection: Injection) -> bool:
 
 
 def _is_empty_chunk(obj: Json) -> bool:
-    """A chunk with nothing the agent would have seen: no text, role, tool call, finish or usage."""
+    """A chunk with nothing the agent would have seen: no usage, and choices with nothing but an index
+    (no delta, message, finish reason or logprobs)."""
     if obj.get("usage") or obj.get("error"):
         return False
     return all(
-        isinstance(c, dict) and not c.get("delta") and c.get("finish_reason") is None
-        and c.get("logprobs") is None
+        isinstance(c, dict) and not any(value for key, value in c.items() if key != "index")
         for c in obj.get("choices") or []
     )
 

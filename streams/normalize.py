@@ -90,6 +90,22 @@ def _response_id(turn: Turn, reply: Reply, single: bool, prompt_id: str) -> str:
     return _sha([prompt_id, reply.token_ids, reply.text])
 
 
+# The proxy's note on a stream cut before its end (proxy.record.TRUNCATED_NOTE).
+TRUNCATED_NOTE = "stream truncated"
+
+
+def step_status(turn: Turn, reply: Reply) -> str:
+    """failed (no usable reply) | refused (the model declined: finish reason ``refusal``) | truncated
+    (the proxy saw the stream end without its finish) | ok."""
+    if turn.failed:
+        return "failed"
+    if reply.finish_reason == "refusal":
+        return "refused"
+    if any(note.startswith(TRUNCATED_NOTE) for note in turn.metadata.get("capture_notes") or ()):
+        return "truncated"
+    return "ok"
+
+
 # Under which feedback source a reward that came with its step is folded in.
 INLINE_REWARD_SOURCE = {"blackbox_service": "service", "whitebox_agent": "whitebox"}
 
@@ -139,7 +155,7 @@ def steps_from_turn(turn: Turn, assignments: list[Assignment],
             "token_provenance": tokens.provenance,
             "tokenizer": tokens.tokenizer,
             "terminal": turn.terminal,
-            "status": "failed" if turn.failed else "ok",
+            "status": step_status(turn, reply),
             "error": turn.error,
             "metadata_json": _dumps(metadata),
             "updated_at_ms": turn.updated_at_ms,

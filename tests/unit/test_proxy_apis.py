@@ -388,3 +388,66 @@ def test_anthropic_plain_and_stream_agree() -> None:
     assert anthropic_messages.request_messages(
         {"system": "s", "messages": [{"role": "user", "content": "u"}]}
     ) == [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]
+
+
+def test_chat_refusal_is_the_text_plain_and_streamed() -> None:
+    plain = openai_chat.assemble({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+        "role": "assistant", "content": None, "refusal": "I can't."}}]})
+    streamed = openai_chat.assemble_stream(sse(
+        {"choices": [{"index": 0, "delta": {"role": "assistant", "refusal": None}}]},
+        {"choices": [{"index": 0, "delta": {"refusal": "I "}}]},
+        {"choices": [{"index": 0, "delta": {"refusal": "can't."}, "finish_reason": "stop"}]},
+    ))
+    for out in (plain, streamed):
+        (choice,) = out.choices
+        assert (choice.text, choice.finish_reason) == ("I can't.", "refusal")
+    assert streamed.response["choices"][0]["message"]["refusal"] == "I can't."
+    assert streamed.response["choices"][0]["finish_reason"] == "stop"  # what the agent saw
+    assert streamed.truncated is None
+
+
+def test_responses_and_anthropic_refusals() -> None:
+    responses = openai_responses.assemble({**RESPONSE, "output": [{"type": "message", "role": "assistant",
+                                                                   "content": [{"type": "refusal",
+                                                                                "refusal": "No."}]}]})
+    assert (responses.choices[0].text, responses.choices[0].finish_reason) == ("No.", "refusal")
+    claude = anthropic_messages.assemble({"content": [{"type": "text", "text": "I won't"}],
+                                          "stop_reason": "refusal"})
+    assert (claude.choices[0].text, claude.choices[0].finish_reason) == ("I won't", "refusal")
+
+
+def test_sglang_ids_per_choice_plain_and_streamed() -> None:
+    plain = openai_chat.assemble({"sglext": {"input_ids": [1, 2]}, "choices": [
+        {"index": 0, "message": {"content": "a"}, "sglext": {"output_ids": [3]}},
+        {"index": 1, "message": {"content": "b"}, "meta_info": {"output_ids": [4]}},
+    ]})
+    streamed = openai_chat.assemble_stream(sse(
+        {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 1, "delta": {"content": "b"}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 1, "delta": {}}], "sglext": {"input_ids": [1, 2], "output_ids": [4]}},
+        {"choices": [{"index": 0, "delta": {}}], "sglext": {"input_ids": [1, 2], "output_ids": [3]}},
+    ))
+    for out in (plain, streamed):
+        assert out.prompt_token_ids == [1, 2]
+        assert [(c.index, c.token_ids) for c in out.choices] == [(0, [3]), (1, [4])]
+
+
+def _cut(*chunks: Any) -> list[SseEvent]:
+    return [e for e in sse(*chunks) if e.data != "[DONE]"]
+
+
+def test_streams_without_their_end_say_why() -> None:
+    finished = {"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]}
+    unfinished = {"choices": [{"index": 0, "delta": {"content": "a"}}]}
+    assert openai_chat.assemble_stream(sse(finished)).truncated is None
+    assert openai_chat.assemble_stream(_cut(finished)).truncated == "no [DONE]"
+    assert openai_chat.assemble_stream(sse(unfinished)).truncated == "choice 0 has no finish_reason"
+    text = {"choices": [{"index": 0, "text": "a"}]}
+    assert openai_completions.assemble_stream(sse(text)).truncated == "choice 0 has no finish_reason"
+    start = {"type": "message_start", "message": {"id": "msg_1"}}
+    assert anthropic_messages.assemble_stream(sse(start)).truncated == "no message_stop"
+    assert anthropic_messages.assemble_stream(sse(start, {"type": "message_stop"})).truncated is None
+    created = {"type": "response.created", "response": {"id": "resp_1"}}
+    assert openai_responses.assemble_stream(sse(created)).truncated is not None
+    assert openai_responses.assemble_stream(
+        sse(created, {"type": "response.completed", "response": RESPONSE})).truncated is None

@@ -22,6 +22,15 @@ def test_both_modes_listen_on_the_proxy_host(tmp_path: Path) -> None:
     )
     assert config.modes == ("regular@127.0.0.1:8080", "reverse:http://127.0.0.1:8000@127.0.0.1:8081")
     assert config.confdir == (tmp_path / "mitmproxy").resolve() and config.capture_token_ids
+    assert config.token_id_hosts == "127.0.0.1:8000"  # by default only the reverse-mode upstream
+
+
+def test_token_id_hosts_default_to_the_reverse_upstream_only(tmp_path: Path) -> None:
+    https = Settings(data_dir=tmp_path, reverse_port=8081, upstream="https://vllm.internal")
+    assert proxy_config(https).token_id_hosts == "vllm.internal:443"
+    assert proxy_config(Settings(data_dir=tmp_path, proxy_port=8080)).token_id_hosts == ""
+    listed = Settings(data_dir=tmp_path, reverse_port=8081, upstream="http://a:1", token_id_hosts="b,c:2")
+    assert proxy_config(listed).token_id_hosts == "b,c:2"
 
 
 def test_upstream_tls_trust_comes_from_the_environment(tmp_path: Path) -> None:

@@ -11,6 +11,8 @@ from proxy.hints import Hints
 from proxy.record import CapturedCall, build_record
 from proxy.token_ids import Injection
 from schemas.codec import codec_for
+from streams.normalize import step_status
+from streams.turns import turn_from_llm_call
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 SECRET = "sk-proj-supersecret0123456789"
@@ -184,3 +186,35 @@ def test_upstream_errors_and_aborts_become_failed_calls() -> None:
     _, aborted = build_record(replace(CALL, engine_body=cut, error="Client disconnected."), "p")
     assert aborted["error"] == "Client disconnected." and aborted["choices"][0]["text"] == "Hey"
     codec_for().encode("raw_llm_call", aborted)
+
+
+def test_refused_and_cut_calls_become_refused_and_truncated_steps() -> None:
+    """The contract with the streams: finish reason ``refusal`` and the truncation note set the status."""
+    refusal = _sse(
+        {"id": "c3", "choices": [{"index": 0, "delta": {"role": "assistant", "refusal": "No"}}]},
+        {"id": "c3", "choices": [{"index": 0, "delta": {"refusal": "pe."}, "finish_reason": "stop"}]},
+    )
+    plain = replace(CALL, engine_body=None, injection=None)
+    cut = ENGINE_STREAM[: ENGINE_STREAM.index(b"data: [DONE]")]
+    cases = {
+        "refused": replace(plain, response_body=refusal),
+        "truncated": replace(CALL, engine_body=cut),
+        "ok": CALL,
+        "failed": replace(CALL, engine_body=cut, error="Server disconnected."),
+    }
+    for status, call in cases.items():
+        _, record = build_record(call, "p")
+        _, decoded = codec_for().decode(codec_for().encode("raw_llm_call", record))
+        turn = turn_from_llm_call(decoded)
+        assert [step_status(turn, reply) for reply in turn.replies] == [status], status
+    _, refused = build_record(cases["refused"], "p")
+    assert (refused["choices"][0]["text"], refused["choices"][0]["finish_reason"]) == ("Nope.", "refusal")
+    _, truncated = build_record(cases["truncated"], "p")
+    assert truncated["capture_notes"] == ["stream truncated: no [DONE]"] and truncated["error"] is None
+
+
+def test_hook_notes_and_client_connection_reach_the_record() -> None:
+    call = replace(CALL, client_connection="conn-1", notes=("token ids not requested: up:8000 refused",))
+    _, record = build_record(call, "p")
+    assert record["client_connection"] == "conn-1"
+    assert record["capture_notes"] == ["token ids not requested: up:8000 refused"]

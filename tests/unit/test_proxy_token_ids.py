@@ -5,7 +5,17 @@ from __future__ import annotations
 import json
 
 from proxy.stream import SseRewriter, StreamTee
-from proxy.token_ids import Injection, inject, inject_body, strip_body, strip_json
+from proxy.token_ids import (
+    Injection,
+    TokenIdPolicy,
+    inject,
+    inject_body,
+    refused_field,
+    strip_body,
+    strip_chunk,
+    strip_json,
+    wants_sglext,
+)
 
 BOTH = Injection(token_ids=True, logprobs=True)
 
@@ -111,3 +121,51 @@ def test_tee_forwards_at_once_and_never_sends_an_empty_chunk() -> None:
     assert rewriting(b"") == []
     assert bytes(rewriting.upstream) == b'data: {"prompt_token_ids":[1],"choices":[]}\n\n'
     assert bytes(rewriting.sent or b"") == b'data: {"choices":[]}\n\n'
+
+
+def test_policy_asks_listed_hosts_until_one_refuses() -> None:
+    policy = TokenIdPolicy.parse(" vllm:8000, sglang ,")
+    assert policy.skip_reason("vllm", 8000) is None and policy.skip_reason("SGLang", 30000) is None
+    assert policy.skip_reason("vllm", 9000) == \
+        "token ids not requested: vllm:9000 is not in CLAWR1_TOKEN_ID_HOSTS"
+    policy.remember_refusal("vllm", 8000)
+    assert policy.skip_reason("vllm", 8000) == \
+        "token ids not requested: vllm:8000 refused injected fields earlier"
+    assert TokenIdPolicy.parse("*").skip_reason("api.openai.com", 443) is None
+    assert TokenIdPolicy.parse("").skip_reason("127.0.0.1", 8000) is not None
+
+
+def test_only_an_error_naming_an_injected_field_is_a_refusal() -> None:
+    openai_style = b'{"error": {"message": "Unrecognized request argument supplied: return_token_ids"}}'
+    assert refused_field(400, openai_style, BOTH) == "return_token_ids"
+    reasoning = b'{"error": {"message": "logprobs is not supported with this model."}}'
+    assert refused_field(400, reasoning, BOTH) == "logprobs"
+    assert refused_field(422, reasoning, BOTH) == "logprobs"
+    assert refused_field(400, reasoning, Injection(token_ids=True, logprobs=False)) is None  # the agent's own
+    assert refused_field(400, b'{"error": {"message": "messages must be a list"}}', BOTH) is None
+    assert refused_field(500, openai_style, BOTH) is None
+
+
+def test_agent_asking_sglang_itself_is_left_alone() -> None:
+    assert wants_sglext({"x-sglext-return-output-ids": "1"}, b"{}")
+    assert wants_sglext({}, b'{"return_input_ids_in_sglext": true}')
+    assert not wants_sglext({}, b'{"messages": []}')
+
+
+def test_sglext_is_stripped_and_a_chunk_that_only_carried_it_is_dropped() -> None:
+    sglang = Injection(token_ids=True, logprobs=False, sglext=True)
+    plain = {"id": "c", "sglext": {"input_ids": [1]},
+             "choices": [{"index": 0, "message": {"content": "x"}, "sglext": {"output_ids": [2]}}]}
+    assert strip_chunk(plain, sglang) is True
+    assert plain == {"id": "c", "choices": [{"index": 0, "message": {"content": "x"}}]}
+    only_ids = {"id": "c", "choices": [{"index": 1, "delta": {}, "finish_reason": None}],
+                "sglext": {"input_ids": [1], "output_ids": [2]}}
+    events = b"data: " + json.dumps(only_ids).encode() + b"\n\ndata: [DONE]\n\n"
+    assert strip_chunk(only_ids, sglang) is None
+    finish = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "sglext": {}}
+    assert strip_chunk(finish, sglang) is True and "sglext" not in finish
+    # Asked for by the agent: untouched.
+    asked = {"choices": [], "sglext": {"output_ids": [2]}}
+    assert strip_chunk(asked, BOTH) is False and asked["sglext"] == {"output_ids": [2]}
+    rewriter = SseRewriter(lambda obj: strip_chunk(obj, sglang))
+    assert rewriter.feed(events) == b"data: [DONE]\n\n"
