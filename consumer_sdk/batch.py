@@ -13,6 +13,7 @@ by one, the usual convention.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -127,6 +128,27 @@ def _python_values(column: pa.ChunkedArray) -> list[Any]:
     if pa.types.is_map(column.type):
         return [None if v is None else dict(v) for v in values]
     return values
+
+
+def _width(what: str, lengths: np.ndarray, fixed: int | None, step_ids: tuple[str, ...]) -> int:
+    longest = int(lengths.max()) if len(lengths) else 0
+    if fixed is None:
+        return longest
+    if fixed < 0:
+        raise UsageError(f"{what}_length must be >= 0, got {fixed}")
+    if longest > fixed:
+        i = int(np.argmax(lengths))
+        raise DataError(f"step {step_ids[i]!r} has {longest} {what} tokens, more than {what}_length={fixed}")
+    return fixed
+
+
+def _metadata_of(step: Step) -> dict[str, Any]:
+    """The step's own metadata object (``metadata_json``), where dataset fields travel."""
+    try:
+        value = json.loads(step.metadata.get("metadata_json") or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class StepBatch(Sequence[Step]):
@@ -253,6 +275,130 @@ class StepBatch(Sequence[Step]):
             group_ids=group_ids,
             step_ids=self.step_ids,
         )
+
+    def to_verl(
+        self,
+        pad_id: int = 0,
+        prompt_length: int | None = None,
+        response_length: int | None = None,
+        meta_info: Mapping[str, Any] | None = None,
+        as_dataproto: bool | None = None,
+    ) -> Any:
+        """The batch in veRL's rollout layout, as the seed system's trainer received it.
+
+        Tensors (``B`` rows, ``P`` = ``prompt_length``, ``R`` = ``response_length``, both defaulting to
+        the batch's longest; a longer step raises :class:`DataError` rather than being truncated):
+        ``prompts`` int64 [B, P] left-padded with ``pad_id``; ``responses`` int64 [B, R] right-padded;
+        ``input_ids`` = prompts ‖ responses; ``attention_mask`` int64 [B, P+R], 1 on real tokens;
+        ``position_ids`` = cumsum(attention_mask) - 1 clipped at 0 (veRL's
+        ``compute_position_id_with_mask``); ``response_mask`` int64 [B, R]; ``token_level_scores``
+        float32 [B, R] holding, on each step's last response token, its step reward plus (on the
+        terminal step) the trajectory reward, so a trajectory's scores sum to its outcome; the same
+        tensor as ``rm_scores``, the key the seed trainer reads; ``rollout_log_probs`` float32 [B, R]
+        only when every step captured them (veRL treats the key as all-or-nothing).
+
+        ``non_tensor_batch`` (object arrays): ``uid`` (the prompt group veRL's GRPO groups by; the
+        trajectory id for steps without a group), ``prompt_uids``, ``trajectory_uids``,
+        ``step_indices`` (int32), ``step_ids``, then every key of the steps' metadata (``None`` where a
+        step lacks it) unless it would shadow one of those.
+
+        Returns a ``verl.DataProto`` when verl is importable (``as_dataproto`` None or True), otherwise
+        (or with ``as_dataproto=False``) a dict of those NumPy arrays plus ``non_tensor_batch`` and
+        ``meta_info``.
+        """
+        arrays, non_tensors = self._verl_arrays(pad_id, prompt_length, response_length)
+        meta = dict(meta_info or {})
+        if as_dataproto is False:
+            return {**arrays, "non_tensor_batch": non_tensors, "meta_info": meta}
+        try:
+            import torch
+            from verl import DataProto
+        except ImportError as exc:
+            if as_dataproto:
+                raise MissingDependency("to_verl(as_dataproto=True) needs verl (and torch) installed") \
+                    from exc
+            return {**arrays, "non_tensor_batch": non_tensors, "meta_info": meta}
+        tensors = {name: torch.from_numpy(array) for name, array in arrays.items()}
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+    def _verl_arrays(
+        self, pad_id: int, prompt_length: int | None, response_length: int | None
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        n = len(self)
+        prompts, responses, logprobs = self._prompts, self._responses, self._logprobs
+        p_len, r_len = prompts.lengths, responses.lengths
+        width_p = _width("prompt", p_len, prompt_length, self.step_ids)
+        width_r = _width("response", r_len, response_length, self.step_ids)
+        rows = np.arange(n)
+        # Prompt token j of row i sits at column width_p - p_len[i] + j (left padding).
+        p_rows = np.repeat(rows, p_len)
+        p_cols = (np.arange(len(prompts.values)) - np.repeat(prompts.offsets[:-1], p_len)
+                  + np.repeat(width_p - p_len, p_len))
+        r_rows = np.repeat(rows, r_len)
+        r_cols = np.arange(len(responses.values)) - np.repeat(responses.offsets[:-1], r_len)
+
+        prompt_ids = np.full((n, width_p), pad_id, dtype=np.int64)
+        prompt_ids[p_rows, p_cols] = prompts.values
+        response_ids = np.full((n, width_r), pad_id, dtype=np.int64)
+        response_ids[r_rows, r_cols] = responses.values
+        prompt_mask = (np.arange(width_p)[None, :] >= (width_p - p_len)[:, None]).astype(np.int64)
+        response_mask = (np.arange(width_r)[None, :] < r_len[:, None]).astype(np.int64)
+        attention_mask = np.concatenate([prompt_mask, response_mask], axis=1)
+        scores = np.zeros((n, width_r), dtype=np.float32)
+        has_response = r_len > 0
+        scores[rows[has_response], r_len[has_response] - 1] = self._outcome_rewards()[has_response]
+        arrays = {
+            "prompts": prompt_ids,
+            "responses": response_ids,
+            "input_ids": np.concatenate([prompt_ids, response_ids], axis=1),
+            "attention_mask": attention_mask,
+            "position_ids": np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None),
+            "response_mask": response_mask,
+            "token_level_scores": scores,
+            "rm_scores": scores.copy(),
+        }
+        if n and bool(logprobs.valid.all()):
+            if not np.array_equal(logprobs.lengths, r_len):
+                i = int(np.flatnonzero(logprobs.lengths != r_len)[0])
+                raise DataError(f"step {self.step_ids[i]!r} has {int(logprobs.lengths[i])} logprobs "
+                                f"for {int(r_len[i])} response tokens")
+            rollout = np.zeros((n, width_r), dtype=np.float32)
+            rollout[r_rows, r_cols] = logprobs.values
+            arrays["rollout_log_probs"] = rollout
+        return arrays, self._verl_non_tensors()
+
+    def _outcome_rewards(self) -> np.ndarray:
+        """Per step: its reward, plus the trajectory reward on the terminal step (missing counts 0)."""
+        table = self._table
+        step = table.column("reward").to_numpy(zero_copy_only=False).astype(np.float64)
+        out = np.nan_to_num(step, nan=0.0)
+        if "trajectory_reward" in table.column_names and "terminal" in table.column_names:
+            trajectory = np.nan_to_num(
+                table.column("trajectory_reward").to_numpy(zero_copy_only=False).astype(np.float64), nan=0.0)
+            terminal = table.column("terminal").to_numpy(zero_copy_only=False).astype(bool)
+            out = out + np.where(terminal, trajectory, 0.0)
+        return out.astype(np.float32)
+
+    def _verl_non_tensors(self) -> dict[str, np.ndarray]:
+        steps = list(self)
+        groups = [s.prompt_group_id for s in steps]
+
+        def objects(values: list[Any]) -> np.ndarray:
+            out = np.empty(len(values), dtype=object)
+            out[:] = values
+            return out
+
+        non_tensors = {
+            "uid": objects([s.prompt_group_id or s.trajectory_id for s in steps]),
+            "prompt_uids": objects(groups),
+            "trajectory_uids": objects([s.trajectory_id for s in steps]),
+            "step_indices": np.array([s.step_index for s in steps], dtype=np.int32),
+            "step_ids": objects([s.step_id for s in steps]),
+        }
+        metadata = [_metadata_of(s) for s in steps]
+        for key in sorted({k for m in metadata for k in m} - set(non_tensors)):
+            non_tensors[key] = objects([m.get(key) for m in metadata])
+        return non_tensors
 
     def to_torch(
         self, device: Any = None, pad_id: int = 0, pad_to_multiple: int | None = None

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -40,8 +40,10 @@ from consumer_sdk.queries import (
     LATEST_FLOOR_SQL,
     POSITION_SQL,
     Scope,
+    rollout_groups_sql,
     select_list,
     steps_sql,
+    trajectories_sql,
     whole_groups_sql,
 )
 from consumer_sdk.source import TransportKind, parse_source
@@ -156,35 +158,79 @@ class PoolConsumer:
         _positive_int("max_groups", max_groups, allow_none=True)
         if max_groups is not None and not self.whole_groups:
             raise UsageError("max_groups applies only to whole_groups consumers")
+        return self._waiting(lambda: self._fetch(max_steps, max_tokens, max_groups), timeout)
+
+    def fetch_batch(
+        self,
+        batch_size: int,
+        n_rollouts: int | None = None,
+        channel: str | list[str] | None = None,
+        timeout: float | None = None,
+    ) -> StepBatch:
+        """The seed system's ``DataPool.fetch_batch``: ``batch_size`` whole prompt groups with
+        ``n_rollouts`` complete trajectories each (every step of them), groups first come first served.
+
+        Blocks until that many groups are complete (``timeout`` seconds at most; ``None``: forever, as
+        upstream) and returns an empty batch if they never were. ``n_rollouts`` None takes each group's
+        declared ``prompt_group_size``; ``channel`` overrides the consumer's channel for this call. A
+        group that never completes (a crashed rollout) does not hold back the groups behind it.
+        Delivery is like :meth:`poll`: the steps are in flight until :meth:`commit`.
+        ``batch.to_verl()`` gives the veRL layout. See :func:`consumer_sdk.queries.rollout_groups_sql`.
+        """
+        _positive_int("batch_size", batch_size)
+        _positive_int("n_rollouts", n_rollouts, allow_none=True)
+        filters = self.filters if channel is None else self.filters.merged(channel=channel)
+        return self._waiting(lambda: self._fetch_groups(filters, batch_size, n_rollouts), timeout)
+
+    @staticmethod
+    def _waiting(fetch: Callable[[], StepBatch], timeout: float | None) -> StepBatch:
+        """``fetch()`` until it returns something or ``timeout`` passes, backing off between tries."""
         if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
             raise UsageError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         deadline = math.inf if timeout is None else time.monotonic() + timeout
         wait = _FIRST_WAIT_S
         while True:
-            batch = self._fetch(max_steps, max_tokens, max_groups)
+            batch = fetch()
             remaining = deadline - time.monotonic()
             if len(batch) or remaining <= 0:
                 return batch
             time.sleep(min(wait, remaining))
             wait = min(wait * 2, _MAX_WAIT_S)
 
-    def _fetch(self, max_steps: int, max_tokens: int | None, max_groups: int | None) -> StepBatch:
-        link = self._link()
-        position = link.query(POSITION_SQL, {"group": self.group}).to_pylist()[0]
+    def _scope(self) -> Scope:
+        """Where the group stands now (epoch, floor), forgetting deliveries of an older epoch."""
+        position = self._link().query(POSITION_SQL, {"group": self.group}).to_pylist()[0]
         epoch, floor_ms = str(position["epoch"]), int(position["floor_ms"])
         if epoch != self._epoch:
             # The group was sought elsewhere: what this consumer holds belongs to a forgotten epoch.
             self._in_flight.clear()
             self._epoch = epoch
+        return Scope(self.group, epoch, floor_ms, tuple(self._in_flight), self.member, self.members)
+
+    def _fetch(self, max_steps: int, max_tokens: int | None, max_groups: int | None) -> StepBatch:
+        scope = self._scope()
         clauses, params = filter_sql(self.filters, self._policy_version)
-        scope = Scope(self.group, epoch, floor_ms, tuple(self._in_flight), self.member, self.members)
         if self.whole_groups:
             sql, scope_params = whole_groups_sql(
                 self._select, clauses, scope, max_steps, max_tokens, max_groups
             )
         else:
             sql, scope_params = steps_sql(self._select, clauses, scope, max_steps, max_tokens)
-        batch = StepBatch(link.query(sql, {**params, **scope_params}))
+        return self._deliver(StepBatch(self._link().query(sql, {**params, **scope_params})), scope.epoch)
+
+    def _fetch_groups(self, filters: Filters, batch_size: int, n_rollouts: int | None) -> StepBatch:
+        scope = self._scope()
+        clauses, params = filter_sql(filters, self._policy_version)
+        sql, scope_params = rollout_groups_sql(clauses, scope, batch_size, n_rollouts)
+        chosen = self._link().query(sql, {**params, **scope_params}).to_pylist()
+        complete = len({row["prompt_group_id"] for row in chosen}) == batch_size
+        # Not enough complete groups yet: an empty batch (with the steps' columns) and nothing in flight.
+        trajectories = [row["trajectory_id"] for row in chosen] if complete else []
+        table = self._link().query(trajectories_sql(self._select), {"c_trajectories": trajectories})
+        return self._deliver(StepBatch(table), scope.epoch)
+
+    def _deliver(self, batch: StepBatch, epoch: str) -> StepBatch:
+        """Mark the batch's steps in flight (what ``commit()`` records)."""
         versions = batch.to_arrow().column("version").to_pylist()
         for step_id, version in zip(batch.step_ids, versions, strict=True):
             self._in_flight[step_id] = (epoch, int(version))

@@ -70,7 +70,8 @@ def _integer(name: str, value: Any, minimum: int | None = None) -> int | None:
 
 @dataclass(frozen=True)
 class Filters:
-    """Which steps a consumer receives. Every field narrows; the defaults deliver every ready step.
+    """Which steps a consumer receives. Every field narrows; the defaults deliver every ready step
+    of the ``train`` channel.
 
     String-set fields accept one string or a list; an empty set means "any".
     """
@@ -100,6 +101,10 @@ class Filters:
     """Steps at most this many versions behind the version the trainer reports."""
     include_superseded: bool = False
     """Also retries the agent threw away (``link_status = 'superseded'``); they are never ready."""
+    channel: tuple[str, ...] = ("train",)
+    """The data channel (the seed system's ``train`` / ``val``): one string or a list; None or [] for
+    every channel. Steps default to ``train``, so consumers that never name a channel get what they
+    always got."""
 
     def __post_init__(self) -> None:
         if self.ready is not None and not isinstance(self.ready, bool):
@@ -113,6 +118,7 @@ class Filters:
             "source_kind": _strings("source_kind", self.source_kind, SOURCE_KINDS),
             "source_name": _strings("source_name", self.source_name, None),
             "token_provenance": _strings("token_provenance", self.token_provenance, TOKEN_PROVENANCES),
+            "channel": _strings("channel", self.channel, None),
             "min_reward": _number("min_reward", self.min_reward),
             "max_reward": _number("max_reward", self.max_reward),
             "min_quality_score": _number("min_quality_score", self.min_quality_score),
@@ -192,7 +198,7 @@ def filter_sql(filters: Filters, current_policy_version: int | None) -> tuple[li
              "NOT hasAny(quality_labels, {p})")
     if filters.min_quality_score is not None:
         bind("min_quality_score", "Float64", filters.min_quality_score, "quality_score >= {p}")
-    for name in ("source_kind", "source_name", "token_provenance"):
+    for name in ("source_kind", "source_name", "token_provenance", "channel"):
         values = getattr(filters, name)
         if values:
             bind(name, "Array(String)", list(values), f"{name} IN {{p}}")

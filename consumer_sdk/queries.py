@@ -47,14 +47,17 @@ class Scope:
     members: int = 1
 
     def params(self) -> dict[str, Any]:
-        return {
+        """The values the scope's clauses bind (the member ones only when there are members to split:
+        the pool API refuses parameters a query does not use)."""
+        params: dict[str, Any] = {
             "c_group": self.group,
             "c_epoch": self.epoch,
             "c_floor": self.floor_ms,
             "c_in_flight": list(self.in_flight),
-            "c_member": self.member,
-            "c_members": self.members,
         }
+        if self.members > 1:
+            params.update(c_member=self.member, c_members=self.members)
+        return params
 
 
 _NOT_COMMITTED = (
@@ -154,6 +157,57 @@ def whole_groups_sql(
         "ORDER BY prompt_group_id, trajectory_id, step_index"
     )
     return sql, params
+
+
+def rollout_groups_sql(
+    filter_clauses: list[str], scope: Scope, batch_size: int, n_rollouts: int | None
+) -> tuple[str, dict[str, Any]]:
+    """The trajectories ``fetch_batch`` takes: ``n_rollouts`` complete ones from each of the first
+    ``batch_size`` prompt groups that have that many, groups first come first served.
+
+    A trajectory is complete when it has its terminal step, contiguous step indices, every step
+    matching the filters and none taken; the group's place in line is its first step's
+    ``created_at_ms`` (the rollout order, stable across step versions). Within a group the trajectories
+    that completed first (landed in the pool first) are taken. ``n_rollouts`` None means the group's
+    declared ``prompt_group_size``. Rows come in batch order: group, then trajectory id.
+    """
+    match = _and(filter_clauses)
+    grouped = _and(["prompt_group_id IS NOT NULL", *_partition("prompt_group_id", scope)])
+    per_trajectory = (
+        "SELECT prompt_group_id, trajectory_id, min(created_at_ms) AS first_at, max(ingested_at) AS last_at, "
+        "max(ifNull(prompt_group_size, 0)) AS declared, "
+        "max(toUInt8(terminal)) = 1 "
+        "AND uniqExact(step_index) = count() AND max(step_index) - min(step_index) + 1 = count() "
+        f"AND min(ifNull({match}, 0)) = 1 "
+        f"AND countIf(({_NOT_COMMITTED}) = 0 OR ({_NOT_IN_FLIGHT}) = 0) = 0 "
+        f"AND max(ingested_at) >= {_AFTER_FLOOR} AS usable "
+        f"FROM {STEPS_VIEW} WHERE {grouped} GROUP BY prompt_group_id, trajectory_id"
+    )
+    group = "OVER (PARTITION BY prompt_group_id)"
+    counted = (
+        f"SELECT *, min(first_at) {group} AS group_first_at, countIf(usable) {group} AS usable_in_group, "
+        f"if({{c_n:UInt64}} = 0, toUInt64(greatest(max(declared) {group}, 0)), {{c_n:UInt64}}) AS wanted "
+        f"FROM ({per_trajectory})"
+    )
+    ranked = (
+        "SELECT prompt_group_id, trajectory_id, "
+        "row_number() OVER (PARTITION BY prompt_group_id ORDER BY last_at, trajectory_id) AS _nth, "
+        "dense_rank() OVER (ORDER BY group_first_at, prompt_group_id) AS _group_rank, wanted "
+        f"FROM ({counted}) WHERE usable AND wanted > 0 AND usable_in_group >= wanted"
+    )
+    sql = (
+        f"SELECT prompt_group_id, trajectory_id FROM ({ranked}) "
+        "WHERE _nth <= wanted AND _group_rank <= {c_batch:UInt64} ORDER BY _group_rank, trajectory_id"
+    )
+    return sql, {**scope.params(), "c_n": n_rollouts or 0, "c_batch": batch_size}
+
+
+def trajectories_sql(select: str) -> str:
+    """Every step of the given trajectories, in the order the ids are listed, then by step index."""
+    return (
+        f"SELECT {select} FROM {STEPS_VIEW} WHERE trajectory_id IN {{c_trajectories:Array(String)}} "
+        "ORDER BY indexOf({c_trajectories:Array(String)}, trajectory_id), step_index"
+    )
 
 
 POSITION_SQL = (

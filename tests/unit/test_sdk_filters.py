@@ -15,13 +15,26 @@ from consumer_sdk.queries import Scope, steps_sql, whole_groups_sql
 PLACEHOLDER = re.compile(r"\{(\w+):([^}]+)\}")
 
 
-def test_defaults_deliver_ready_steps_only() -> None:
+def test_defaults_deliver_ready_train_steps_only() -> None:
     clauses, params = filter_sql(Filters(), None)
-    assert clauses == ["ready = 1"]
-    assert params == {}
-    assert filter_sql(Filters(ready=None, include_superseded=True), None) == ([], {})
-    assert filter_sql(Filters(ready=None), None)[0] == ["link_status != 'superseded'"]  # retries thrown away
-    assert filter_sql(Filters(ready=False), None)[0] == ["ready = 0"]
+    assert clauses == ["ready = 1", "channel IN {f_channel:Array(String)}"]
+    assert params == {"f_channel": ["train"]}
+    assert filter_sql(Filters(ready=None, channel=None, include_superseded=True), None) == ([], {})
+    assert filter_sql(Filters(ready=None, channel=None), None)[0] == ["link_status != 'superseded'"]
+    assert filter_sql(Filters(ready=False), None)[0][0] == "ready = 0"
+
+
+def test_channel_is_one_name_a_list_or_every_channel() -> None:
+    assert Filters.from_kwargs(channel="val").channel == ("val",)
+    assert Filters.from_kwargs(channel=["train", "val"]).channel == ("train", "val")
+    assert Filters.from_kwargs(channel=None).channel == ()
+    assert filter_sql(Filters(channel="val"), None)[1] == {"f_channel": ["val"]}
+    # Presets keep only what differs from the defaults: the train default is implicit, "every" is not.
+    assert Filters().to_json() == "{}"
+    assert Filters.from_json(Filters(channel=None).to_json()).channel == ()
+    assert Filters.from_json(Filters(channel="val").to_json()).channel == ("val",)
+    with pytest.raises(InvalidFilter, match="channel"):
+        Filters.from_kwargs(channel=[""])
 
 
 def test_every_filter_becomes_a_bound_clause() -> None:
