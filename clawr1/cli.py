@@ -45,7 +45,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sql.add_argument(
         "--dsn", help="a pool DSN to open directly (default: CLAWR1_CLICKHOUSE_DSN or the embedded pool)"
     )
-    sql.add_argument("--api-key", dest="api_key", help="API key when the stack requires one")
+    sql.add_argument("--api-key", dest="api_key",
+                     help="API key when the stack requires one (default: $CLAWR1_API_KEY, hidden from ps)")
     sql.add_argument("--format", default="TabSeparatedWithNames", help="ClickHouse output format")
     sql.add_argument("query", nargs="?")
 

@@ -7,6 +7,7 @@ Errors of clickhouse-connect, the pool store and httpx are translated here into 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -20,6 +21,7 @@ from consumer_sdk.source import Source
 from pool.store import PoolError, PoolStore
 
 _STORE_ERRORS = (PoolError, ClickHouseError)
+API_KEY_ENV = "CLAWR1_API_KEY"
 
 
 class Transport(Protocol):
@@ -75,9 +77,12 @@ _INSERT_CHUNK_ROWS = 5000
 
 class ApiTransport:
     """The Claw-R1 API's pool routes: ``POST /v1/sql`` (answered as an Arrow stream) and
-    ``POST /v1/pool/insert/{table}`` (JSON rows, only the SDK's own tables)."""
+    ``POST /v1/pool/insert/{table}`` (JSON rows, only the SDK's own tables). The key is ``api_key``,
+    else ``CLAWR1_API_KEY``."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0) -> None:
+        # The environment keeps the key out of argv, where ``ps`` shows it to every local user.
+        api_key = api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._base_url = base_url
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)

@@ -23,9 +23,10 @@ from pydantic import BaseModel
 
 from clawr1.settings import Settings
 from clawr1.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
-from gateway.auth import ANONYMOUS, KeyRing, parse_api_keys
+from gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
 from gateway.config import GatewayConfig, GatewayTopics
 from gateway.errors import ApiError, ErrorBody, install_error_handlers
+from gateway.hosts import LoopbackHostMiddleware
 from gateway.idempotency import IdempotencyConflict, IdempotencyStore
 from gateway.limits import BodyLimitMiddleware
 from gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn, Health, StepIn, TurnPayload
@@ -83,14 +84,17 @@ def gateway_state(request: Request) -> GatewayState:
 _bearer = HTTPBearer(auto_error=False, description="an API key from CLAWR1_API_KEYS (when keys are set)")
 
 
-def source_for(kind: str, keys: KeyRing) -> Callable[..., Any]:
-    """Dependency answering the source name of the caller allowed to submit ``kind``. Without keys
-    it asks for no credentials, so the published spec declares no security either."""
+def authorizer(keys: KeyRing) -> Callable[..., Any]:
+    """Dependency answering the caller's source name once its key may use the matched route
+    (``ROUTE_KINDS``; a route missing there is refused to every key). The key is left in
+    ``request.state.api_key`` for routes that narrow further (a consume key's own groups). Without
+    keys it asks for no credentials, so the published spec declares no security either."""
 
     async def anonymous() -> str:
         return ANONYMOUS
 
     async def authenticate(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     ) -> str:
         challenge = {"WWW-Authenticate": "Bearer"}
@@ -100,8 +104,13 @@ def source_for(kind: str, keys: KeyRing) -> Callable[..., Any]:
         key = keys.identify(credentials.credentials)
         if key is None:
             raise ApiError(401, "unauthorized", "the API key is not valid", headers=challenge)
-        if kind not in key.kinds:
-            raise ApiError(403, "forbidden", f"the API key of {key.name!r} may not submit {kind}")
+        path = request.scope["route"].path_format
+        allowed = ROUTE_KINDS.get(path, frozenset())
+        if not key.kinds & allowed:
+            needs = f"a key of kind {' or '.join(sorted(allowed))}" if allowed else "a route in ROUTE_KINDS"
+            raise ApiError(403, "forbidden",
+                           f"the API key of {key.name!r} may not use {path}: it needs {needs}")
+        request.state.api_key = key
         return key.name
 
     return authenticate if keys.enabled else anonymous
@@ -185,7 +194,8 @@ async def accept(request: Request, ingest: Ingest, source_name: str, idempotency
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in {
-        400: "malformed JSON", 401: "missing or invalid API key", 403: "the key may not submit this kind",
+        400: "malformed JSON", 401: "missing or invalid API key",
+        403: "the key's kinds do not grant this route",
         409: "the same Idempotency-Key is still in flight", 413: "body, batch or record too large",
         415: "not application/json", 422: "invalid fields (each named with its reason)",
         503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
@@ -216,7 +226,7 @@ _IDEMPOTENCY_KEY = Header(
 
 
 def _endpoint(ingest: Ingest, keys: KeyRing) -> Callable[..., Any]:
-    authenticated = Depends(source_for(ingest.kind, keys))
+    authenticated = Depends(authorizer(keys))
 
     async def endpoint(request: Request, source_name: str = authenticated,
                        idempotency_key: str | None = _IDEMPOTENCY_KEY) -> Response:
@@ -264,9 +274,10 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
                public_routers: Sequence[APIRouter] = (),
                topics: GatewayTopics | None = None,
                producer_overrides: dict[str, Any] | None = None) -> FastAPI:
-    """The whole API app. ``routers`` read the pool and need a key allowed "pool" when keys are set;
-    ``public_routers`` serve no data (the dashboard's page). ``topics`` renames the raw topics (tests);
-    ``producer_overrides`` go to librdkafka as they are."""
+    """The whole API app. With keys set, the routes of ``routers`` need a key of a kind ``ROUTE_KINDS``
+    grants them; ``public_routers`` serve no data (the dashboard's page). Without keys only loopback
+    ``Host`` names are answered. ``topics`` renames the raw topics (tests); ``producer_overrides`` go
+    to librdkafka as they are."""
     config = GatewayConfig.from_settings(settings)
     state = GatewayState(
         config=config,
@@ -300,12 +311,14 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
     app.state.gateway = state
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_request_bytes)
+    if not state.keys.enabled:
+        app.add_middleware(LoopbackHostMiddleware)  # outermost: a rebinding page gets nothing, not even 413
     app.include_router(ingest_router(config.max_batch, state.keys))
     app.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health, tags=["health"],
                       responses={503: {"model": Health, "description": "a part is not ready"}})
-    # Mounted routers (pool SQL, dashboard) read the pool: with keys set, they need a key allowed "pool".
+    # Mounted routers (pool SQL and inserts, dashboard data): with keys set, each route's ROUTE_KINDS.
     for router in routers:
-        app.include_router(router, dependencies=[Depends(source_for("pool", state.keys))])
+        app.include_router(router, dependencies=[Depends(authorizer(state.keys))])
     for router in public_routers:
         app.include_router(router)
     _install_openapi(app, [StepIn, FeedbackIn, EventIn, TurnPayload])

@@ -1,9 +1,17 @@
-"""API keys: who is submitting (the source name recorded on every event) and what they may submit.
+"""API keys: who is calling (the source name recorded on every event) and which routes they may use.
 
-``CLAWR1_API_KEYS`` holds comma-separated entries ``name:key`` or ``name:key:kind1|kind2`` (kinds:
-steps, feedback, events, and pool = reading the pool: SQL, SDK, dashboard), or ``@/path/to/file``
-with one entry per line (``#`` comments allowed).
-The source name always comes from the key, never from the request body. Keys are compared with
+``CLAWR1_API_KEYS`` holds comma-separated entries ``name:key`` or ``name:key:kind1|kind2``, or
+``@/path/to/file`` with one entry per line (``#`` comments allowed). Kinds (``KINDS``):
+
+- ``steps``, ``feedback``, ``events``: submit to the ingest route of that name;
+- ``read``: analyst SQL and the dashboard's data;
+- ``consume``: the consumer SDK: SQL plus writing its own groups' commits and positions and its own
+  presets (``owns_group``: ``<key name>`` or ``<key name>:...``);
+- ``curate``: the dashboard's curation writes (no route uses it yet).
+
+An entry without kinds gets the ingest kinds only: reading or moving the pool is always granted by
+name. ``ROUTE_KINDS`` is the route x kind matrix; a mounted route missing from it is refused to
+every key. The source name always comes from the key, never from the request body. Keys are compared with
 ``hmac.compare_digest`` against every configured key, so timing reveals neither a key nor which
 one matched. Error messages name entries by position, never by their secret.
 """
@@ -16,8 +24,33 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = frozenset({"steps", "feedback", "events", "pool"})
+INGEST_KINDS = frozenset({"steps", "feedback", "events"})
+KINDS = INGEST_KINDS | {"read", "consume", "curate"}
 ANONYMOUS = "anonymous"
+
+ROUTE_KINDS: dict[str, frozenset[str]] = {
+    "/v1/steps": frozenset({"steps"}),
+    "/v1/feedback": frozenset({"feedback"}),
+    "/v1/events": frozenset({"events"}),
+    "/v1/sql": frozenset({"read", "consume"}),
+    "/v1/pool/insert/{table}": frozenset({"consume"}),
+    "/v1/dashboard/summary": frozenset({"read"}),
+    "/v1/dashboard/steps": frozenset({"read"}),
+    "/v1/dashboard/steps/{step_id}": frozenset({"read"}),
+    # The compat port (compat/app.py): a route needs the kind of what it ends up writing. Agent calls
+    # and registrations become captured steps, completion a trajectory reward; reward computation
+    # serves both rollout workers and reward producers.
+    "/init_trajectory": frozenset({"steps"}),
+    "/{trajectory_uid}/{prompt_uid}/v1/register_trajectory": frozenset({"steps"}),
+    **{f"/{{trajectory_uid}}/{{prompt_uid}}/v1/{api}": frozenset({"steps"})
+       for api in ("chat/completions", "completions", "responses", "messages")},
+    "/{trajectory_uid}/{prompt_uid}/v1/complete_trajectory": frozenset({"feedback"}),
+    "/submit_steps": frozenset({"steps"}),
+    "/generate": frozenset({"steps"}),
+    "/compute_reward": frozenset({"steps", "feedback"}),
+}
+"""Which kinds may call each keyed route (by its path template, as in /openapi.json); docs/security.md
+shows the matrix."""
 
 
 class ApiKeyError(ValueError):
@@ -28,7 +61,13 @@ class ApiKeyError(ValueError):
 class ApiKey:
     name: str
     secret: str
-    kinds: frozenset[str] = KINDS
+    kinds: frozenset[str] = INGEST_KINDS
+
+    def owns_group(self, group: str) -> bool:
+        """A consume key writes the offsets, positions and presets of the groups named after it
+        (``<name>`` or ``<name>:<anything>``) and no others: two trainers cannot move each other.
+        Key names never hold ``:``, so no name's groups fall inside another's."""
+        return group == self.name or group.startswith(f"{self.name}:")
 
     def __repr__(self) -> str:
         return f"ApiKey(name={self.name!r}, kinds={sorted(self.kinds)})"
@@ -67,7 +106,7 @@ def parse_entry(entry: str, where: str) -> ApiKey:
     if not secret:
         raise ApiKeyError(f"{where} ({name}): empty key")
     if len(parts) == 2:
-        return ApiKey(name, secret)
+        return ApiKey(name, secret)  # ingest kinds only: reads and pool writes are granted by name
     kinds = frozenset(k.strip() for k in parts[2].split("|") if k.strip())
     unknown = kinds - KINDS
     if not kinds or unknown:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from pool.consumer_tables import CONSUMER_WRITABLE_TABLES
+from pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
 from pool.sql import OUTPUT_FORMATS, SqlError, SqlLimits, WriteRefused, run_read_only
 from pool.store import PoolError, PoolStore
 
@@ -71,12 +71,20 @@ def pool_router(store: PoolStore, limits: SqlLimits | None = None) -> APIRouter:
 
     @router.post("/v1/pool/insert/{table}", response_model=InsertReply, responses={
         400: {"description": "rows that do not fit the table (ClickHouse's error text)"},
-        403: {"description": "the table is not writable through the API"},
+        403: {"description": "the table is not writable through the API, or a row is another key's group"},
     })
-    async def insert(table: str, request: InsertRequest) -> InsertReply:
+    async def insert(table: str, request: InsertRequest, http: Request) -> InsertReply:
         if table not in CONSUMER_WRITABLE_TABLES:
             raise HTTPException(403, f"table {table!r} is not writable; writable: "
                                      f"{', '.join(sorted(CONSUMER_WRITABLE_TABLES))}")
+        # Set by the gateway when API keys are configured: a consume key writes only its own groups.
+        key = getattr(http.state, "api_key", None)
+        column = OWNER_COLUMNS[table]
+        if key is not None and (foreign := {str(row.get(column)) for row in request.rows
+                                            if not isinstance(row.get(column), str)
+                                            or not key.owns_group(row[column])}):
+            raise HTTPException(403, f"the API key of {key.name!r} may write only {column} {key.name!r} or "
+                                     f"{key.name + ':...'!r}, not {', '.join(sorted(foreign)[:5])}")
         if not request.rows:
             return InsertReply(table=table, rows=0)
         data = "\n".join(json.dumps(row, separators=(",", ":")) for row in request.rows).encode()

@@ -18,6 +18,10 @@ POSITIONS_TABLE = "consumer_positions"
 PRESETS_TABLE = "consumer_presets"
 
 CONSUMER_WRITABLE_TABLES: frozenset[str] = frozenset({COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE})
+OWNER_COLUMNS: dict[str, str] = {
+    COMMITS_TABLE: "group_name", POSITIONS_TABLE: "group_name", PRESETS_TABLE: "name",
+}
+"""The column naming whose row it is: a consume key may write only rows of its own groups and presets."""
 
 CONSUMER_MIGRATIONS: list[tuple[str, str]] = [
     (

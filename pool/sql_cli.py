@@ -7,6 +7,7 @@ else directly through ``PoolStore`` with the same read-only guards as the API.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 
@@ -99,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api", help="pool API base URL, e.g. http://127.0.0.1:8000")
     parser.add_argument("--dsn", help="pool DSN (chdb:///abs/path or http://user:pass@host:8123/db)")
     parser.add_argument("--format", default="TabSeparated", help="ClickHouse output format")
-    parser.add_argument("--api-key", help="API key for the pool API")
+    parser.add_argument("--api-key", help="API key for the pool API (default: $CLAWR1_API_KEY)")
     args = parser.parse_args(argv)
     try:
-        target = SqlTarget(args.api, args.dsn, args.api_key)
+        target = SqlTarget(args.api, args.dsn, args.api_key or os.environ.get("CLAWR1_API_KEY"))
     except (SqlError, PoolError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,15 +6,24 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import KINDS, ApiKeyError, parse_api_keys
+from gateway.auth import INGEST_KINDS, ApiKeyError, parse_api_keys
 from gateway.server import InsecureBindError, bind_address, check_bind, is_loopback
 
 
 def test_entries_with_and_without_kinds() -> None:
-    ring = parse_api_keys(" agent:k1 , rater:k2:feedback|events,")
+    ring = parse_api_keys(" agent:k1 , rater:k2:feedback|events, ops:k3:read|consume|curate")
     assert ring.enabled
+    # Without kinds: ingest only. Reading or moving the pool is always granted by name.
     assert [(k.name, sorted(k.kinds)) for k in ring.keys] == [
-        ("agent", sorted(KINDS)), ("rater", ["events", "feedback"])]
+        ("agent", sorted(INGEST_KINDS)), ("rater", ["events", "feedback"]),
+        ("ops", ["consume", "curate", "read"])]
+
+
+def test_a_consume_key_owns_the_groups_named_after_it() -> None:
+    key = parse_api_keys("trainer:k1:consume").keys[0]
+    assert key.owns_group("trainer") and key.owns_group("trainer:run-1") and key.owns_group("trainer:a:b")
+    for group in ("", "trainerx", "trainer/run", "other", "other:trainer", " trainer"):
+        assert not key.owns_group(group), group
 
 
 def test_file_entries_skip_comments_and_blank_lines(tmp_path: Path) -> None:
@@ -35,6 +44,7 @@ def test_empty_spec_disables_auth() -> None:
     (":S3CRET", "empty name"),
     ("agent:", "empty key"),
     ("agent:S3CRET:steps|train", "kinds must be among"),
+    ("agent:S3CRET:pool", "kinds must be among"),
     ("agent:S3CRET:", "kinds must be among"),
     ("a:S3CRET:steps:x", "expected name:key"),
     ("a:S3CRET,b:S3CRET", "entry 2 \\(b\\): the same key is already given to 'a'"),
@@ -83,7 +93,7 @@ def test_bind_address_brackets_ipv6() -> None:
     assert bind_address("127.0.0.1", 8000) == "127.0.0.1:8000"
 
 
-def test_mounted_pool_routers_need_a_key_allowed_to_read_the_pool() -> None:
+def test_a_mounted_route_missing_from_the_matrix_is_refused_to_every_key() -> None:
     from fastapi import APIRouter
     from fastapi.testclient import TestClient
 
@@ -92,12 +102,13 @@ def test_mounted_pool_routers_need_a_key_allowed_to_read_the_pool() -> None:
 
     router = APIRouter()
 
-    @router.get("/v1/pool-probe")
+    @router.get("/v1/unlisted")
     def probe() -> dict[str, bool]:
         return {"ok": True}
 
-    app = create_app(Settings(api_keys="reader:key-r:pool,writer:key-w:steps"), routers=[router])
+    every_kind = "steps|feedback|events|read|consume|curate"
+    app = create_app(Settings(api_keys=f"all:key-all:{every_kind}"), routers=[router])
     client = TestClient(app)  # no lifespan: the probe needs no Kafka
-    assert client.get("/v1/pool-probe").status_code == 401
-    assert client.get("/v1/pool-probe", headers={"Authorization": "Bearer key-w"}).status_code == 403
-    assert client.get("/v1/pool-probe", headers={"Authorization": "Bearer key-r"}).json() == {"ok": True}
+    assert client.get("/v1/unlisted").status_code == 401
+    refused = client.get("/v1/unlisted", headers={"Authorization": "Bearer key-all"})
+    assert refused.status_code == 403 and "a route in ROUTE_KINDS" in refused.json()["message"]

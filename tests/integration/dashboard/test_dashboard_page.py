@@ -74,7 +74,8 @@ def test_the_router_mounts_beside_the_pool_router_in_the_api_app(pool_store: Poo
         routers=[pool_router(pool_store), dashboard_router(pool_store)],
         public_routers=[dashboard_page_router()],
     )
-    client = TestClient(app)  # no lifespan: the Kafka producer is not needed for these routes
+    # No lifespan: the Kafka producer is not needed. Without keys only loopback Host names are served.
+    client = TestClient(app, base_url="http://127.0.0.1")
     assert client.get("/dashboard").status_code == 200
     assert client.get("/v1/dashboard/summary").json()["totals"]["steps"] == 0
     assert client.post("/v1/sql", json={"query": "SELECT count() AS n FROM steps"}).status_code == 200
@@ -82,9 +83,9 @@ def test_the_router_mounts_beside_the_pool_router_in_the_api_app(pool_store: Poo
     assert {"/v1/dashboard/summary", "/v1/dashboard/steps", "/v1/dashboard/steps/{step_id}"} <= set(paths)
 
 
-def test_with_keys_the_page_is_public_and_its_data_needs_a_pool_key(pool_store: PoolStore) -> None:
+def test_with_keys_the_page_is_public_and_its_data_needs_a_read_key(pool_store: PoolStore) -> None:
     app = create_app(
-        Settings(api_keys="reader:key-r:pool,agent:key-a:steps"),
+        Settings(api_keys="reader:key-r:read,agent:key-a:steps"),
         routers=[dashboard_router(pool_store)],
         public_routers=[dashboard_page_router()],
     )
@@ -100,7 +101,7 @@ def test_with_keys_the_page_is_public_and_its_data_needs_a_pool_key(pool_store: 
 def test_a_pool_that_cannot_answer_is_a_503_with_the_reason(pool_dsn: str) -> None:
     store = PoolStore(pool_dsn)
     store.close()
-    client = TestClient(create_app(Settings(), routers=[dashboard_router(store)]))
+    client = TestClient(create_app(Settings(), routers=[dashboard_router(store)]), base_url="http://127.0.0.1")
     for path in ("/v1/dashboard/summary", "/v1/dashboard/steps", "/v1/dashboard/steps/a"):
         response = client.get(path)
         assert response.status_code == 503, path
