@@ -35,6 +35,8 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--reverse-port", dest="reverse_port", type=int)
     up.add_argument("--upstream")
     up.add_argument("--api-port", dest="api_port", type=int)
+    up.add_argument("--compat-port", dest="compat_port", type=int,
+                    help="the seed Claw-R1 gateway's protocol (default 8100; 0 = off)")
     up.add_argument("--kafka-port", dest="kafka_port", type=int)
     up.add_argument("--capture-token-ids", dest="capture_token_ids", action="store_true", default=None)
     up.add_argument("--demo", action="store_true", help="start a stand-in LLM engine and a demo workload")
@@ -56,6 +58,8 @@ def _build_parser() -> argparse.ArgumentParser:
     api = sub.add_parser("api", help="the API process: gateway, pool SQL and sink (owns the embedded pool)")
     _common(api)
     api.add_argument("--api-port", dest="api_port", type=int)
+    api.add_argument("--compat-port", dest="compat_port", type=int,
+                     help="also serve the seed Claw-R1 gateway's protocol there (default 8100; 0 = off)")
     api.add_argument("--expect-parts", default="", help="comma-separated parts /healthz waits for")
     api.add_argument("--no-sink", action="store_true", help="serve only; a separate `clawr1 sink` writes")
 
@@ -88,6 +92,7 @@ _SETTING_FLAGS = (
     "reverse_port",
     "upstream",
     "api_port",
+    "compat_port",
     "capture_token_ids",
 )
 
@@ -146,13 +151,18 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         public_routers=[dashboard_page_router()],
         readiness=parts,
     )
+    servers = [(app, settings.api_port)]
+    if settings.compat_port:
+        from compat.app import create_compat_app
+
+        servers.append((create_compat_app(settings, app.state.gateway), settings.compat_port))
 
     async def main() -> None:
         shutdown = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, shutdown.set)
-        await serve(app, settings.api_host, settings.api_port, shutdown)
+        await asyncio.gather(*(serve(server, settings.api_host, port, shutdown) for server, port in servers))
 
     try:
         asyncio.run(main())

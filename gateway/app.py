@@ -136,6 +136,12 @@ def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
             source_name: str) -> tuple[list[OutMessage], list[str]]:
     """Validate the body and turn it into Kafka messages with their ids; ``ApiError`` on bad input."""
     items = parse_items(raw, ingest.model, ingest.check, state.config.max_batch)
+    return encode_items(state, ingest, items, source_name)
+
+
+def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any],
+                 source_name: str) -> tuple[list[OutMessage], list[str]]:
+    """Validated items as Kafka messages with their ids (also the compat port's way in)."""
     received_at_ms = int(time.time() * 1000)
     outgoing = [ingest.to_record(item, source_name, received_at_ms) for item in items]
     topic = ingest.topic(state.topics)
@@ -147,11 +153,17 @@ def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
 
 
 async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name: str) -> bytes:
-    config = state.config
     if len(raw) > _INLINE_BODY_BYTES:
         messages, ids = await asyncio.to_thread(_encode, state, ingest, raw, source_name)
     else:
         messages, ids = _encode(state, ingest, raw, source_name)
+    await publish(state, messages)
+    return Accepted(accepted=len(ids), ids=ids).model_dump_json().encode()
+
+
+async def publish(state: GatewayState, messages: list[OutMessage]) -> None:
+    """Produce and wait for the broker's acknowledgement; ``ApiError`` (503, 413) when it cannot."""
+    config = state.config
     if state.publisher is None:
         raise _unavailable("the gateway is starting or stopping", config.retry_after_s)
     try:
@@ -160,7 +172,6 @@ async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name:
         raise _unavailable(str(exc), config.retry_after_s) from exc
     except RecordTooLarge as exc:
         raise ApiError(413, "record_too_large", str(exc)) from exc
-    return Accepted(accepted=len(ids), ids=ids).model_dump_json().encode()
 
 
 async def accept(request: Request, ingest: Ingest, source_name: str, idempotency_key: str | None) -> Response:

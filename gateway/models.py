@@ -26,6 +26,7 @@ AVRO_LONG_LIMIT = 2**63
 
 Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Channel = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
 
 
 def _whole(value: Any) -> Any:
@@ -106,6 +107,7 @@ class StepIn(_Strict):
     policy_version: Long | None = None
     model: Name | None = None
     agent: Name | None = None
+    channel: Channel = Field("train", description="train | val: kept apart in the pool; trainers fetch one")
     metadata: JsonObject = {}
 
 

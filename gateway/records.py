@@ -93,6 +93,7 @@ def step_record(step: StepIn, source_name: str, received_at_ms: int) -> Outgoing
         "metadata_json": compact_json(step.metadata),
         "received_at_ms": received_at_ms,
         "content_digest": content_digest(step, source_name),
+        "channel": step.channel,
     }
     return Outgoing(step_id, step.trajectory_id, record)
 

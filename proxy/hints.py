@@ -1,11 +1,13 @@
 """Trajectory hints an agent may send as ``X-Claw-*`` headers; they never reach the upstream.
 
-Agents that can set headers name their trajectory, GRPO prompt group, policy version, agent and the
-last call of an episode; everything else is inferred downstream from the captured messages.
+Agents that can set headers name their trajectory, GRPO prompt group, policy version, agent, channel
+(train | val) and the last call of an episode; everything else is inferred downstream from the
+captured messages.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -15,10 +17,12 @@ PROMPT_GROUP_SIZE = "x-claw-prompt-group-size"
 POLICY_VERSION = "x-claw-policy-version"
 AGENT = "x-claw-agent"
 TERMINAL = "x-claw-terminal"
+CHANNEL = "x-claw-channel"
 HEADER_PREFIX = "x-claw-"
 _MAX_ID_CHARS = 256
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+_CHANNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class HintError(ValueError):
@@ -33,6 +37,7 @@ class Hints:
     policy_version: int | None = None
     agent: str | None = None
     terminal: bool = False
+    channel: str = "train"
 
 
 def _identifier(name: str, value: str | None) -> str | None:
@@ -65,6 +70,14 @@ def _flag(name: str, value: str | None) -> bool:
     raise HintError(f"{name} must be true or false, got {value!r}")
 
 
+def _channel(value: str | None) -> str:
+    if value is None:
+        return "train"
+    if not _CHANNEL.fullmatch(value.strip()):
+        raise HintError(f"X-Claw-Channel must be 1 to 64 letters, digits, '_', '.' or '-', got {value!r}")
+    return value.strip()
+
+
 def parse_hints(headers: Iterable[tuple[str, str]]) -> Hints:
     """Hints from request headers (names case-insensitive; the first value of a repeated header wins)."""
     found: dict[str, str] = {}
@@ -79,6 +92,7 @@ def parse_hints(headers: Iterable[tuple[str, str]]) -> Hints:
         policy_version=_integer("X-Claw-Policy-Version", found.get(POLICY_VERSION), 0),
         agent=_identifier("X-Claw-Agent", found.get(AGENT)),
         terminal=_flag("X-Claw-Terminal", found.get(TERMINAL)),
+        channel=_channel(found.get(CHANNEL)),
     )
 
 

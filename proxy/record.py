@@ -196,6 +196,7 @@ def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str
         "policy_version": call.hints.policy_version,
         "agent": call.hints.agent,
         "terminal": call.hints.terminal,
+        "channel": call.hints.channel,
         "conversation_key": conv_key,
         "messages_json": _text(dump(messages)),
         "response_id": assembled.response_id,

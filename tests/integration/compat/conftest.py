@@ -1,0 +1,95 @@
+"""One live stack for the compat tests: `clawr1 up` on a real Kafka broker and chDB pool, with the
+stand-in engine upstream, the capture proxy's reverse port, the compat port, API keys and a reward
+function. Each test uses its own trajectory and group ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
+KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
+        "scorer": "sk-compat-scorer-0123456789"}
+API_KEYS = ",".join(f"{name}:{KEYS[name]}:{kinds}" for name, kinds in
+                    (("agent", "steps|feedback"), ("reader", "read"), ("scorer", "feedback")))
+REWARD_FN = "tests.integration.compat.reward_fns:tokens_over_turns"
+
+
+@dataclass(frozen=True)
+class Stack:
+    api: str
+    compat: str
+    engine: str
+
+    def sql(self, query: str) -> list[dict[str, Any]]:
+        reply = httpx.post(f"{self.api}/v1/sql", json={"query": query, "format": "JSONEachRow"},
+                           headers=auth("reader"), timeout=60)
+        assert reply.status_code == 200, reply.text
+        return [json.loads(line) for line in reply.text.splitlines() if line.strip()]
+
+    def wait_rows(self, query: str, done: Callable[[list[dict[str, Any]]], bool],
+                  timeout: float = 120) -> list[dict[str, Any]]:
+        """The query's rows once ``done`` says they are complete (the streams and sink are asynchronous)."""
+        deadline = time.monotonic() + timeout
+        rows = self.sql(query)
+        while not done(rows) and time.monotonic() < deadline:
+            time.sleep(1)
+            rows = self.sql(query)
+        return rows
+
+
+def auth(name: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[name]}"}
+
+
+def _wait(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
+
+
+@pytest.fixture(scope="package")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    data = tmp_path_factory.mktemp("compat") / "data"
+    ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "compat", "kafka")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+    engine = subprocess.Popen([*CLAWR1, "standin-engine", "--port", str(ports["engine"])], env=env)
+    up = subprocess.Popen(
+        [*CLAWR1, "up", "--data-dir", str(data), "--proxy-port", str(ports["proxy"]),
+         "--reverse-port", str(ports["reverse"]), "--upstream", f"http://127.0.0.1:{ports['engine']}",
+         "--api-port", str(ports["api"]), "--kafka-port", str(ports["kafka"]),
+         "--compat-port", str(ports["compat"]), "--capture-token-ids"],
+        env={**env, "CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN})
+    running = Stack(api=f"http://127.0.0.1:{ports['api']}", compat=f"http://127.0.0.1:{ports['compat']}",
+                    engine=f"http://127.0.0.1:{ports['engine']}")
+    try:
+        _wait(f"{running.engine}/v1/models", 30, engine)
+        _wait(f"{running.api}/healthz", 240, up)
+        _wait(f"{running.compat}/openapi.json", 30, up)
+        yield running
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
+    finally:
+        for process in (up, engine):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
