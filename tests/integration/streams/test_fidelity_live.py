@@ -1,0 +1,207 @@
+"""Black-box fidelity through the live path: the official openai SDK -> the real proxy (reverse mode)
+-> the real broker -> a real stream worker. GRPO rollouts whose first actions are identical stay
+apart, retries are superseded, compaction is flagged, n > 1 choices are rollouts of one group,
+feedback by a reused engine id is refused with its candidates, and a replay after 1,000 other
+calls of its key keeps its first assignment."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from openai import OpenAI
+
+from clawr1.kafka_io import make_producer
+from clawr1.settings import Settings
+from tests.integration.proxy.helpers import EmbeddedProxy, LoopThread, TopicReader, free_port, start_standin
+from tests.integration.streams.conftest import Outputs, WorkerRun
+from tests.integration.streams.events import CODEC, feedback, llm_call, llm_key
+
+pytestmark = pytest.mark.integration
+
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "search the corpus",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"query": {"type": "string"}}}}}]
+
+
+class Live:
+    """An agent's view (an OpenAI client through the proxy) plus the worker's outputs and raw calls."""
+
+    def __init__(self, run: WorkerRun, outputs: Outputs, client: OpenAI, raw: TopicReader) -> None:
+        self.run, self.outputs, self.client, self.raw = run, outputs, client, raw
+
+    def call(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
+        return self.client.chat.completions.create(model="m", messages=messages, tools=TOOLS, **kw)
+
+    def steps_of(self, marker: str, count: int, timeout: float = 60) -> list[dict[str, Any]]:
+        """The latest version of the ``count`` steps whose prompt carries ``marker`` (once all arrived)."""
+        def mine() -> list[dict[str, Any]]:
+            return [s for s in self.outputs.latest_steps().values() if marker in s["prompt_messages"]]
+        self.outputs.wait_for(lambda _: len(mine()) >= count, timeout, self.run)
+        self.outputs.poll(1.0)  # later versions (supersede, feedback) of the same steps
+        return mine()
+
+    def give_feedback(self, target_kind: str, target_id: str, reward: float) -> str:
+        feedback_id = "fb-" + uuid.uuid4().hex[:8]
+        record = feedback(feedback_id, target_kind, target_id, reward=reward, at=int(time.time() * 1000))
+        producer = make_producer(self.run.bootstrap)
+        producer.produce(self.run.topics.raw_feedback, key=target_id.encode(),
+                         value=CODEC.encode("feedback", record))
+        assert producer.flush(30) == 0
+        return feedback_id
+
+
+@pytest.fixture(scope="module")
+def live(worker_runs: Callable[[], tuple[WorkerRun, Outputs]],
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    run, outputs = worker_runs()
+    run.start()
+    loop = LoopThread()
+    standin = start_standin(loop)
+    settings = Settings(data_dir=tmp_path_factory.mktemp("proxy"), kafka_bootstrap=run.bootstrap,
+                        proxy_port=free_port(), reverse_port=free_port(), upstream=standin.url)
+    raw = TopicReader(run.bootstrap, run.topics.raw_llm)
+    try:
+        with EmbeddedProxy(settings, run.topics.raw_llm) as proxy:
+            yield Live(run, outputs, OpenAI(base_url=f"{proxy.reverse_url}/v1", api_key="sk-x"), raw)
+    finally:
+        raw.close()
+        loop.run(standin.engine.stop())
+        loop.close()
+
+
+def echo(message: Any) -> dict[str, Any]:
+    """The reply as an agent framework puts it back in its history: arguments re-serialized."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+            "name": c.function.name, "arguments": json.dumps(json.loads(c.function.arguments))}}
+            for c in message.tool_calls]
+    return out
+
+
+def tool_result(message: Any, text: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": text}
+
+
+def chains(steps: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for step in sorted(steps, key=lambda s: s["step_index"]):
+        out.setdefault(step["trajectory_id"], []).append(step)
+    return out
+
+
+def test_grpo_rollouts_with_identical_first_actions_stay_apart(live: Live) -> None:
+    marker = uuid.uuid4().hex[:8]
+    task = [{"role": "system", "content": "use tools"}, {"role": "user", "content": f"find {marker}"}]
+    history: dict[int, list[dict[str, Any]]] = {}
+    firsts = {}
+    for r in range(4):  # four rollouts of one task: the engine answers each identically
+        firsts[r] = live.call(task).choices[0].message
+        history[r] = [*task, echo(firsts[r]), tool_result(firsts[r], f"observation {r}")]
+    assert len({json.dumps(echo(m)) for m in firsts.values()}) == 1
+    for r in (2, 0, 3, 1):
+        reply = live.call(history[r]).choices[0].message
+        history[r] += [echo(reply), {"role": "user", "content": "go on"}]
+        if r in (0, 1):
+            live.call(history[r])
+    trajectories = chains(live.steps_of(marker, 10))
+    assert sorted(len(c) for c in trajectories.values()) == [2, 2, 3, 3]
+    observations = set()
+    for chain in trajectories.values():
+        assert [s["step_index"] for s in chain] == list(range(len(chain)))
+        assert [s["link_status"] for s in chain] == ["root"] + ["linked"] * (len(chain) - 1)
+        prompts = [json.loads(s["prompt_messages"]) for s in chain]
+        for before, after in zip(prompts, prompts[1:], strict=False):
+            assert after[: len(before)] == before  # each prompt a prefix-extension of the previous
+        seen = {m["content"] for m in prompts[-1] if m["role"] == "tool"}
+        assert len(seen) == 1  # one rollout's observation only
+        observations |= seen
+    assert observations == {f"observation {r}" for r in range(4)}
+    # The four first calls share the engine's response id: feedback by it names no single step.
+    shared = next(c[0]["response_id"] for c in trajectories.values())
+    live.give_feedback("response", shared, 1.0)
+    live.outputs.wait_for(lambda o: any(shared in d["reason"] for d in o.dead_letters), 60, live.run)
+    letter = next(d for d in live.outputs.dead_letters if shared in d["reason"])
+    assert letter["stage"] == "join" and "ambiguous" in letter["reason"]
+    assert all(c[0]["step_id"] in letter["reason"] for c in trajectories.values())
+
+
+def test_a_retried_call_is_superseded_by_the_one_the_agent_continued(live: Live) -> None:
+    marker = uuid.uuid4().hex[:8]
+    task = [{"role": "system", "content": "use tools"}, {"role": "user", "content": f"look up {marker}"}]
+    first = live.call(task).choices[0].message
+    history = [*task, echo(first), tool_result(first, "found it")]
+    live.call(history)
+    reply = live.call(history).choices[0].message  # the agent timed out and asked again
+    live.call([*history, echo(reply), {"role": "user", "content": "thanks"}])
+    steps = live.steps_of(marker, 4)
+    at_one = sorted((s["link_status"], s["ready"]) for s in steps if s["step_index"] == 1)
+    assert at_one == [("linked", False), ("superseded", False)]
+    kept = next(s for s in steps if s["step_index"] == 1 and s["link_status"] == "linked")
+    last = next(s for s in steps if s["step_index"] == 2)
+    assert last["parent_step_id"] == kept["step_id"] and len({s["trajectory_id"] for s in steps}) == 1
+
+
+def test_a_compacted_context_is_flagged_with_its_candidate(live: Live) -> None:
+    marker = uuid.uuid4().hex[:8]
+    task = [{"role": "system", "content": "use tools"}, {"role": "user", "content": f"study {marker}"}]
+    first = live.call(task).choices[0].message
+    live.call([*task, echo(first), tool_result(first, "long output")])
+    live.call([*task, {"role": "user", "content": "Summary so far: searched once, got long output."}])
+    steps = {s["step_index"]: s for s in live.steps_of(marker, 3) if s["link_status"] != "compacted"}
+    compacted = [s for s in live.steps_of(marker, 3) if s["link_status"] == "compacted"]
+    assert len(compacted) == 1 and compacted[0]["step_index"] == 0
+    assert compacted[0]["link_candidate_step_id"] == steps[1]["step_id"]
+    assert compacted[0]["trajectory_id"] != steps[1]["trajectory_id"]
+
+
+def test_each_choice_is_a_rollout_and_feedback_by_the_call_id_finds_the_continued_one(live: Live) -> None:
+    marker = uuid.uuid4().hex[:8]
+    task = [{"role": "user", "content": f"write about {marker}"}]
+    both = live.client.chat.completions.create(model="m", messages=task, n=2)
+    live.client.chat.completions.create(model="m", messages=[
+        *task, {"role": "assistant", "content": both.choices[1].message.content},
+        {"role": "user", "content": "shorter"}])
+    steps = live.steps_of(marker, 3)
+    trajectories = chains(steps)
+    assert len(trajectories) == 2
+    assert len({(s["prompt_group_id"], s["prompt_group_size"]) for s in steps}) == 1
+    assert steps[0]["prompt_group_size"] == 2
+    continued = next(c for c in trajectories.values() if len(c) == 2)
+    assert continued[0]["response_text"] == both.choices[1].message.content
+    live.give_feedback("response", both.id, 0.5)
+    live.outputs.wait_for(lambda o: o.latest_steps()[continued[0]["step_id"]]["reward"] == 0.5, 60, live.run)
+    other = next(c for c in trajectories.values() if len(c) == 1)[0]
+    assert live.outputs.latest_steps()[other["step_id"]]["reward"] is None
+
+
+def test_a_replay_after_a_thousand_other_calls_keeps_its_first_assignment(live: Live) -> None:
+    marker = uuid.uuid4().hex[:8]
+    task = [{"role": "system", "content": "use tools"}, {"role": "user", "content": f"replay {marker}"}]
+    first = live.call(task).choices[0].message
+    live.call([*task, echo(first), tool_result(first, "r")])
+    original = {s["step_id"]: s for s in live.steps_of(marker, 2)}
+    raw = live.raw.wait_for(lambda r: marker in r["request_body"], 2)
+    now = int(time.time() * 1000)
+    others = [llm_call(f"other-{marker}-{i}", task, ["x"], at=now + i) for i in range(1_000)]
+    producer = make_producer(live.run.bootstrap)
+    for record in others:
+        producer.produce(live.run.topics.raw_llm, key=llm_key(record).encode(),
+                         value=CODEC.encode("raw_llm_call", record))
+    for event in raw:  # the proxy's calls again, as a redelivery would bring them
+        producer.produce(live.run.topics.raw_llm, key=event.key.encode(), value=event.value)
+    sentinel = llm_call(f"sentinel-{marker}", task, ["y"], at=now + 2_000)
+    producer.produce(live.run.topics.raw_llm, key=llm_key(sentinel).encode(),
+                     value=CODEC.encode("raw_llm_call", sentinel))
+    assert producer.flush(60) == 0
+    live.outputs.wait_for(lambda o: sentinel["event_id"] in o.latest_steps(), 180, live.run)
+    for step_id, step in original.items():
+        records = [s for s in live.outputs.steps if s["step_id"] == step_id]
+        assert {(s["trajectory_id"], s["step_index"], s["parent_step_id"]) for s in records} == {
+            (step["trajectory_id"], step["step_index"], step["parent_step_id"])}
+        assert live.outputs.latest_steps()[step_id]["version"] == step["version"]
