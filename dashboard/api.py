@@ -61,6 +61,7 @@ class StepsPage(BaseModel):
     reward_status: str | None = None
     token_provenance: str | None = None
     ready: bool | None = None
+    channel: str | None = None
 
 
 async def _read(fn: Callable[..., Any], *args: Any) -> Any:

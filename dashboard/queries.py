@@ -258,6 +258,7 @@ STEP_FILTERS: Mapping[str, StepFilter] = {
     "reward_status": StepFilter("reward_status", "String"),
     "token_provenance": StepFilter("token_provenance", "String"),
     "ready": StepFilter("ready", "UInt8"),
+    "channel": StepFilter("channel", "String"),
 }
 
 

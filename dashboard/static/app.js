@@ -230,6 +230,7 @@ function setFilter(changes) {
 }
 
 function renderFilters() {
+  document.getElementById("data-channel").value = state.filters.channel || "";
   const entries = Object.entries(state.filters);
   mount("filters", entries.length
     ? entries.map(([k, v]) => el("button", { type: "button", title: "remove filter",
@@ -670,6 +671,8 @@ function schedule() {
 function init() {
   document.getElementById("refresh").addEventListener("click", async () => { await refresh(); schedule(); });
   document.getElementById("interval").addEventListener("change", schedule);
+  document.getElementById("data-channel").addEventListener("change",
+    (event) => setFilter({ channel: event.target.value || null }));
   document.getElementById("prev").addEventListener("click", () => {
     state.offset = Math.max(0, state.offset - PAGE_SIZE); loadSteps();
   });
