@@ -1,0 +1,89 @@
+"""`clawr1 up` with CLAWR1_REWARD_FN: the rewarder role scores white-box trajectories as they complete,
+the reward joins the steps in the pool under its source, and a failing call lands in dead_letters."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.integration.test_stack import CLAWR1, _sql, _wait_http
+
+pytestmark = pytest.mark.integration
+SPEC = "rewards.rules:math_answer"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data = tmp_path_factory.mktemp("reward-stack") / "data"
+    api_port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+    env["CLAWR1_REWARD_FN"] = SPEC
+    up = subprocess.Popen(
+        [*CLAWR1, "up", "--data-dir", str(data), "--api-port", str(api_port),
+         "--kafka-port", str(free_port()), "--proxy-port", str(free_port())],
+        env=env,
+    )
+    api = f"http://127.0.0.1:{api_port}"
+    try:
+        _wait_http(f"{api}/healthz", 240, up)
+        assert httpx.get(f"{api}/healthz").json()["parts"]["rewarder"] is True
+        yield api
+        up.send_signal(signal.SIGINT)
+        assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def _rows(api: str, query: str, want: int, timeout: float = 120.0) -> list[dict[str, object]]:
+    deadline = time.monotonic() + timeout
+    rows: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        rows = _sql(api, query)
+        if len(rows) >= want:
+            return rows
+        time.sleep(1)
+    raise AssertionError(f"{query!r} gave {rows}, wanted {want} rows")
+
+
+def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str) -> None:
+    steps = [
+        {"trajectory_id": "rw-right", "step_index": 0, "prompt_token_ids": [1, 2], "response_token_ids": [3],
+         "response_text": "let me think", "metadata": {"ground_truth": "12"}},
+        {"trajectory_id": "rw-right", "step_index": 1, "prompt_token_ids": [1, 2, 3, 4],
+         "response_token_ids": [5],
+         "response_text": r"so \boxed{12}", "terminal": True, "metadata": {"ground_truth": "12"}},
+        {"trajectory_id": "rw-wrong", "step_index": 0, "prompt_token_ids": [1], "response_token_ids": [6],
+         "response_text": "13", "terminal": True, "metadata": {"ground_truth": "12"}},
+        {"trajectory_id": "rw-broken", "step_index": 0, "prompt_token_ids": [1], "response_token_ids": [7],
+         "response_text": "12", "terminal": True},
+    ]
+    reply = httpx.post(f"{stack}/v1/steps", json=steps)
+    assert reply.status_code == 202, reply.text
+
+    rewarded = _rows(
+        stack,
+        "SELECT trajectory_id, step_index, trajectory_reward, trajectory_reward_status FROM steps "
+        "WHERE trajectory_id IN ('rw-right', 'rw-wrong') AND trajectory_reward IS NOT NULL "
+        "ORDER BY trajectory_id, step_index",
+        3,
+    )
+    assert [(r["trajectory_id"], r["step_index"], r["trajectory_reward"]) for r in rewarded] == [
+        ("rw-right", 0, 1.0), ("rw-right", 1, 1.0), ("rw-wrong", 0, 0.0)]
+    assert {r["trajectory_reward_status"] for r in rewarded} == {"final"}
+    feedback = _sql(stack, "SELECT target_id, source, source_name FROM feedback "
+                           "WHERE target_id IN ('rw-right', 'rw-wrong', 'rw-broken') ORDER BY target_id")
+    assert [(r["target_id"], r["source"], r["source_name"]) for r in feedback] == [
+        ("rw-right", "reward_fn", SPEC), ("rw-wrong", "reward_fn", SPEC)]
+
+    letters = _rows(stack, "SELECT stage, reason FROM dead_letters WHERE stage = 'reward'", 1)
+    assert len(letters) == 1 and "rw-broken" in str(letters[0]["reason"])
+    assert "no ground truth" in str(letters[0]["reason"])
