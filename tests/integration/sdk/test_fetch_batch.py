@@ -20,7 +20,8 @@ def rollout(group: str, trajectory: str, index: int, *, created: int, **fields: 
 
 
 def test_consumers_read_one_channel_train_by_default(pool: Pool, source: str) -> None:
-    pool.write(step("t1"), step("t2", channel="train"), step("v1", channel="val"), step("x1", channel="other"))
+    pool.write(step("t1"), step("t2", channel="train"), step("v1", channel="val"),
+               step("x1", channel="other"))
     with PoolConsumer(source, "default") as c:
         assert sorted(c.poll().step_ids) == ["t1", "t2"]
     with PoolConsumer(source, "val", channel="val") as c:
@@ -66,7 +67,8 @@ def test_fetch_batch_takes_n_rollouts_per_group_and_skips_a_group_that_never_com
         rollout("stuck", "b", 0, created=0),
         *(rollout("wide", t, 0, created=1) for t in "abc"),  # three rollouts, n_rollouts=2 takes two
         rollout("late", "a", 0, created=2), rollout("late", "b", 0, created=2, ready=False),
-        rollout("other", "a", 0, created=3, channel="val"), rollout("other", "b", 0, created=3, channel="val"),
+        rollout("other", "a", 0, created=3, channel="val"),
+        rollout("other", "b", 0, created=3, channel="val"),
     )
     with PoolConsumer(source, "n-rollouts") as c:
         batch = c.fetch_batch(1, n_rollouts=2, timeout=5)
