@@ -5,11 +5,15 @@ A turn continues an earlier step when its messages start with that step's prompt
 reply: k GRPO rollouts of one task whose first actions are identical. Their states are identical,
 so any one-to-one assignment is correct, and the linker keeps it one-to-one: a continuation goes
 to a matching step that has not been continued yet (preferring the one whose call came on the
-same client connection, then the oldest), never to one already continued.
+same client connection, then the oldest), never to one already continued. The one exception is a
+retry told apart by its client connection (below).
 
-When every matching step has already been continued, the turn is either a retry (its prompt
-equals a sibling's: same parent, same prompt) or a branch. A retry joins the sibling's trajectory
-at the same index; once the trajectory continues from one sibling the others are ``superseded``.
+When every matching step has already been continued, or when the turn repeats the prompt of a
+sibling that came on the turn's own client connection (and no free step did), the turn is a retry
+(its prompt equals a sibling's: same parent, same prompt); otherwise, with every match continued,
+it is a branch. A retry joins the sibling's trajectory
+at the same index and supersedes the earlier call there (the agent asked again: it threw that
+answer away); a retry of a step the trajectory already went on from is ``superseded`` itself.
 A branch the linker cannot place starts a new trajectory marked ``ambiguous``; so does a turn that
 extends a step's prompt but not its reply. A turn that keeps only the conversation's root prompt
 (system + task) and then goes on with content no step produced is ``compacted``. Both name the
@@ -184,9 +188,14 @@ def _place(state: LinkState, turn: Turn) -> _Place:
     if tail_depth >= 0 and tail_depth >= prompt_depth:
         matching = [s for i, s in tails if i == tail_depth]
         free = [s for s in matching if not live[s].continued]
-        if free:
-            return _Place(LINKED, parent=_best(turn, state, free))
         retries = [s for s, n in live.items() if n.parent_step_id in matching and n.prompt == prompt]
+        if free:
+            # Content cannot tell a retry from another rollout's identical continuation; the client
+            # connection can: a repeat of a sibling's prompt on that sibling's connection is a retry.
+            mine = [s for s in retries if turn.connection and live[s].connection == turn.connection]
+            if mine and all(live[s].connection != turn.connection for s in free):
+                return _Place(LINKED, sibling=_best(turn, state, mine))
+            return _Place(LINKED, parent=_best(turn, state, free))
         if retries or turn.trajectory_id is not None:
             children = retries or [s for s, n in live.items() if n.parent_step_id in matching]
             return _Place(LINKED, sibling=_best(turn, state, children))
@@ -252,18 +261,6 @@ def _assign(state: LinkState, turn: Turn, step_ids: list[str]) -> list[Assignmen
             for reply in turn.replies]
 
 
-def _supersede(state: LinkState, step_id: str) -> list[tuple[str, str]]:
-    """Continuing from ``step_id`` supersedes the other steps at its slot nobody continued (retries)."""
-    node = state.nodes[step_id]
-    out = []
-    for other_id, other in state.nodes.items():
-        if (other_id != step_id and other.trajectory_id == node.trajectory_id
-                and other.step_index == node.step_index and not other.continued and not other.superseded):
-            other.superseded = True
-            out.append((other_id, other.trajectory_id))
-    return sorted(out)
-
-
 def _record(state: LinkState, turn: Turn, step_ids: list[str], assignments: list[Assignment]) -> None:
     prompt = _prompt_digest(turn)
     replies = turn.replies if turn.replies else [None]
@@ -295,18 +292,23 @@ def link_turn(state: LinkState, turn: Turn, horizon_ms: int, max_entries: int) -
                            f"ms before {state.clock_ms}); its first assignment may have expired")
     step_ids = step_ids_of(turn)
     assignments = _assign(state, turn, step_ids)
+    slot = _slot(state, assignments[0]) if turn.step_index is None else {}
     superseded: list[tuple[str, str]] = []
-    continued = None
+    if any(n.continued for n in slot.values()):
+        # A retry of a step the trajectory already went on from: thrown away from the start.
+        assignments = [replace(a, link_status=SUPERSEDED) for a in assignments]
+    else:
+        # A retry: the agent asked again, so it threw the earlier answers at this slot away.
+        for node in slot.values():
+            node.superseded = True
+        superseded = sorted((s, n.trajectory_id) for s, n in slot.items())
     parent_id = assignments[0].parent_step_id
     parent = state.nodes.get(parent_id or "")
-    if parent is not None and parent_id is not None and not _is_retry(state, turn, assignments[0]):
+    continued = None
+    if parent is not None and parent_id is not None:
         parent.continued = True
-        superseded = _supersede(state, parent_id)
         if parent.response_id:
             continued = Continued(parent.response_id, parent.trajectory_id, parent_id, parent.at_ms)
-    elif _slot_taken(state, assignments[0]):
-        # A retry whose sibling was already continued: thrown away from the start.
-        assignments = [replace(a, link_status=SUPERSEDED) for a in assignments]
     _record(state, turn, step_ids, assignments)
     if assignments[0].link_status == SUPERSEDED:
         for step_id in step_ids:
@@ -318,15 +320,7 @@ def link_turn(state: LinkState, turn: Turn, horizon_ms: int, max_entries: int) -
     return linked
 
 
-def _siblings(state: LinkState, assignment: Assignment) -> list[Node]:
-    return [n for n in state.nodes.values()
-            if n.trajectory_id == assignment.trajectory_id and n.step_index == assignment.step_index]
-
-
-def _is_retry(state: LinkState, turn: Turn, assignment: Assignment) -> bool:
-    """The turn shares a slot with an earlier step (a retry): its parent was continued already."""
-    return turn.step_index is None and bool(_siblings(state, assignment))
-
-
-def _slot_taken(state: LinkState, assignment: Assignment) -> bool:
-    return any(n.continued for n in _siblings(state, assignment))
+def _slot(state: LinkState, assignment: Assignment) -> dict[str, Node]:
+    """The live steps already at the assignment's trajectory and index (a retry shares their slot)."""
+    return {s: n for s, n in state.nodes.items() if n.trajectory_id == assignment.trajectory_id
+            and n.step_index == assignment.step_index and not n.superseded}

@@ -61,20 +61,33 @@ def test_a_continuation_prefers_the_rollout_on_its_client_connection() -> None:
     assert nxt.trajectory_id == "traj-r1"
 
 
-def test_retry_is_superseded_once_the_trajectory_continues_from_the_kept_call() -> None:
+def test_a_retry_supersedes_the_earlier_call_and_a_late_one_is_superseded_itself() -> None:
     state = LinkState()
     link(state, turn("p", TASK, ["call tool"]))
     history = [*TASK, assistant("call tool"), user("result")]
     first = link(state, turn("try1", history, ["draft one"], at=2))
-    retry = link(state, turn("try2", history, ["draft two"], at=3))
-    assert (first.trajectory_id, first.step_index) == (retry.trajectory_id, retry.step_index) == ("traj-p", 1)
-    went_on = link_turn(state, turn("next", [*history, assistant("draft two"), user("ok")], ["end"], at=4),
-                        24 * HOUR, 4096)
-    assert went_on.assignments[0] == Assignment("traj-p", 2, "try2")
-    assert went_on.superseded == [("try1", "traj-p")]
+    retry = link_turn(state, turn("try2", history, ["draft two"], at=3), 24 * HOUR, 4096)
+    assert (first.trajectory_id, first.step_index) == ("traj-p", 1)
+    assert retry.assignments[0] == Assignment("traj-p", 1, "p")
+    assert retry.superseded == [("try1", "traj-p")]
+    went_on = link(state, turn("next", [*history, assistant("draft two"), user("ok")], ["end"], at=4))
+    assert went_on == Assignment("traj-p", 2, "try2")
     # A late duplicate of the slot after the trajectory went on is thrown away from the start.
     late = link(state, turn("try3", history, ["draft three"], at=5))
     assert (late.trajectory_id, late.step_index, late.link_status) == ("traj-p", 1, "superseded")
+
+
+def test_a_retry_on_its_siblings_connection_is_told_from_an_identical_rollout() -> None:
+    state = LinkState()
+    link(state, turn("a0", TASK, ["go"], connection="conn-a"))
+    link(state, turn("b0", TASK, ["go"], at=2, connection="conn-b"))
+    history = [*TASK, assistant("go"), user("same observation")]
+    link(state, turn("a1", history, ["x"], at=3, connection="conn-a"))
+    retry = link_turn(state, turn("a1-again", history, ["y"], at=4, connection="conn-a"), 24 * HOUR, 4096)
+    assert retry.assignments[0] == Assignment("traj-a0", 1, "a0") and retry.superseded == [("a1", "traj-a0")]
+    # Rollout b's own identical continuation still finds its free step.
+    own = link(state, turn("b1", history, ["z"], at=5, connection="conn-b"))
+    assert own == Assignment("traj-b0", 1, "b0")
 
 
 def test_failed_calls_are_never_parents_and_are_superseded_by_their_retry() -> None:
@@ -82,10 +95,9 @@ def test_failed_calls_are_never_parents_and_are_superseded_by_their_retry() -> N
     link(state, turn("ok", TASK, ["a"]))
     history = [*TASK, assistant("a"), user("q2")]
     failed = link(state, turn("bad", history, [], status=500, at=2))
-    retry = link(state, turn("retry", history, ["b"], at=3))
-    assert failed == retry == Assignment("traj-ok", 1, "ok")
-    after = link_turn(state, turn("c", [*history, assistant("b"), user("q3")], ["d"], at=4), 24 * HOUR, 4096)
-    assert after.superseded == [("bad", "traj-ok")]
+    retry = link_turn(state, turn("retry", history, ["b"], at=3), 24 * HOUR, 4096)
+    assert failed == retry.assignments[0] == Assignment("traj-ok", 1, "ok")
+    assert retry.superseded == [("bad", "traj-ok")]
 
 
 def test_reserialized_arguments_and_dropped_thinking_still_link() -> None:
@@ -150,11 +162,8 @@ def test_explicit_trajectory_wins_and_follows_its_latest_step() -> None:
 def test_explicit_trajectory_makes_a_repeated_first_call_a_retry() -> None:
     state = LinkState()
     link(state, turn("f1", TASK, ["a"], trajectory_id="T"))
-    again = link(state, turn("f2", TASK, ["b"], trajectory_id="T", at=2))
-    assert again == Assignment("T", 0, None, "root")
-    went_on = link_turn(state, turn("f3", [*TASK, assistant("b"), user("o")], ["c"], trajectory_id="T", at=3),
-                        24 * HOUR, 4096)
-    assert went_on.superseded == [("f1", "T")]
+    again = link_turn(state, turn("f2", TASK, ["b"], trajectory_id="T", at=2), 24 * HOUR, 4096)
+    assert again.assignments[0] == Assignment("T", 0, None, "root") and again.superseded == [("f1", "T")]
 
 
 def test_replay_after_thousands_of_other_calls_gets_its_first_assignment() -> None:
