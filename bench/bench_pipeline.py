@@ -85,6 +85,7 @@ class Stack:
         self.up = subprocess.Popen(
             [*clawr1, "up", "--api-port", str(self.api_port), "--kafka-port", str(self.kafka_port),
              "--proxy-port", str(free_port()), "--reverse-port", str(self.reverse_port),
+             "--compat-port", str(free_port()),
              "--upstream", f"http://127.0.0.1:{self.engine_port}"],
             cwd=REPO, env=env, stdout=(workdir / "stack.log").open("wb"), stderr=subprocess.STDOUT)
         self.log = workdir / "stack.log"

@@ -59,6 +59,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             str(ports["api"]),
             "--kafka-port",
             str(kafka_port),
+            "--compat-port",
+            str(free_port()),
         ],
         env=env,
     )

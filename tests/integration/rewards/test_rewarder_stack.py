@@ -27,7 +27,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env["CLAWR1_REWARD_FN"] = SPEC
     up = subprocess.Popen(
         [*CLAWR1, "up", "--data-dir", str(data), "--api-port", str(api_port),
-         "--kafka-port", str(free_port()), "--proxy-port", str(free_port())],
+         "--kafka-port", str(free_port()), "--proxy-port", str(free_port()),
+         "--compat-port", str(free_port())],
         env=env,
     )
     api = f"http://127.0.0.1:{api_port}"
