@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import queue
 import threading
 import time
@@ -201,7 +202,10 @@ class Emitter(Generic[T]):
     def _reject(self, seq: int, err: KafkaError) -> None:
         logger.error("Kafka refuses record %d for good (%s); kept in rejected.log", seq, err)
         record = self._spool.read(seq)
-        with (self._spool.directory / "rejected.log").open("ab") as handle:
+        # Owner-only like the spool: a rejected record holds a whole prompt and reply.
+        fd = os.open(self._spool.directory / "rejected.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "ab") as handle:
+            os.fchmod(fd, 0o600)  # a log left by an older version may be wider
             handle.write(encode_frame(record.key, record.value))
         self._spool.ack(seq)
         self.stats.rejected += 1
