@@ -43,6 +43,7 @@ from clawr1.settings import Settings
 from clawr1.topics import RAW_LLM
 from proxy.addons import build_addons
 from proxy.addons.auth import ProxyAuthHeader
+from proxy.addons.own_ports import StackPortsGuard, stack_ports
 from proxy.emitter import Emitter
 from proxy.record import CapturedCall, build_record
 from proxy.spool import SpoolBusyError
@@ -79,6 +80,8 @@ class ProxyConfig:
     partitions: int
     registry_url: str
     instance: str
+    # Ports of the stack's own services: the explicit proxy never relays to them on this host.
+    stack_ports: frozenset[int] = frozenset()
 
 
 def confdir(settings: Settings) -> Path:
@@ -148,6 +151,7 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
         instance=settings.role_setting(INSTANCE_ENV, "") or _default_instance(settings),
+        stack_ports=stack_ports(settings),
     )
 
 
@@ -203,6 +207,7 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         strip_dns_https_records.StripDnsHttpsRecords(),
         disable_h2c.DisableH2C(),
         ProxyAuthHeader(),
+        StackPortsGuard(config.stack_ports),
         proxyserver.Proxyserver(),
         dns_resolver.DnsResolver(),
         next_layer.NextLayer(),

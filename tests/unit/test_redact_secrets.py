@@ -104,8 +104,8 @@ def captured_calls(draw: st.DrawFn) -> tuple[CapturedCall, list[str]]:
         return value
 
     header = (draw(st.sampled_from(["X-Note", "X-Request-Tag", "Accept-Language"])), shaped().placed)
-    userinfo = f"{quote(draw(FILLER.filter(bool)) or 'u')}:{quote(opaque(), safe='')}@" if draw(st.booleans()) \
-        else ""
+    user = quote(draw(FILLER.filter(bool)))
+    userinfo = f"{user}:{quote(opaque(), safe='')}@" if draw(st.booleans()) else ""
     query = urlencode([("q", shaped().placed), (draw(st.sampled_from(["code", "access_token", "key",
                                                                         "client_secret", "sig"])), opaque())])
     path_token = draw(TOKENS)  # URL-safe as minted
@@ -203,16 +203,16 @@ def test_secret_values_under_innocent_header_names_are_dropped() -> None:
 
 
 def test_records_with_engine_token_ids_say_their_text_was_redacted() -> None:
+    messages = [{"role": "user", "content": "hi"}]
     response = {"id": "c1", "model": "m", "prompt_token_ids": [1, 2],
                 "choices": [{"index": 0, "finish_reason": "stop", "token_ids": [3],
                              "message": {"role": "assistant", "content": "ghp_" + "x1" * 18}}]}
     call = CapturedCall(
         flow_id="f", api="openai.chat", method="POST", url="http://h/v1/chat/completions", upstream="http://h",
-        request_headers=(), request_body=json.dumps({"model": "m", "messages": [{"role": "user",
-                                                                                 "content": "hi"}]}).encode(),
-        hints=Hints(), streamed=False, status=200, response_headers=(), response_body=json.dumps(response).encode(),
-        response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.5, finished=2.0,
-        captured_at=2.0,
+        request_headers=(), request_body=json.dumps({"model": "m", "messages": messages}).encode(),
+        hints=Hints(), streamed=False, status=200, response_headers=(),
+        response_body=json.dumps(response).encode(), response_encoding="", engine_body=None, injection=None,
+        started=1.0, first_byte=1.5, finished=2.0, captured_at=2.0,
     )
     _, record = build_record(call, "p")
     assert record["choices"][0]["text"] == REDACTED
