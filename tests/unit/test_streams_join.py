@@ -7,7 +7,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.join import StepState, TrajectoryState, apply_feedback, apply_step_fact, build_step, scope_of
+from streams.join import (
+    StepState,
+    TrajectoryState,
+    apply_feedback,
+    apply_step_fact,
+    apply_supersede,
+    build_step,
+    scope_of,
+)
 from streams.linking import Assignment
 from streams.normalize import StepFact, step_from_whitebox, steps_from_turn
 from streams.readiness import ReadinessRule
@@ -114,6 +122,21 @@ def test_trajectory_reward_reaches_every_step_without_changing_step_rewards() ->
         latest["s1"]["quality_labels"] == ["solved"] and latest["s1"]["trajectory_reward_status"] == "final"
     )
     assert not latest["s1"]["ready"] and latest["s2"]["ready"]
+
+
+def test_a_superseded_step_gets_no_trajectory_reward_and_is_never_ready() -> None:
+    join = Join()
+    join.apply(("step", engine_step("s1", 0, None)))
+    join.apply(step_feedback("f1", "s1", reward=1.0))
+    join.apply(trajectory_feedback("t1", reward=3.0))
+    before = join.latest()["s1"]
+    assert before["ready"] and before["trajectory_reward"] == 3.0 and before["link_status"] == "linked"
+    state = join.state("s1")
+    assert apply_supersede(state) and not apply_supersede(state)  # once
+    after = build_step(state, join.trajectory, RULE)
+    assert after is not None and after["version"] == before["version"] + 1
+    assert (after["link_status"], after["ready"], after["reward"]) == ("superseded", False, 1.0)
+    assert (after["trajectory_reward"], after["trajectory_reward_status"]) == (None, "pending")
 
 
 def test_parent_found_by_index_when_the_source_gave_none() -> None:

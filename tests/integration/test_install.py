@@ -1,0 +1,149 @@
+"""The core install is the SDK over HTTP: the wheel, installed alone, polls a live API without chDB.
+
+Offline and fast: the wheel is built from a copy of the sources with this environment's setuptools (the
+build-system's, no isolation), installed with ``--no-deps`` into a fresh venv, and given exactly the
+distributions its core ``Requires-Dist`` needs (their closure, linked from this environment), so
+anything the wheel forgot to declare, or imported without declaring, is missing in the child.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from pool.api import pool_router
+from pool.store import PoolStore, quote_identifier
+from tests.integration.sdk.conftest import Pool, database_dsn, step
+from tests.integration.sdk.serving import served
+
+REPO = Path(__file__).resolve().parents[2]
+# Top-level folders that are not shipped: the tests themselves.
+NOT_SHIPPED = {"tests"}
+POOL_ONLY = {"chdb", "clickhouse_connect", "pydantic"}
+
+CHILD_SCRIPT = """
+import importlib.util, json, sys
+import consumer_sdk
+from consumer_sdk import MissingDependency, PoolConsumer
+
+result = {"file": consumer_sdk.__file__,
+          "absent": sorted(m for m in %(absent)r if importlib.util.find_spec(m) is None)}
+with PoolConsumer(sys.argv[1], "install-check") as consumer:
+    batch = consumer.poll()
+    result["steps"] = sorted(batch.step_ids)
+    result["committed"] = consumer.commit()
+try:
+    PoolConsumer("chdb:///nonexistent/pool", "direct")
+except MissingDependency as exc:
+    result["direct"] = str(exc)
+print(json.dumps(result))
+"""
+
+
+def shipped_packages() -> set[str]:
+    return {p.parent.name for p in REPO.glob("*/__init__.py")} - NOT_SHIPPED
+
+
+def run(*args: str | Path, cwd: Path) -> str:
+    done = subprocess.run([str(a) for a in args], cwd=cwd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"{args} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def build_wheel(tmp: Path) -> Path:
+    source = tmp / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for package in shipped_packages():
+        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+        "-w", tmp / "dist", source, cwd=tmp)
+    (wheel,) = (tmp / "dist").glob("claw_r1-*.whl")
+    return wheel
+
+
+def core_closure(requires: list[str]) -> list[importlib.metadata.Distribution]:
+    """The distributions the core install needs (no extras), as installed in this environment."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = [Requirement(r) for r in requires]
+    while todo:
+        requirement = todo.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(requirement.name)
+        if name in found:
+            continue
+        dist = importlib.metadata.distribution(requirement.name)
+        assert requirement.specifier.contains(dist.version, prereleases=True), (requirement, dist.version)
+        found[name] = dist
+        todo.extend(Requirement(r) for r in dist.requires or [])
+    return list(found.values())
+
+
+def child_venv(tmp: Path, wheel: Path, requires: list[str]) -> Path:
+    """A fresh venv holding the wheel and only the core closure (linked into a folder on its path)."""
+    venv = tmp / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp)
+    python = venv / "bin" / "python"
+    run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel, cwd=tmp)
+    deps = tmp / "deps"
+    deps.mkdir()
+    for dist in core_closure(requires):
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            target = deps / top
+            if not target.exists():
+                target.symlink_to(Path(str(dist.locate_file(top))).resolve())
+    (site,) = (venv / "lib").glob("python3*/site-packages")
+    (site / "core-deps.pth").write_text(f"{deps}\n")
+    return python
+
+
+@pytest.fixture(scope="module")
+def api_url(pool_dsn: str) -> Iterator[str]:
+    """The pool's API over a database of its own holding two ready steps, served in this process."""
+    database = f"install_{uuid.uuid4().hex[:12]}"
+    store = PoolStore(pool_dsn, database=database)
+    store.migrate()
+    Pool(store=store, dsn=database_dsn(pool_dsn, database)).write(step("s1"), step("s2"))
+    app = FastAPI()
+    app.include_router(pool_router(store))
+    try:
+        with served(app) as url:
+            yield url
+    finally:
+        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
+        store.close()
+
+
+def test_core_wheel_polls_the_api_without_chdb(tmp_path: Path, api_url: str) -> None:
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == shipped_packages()
+    assert any(n.startswith("schemas/") and n.endswith(".avsc") for n in names)
+    requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
+                if line.startswith("Requires-Dist:")]
+    core = sorted(canonicalize_name(Requirement(r).name) for r in requires if "extra ==" not in r)
+    assert core == ["fastavro", "httpx", "numpy", "pyarrow"]
+
+    python = child_venv(tmp_path, wheel, requires)
+    out = run(python, "-I", "-c", CHILD_SCRIPT % {"absent": sorted(POOL_ONLY)}, api_url, cwd=tmp_path)
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["absent"] == sorted(POOL_ONLY), "the core install must not bring the pool's engine"
+    assert Path(result["file"]).is_relative_to(python.parent.parent), "imported from the repo, not the wheel"
+    assert result["steps"] == ["s1", "s2"] and result["committed"] == 2
+    assert "pip install 'claw-r1[pool]'" in result["direct"]
