@@ -14,13 +14,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pyarrow as pa
-from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 
-from consumer_sdk.errors import PoolRequestError, PoolUnavailable
+from consumer_sdk.errors import MissingDependency, PoolRequestError, PoolUnavailable
 from consumer_sdk.source import Source
-from pool.store import PoolError, PoolStore
 
-_STORE_ERRORS = (PoolError, ClickHouseError)
 API_KEY_ENV = "CLAWR1_API_KEY"
 
 
@@ -33,30 +30,42 @@ class Transport(Protocol):
 
 
 class DirectTransport:
-    """clickhouse-connect through the pool's own store: chDB in this process, or a ClickHouse server."""
+    """clickhouse-connect through the pool's own store: chDB in this process, or a ClickHouse server.
+
+    Imported on use: the core install (the SDK over HTTP) has neither chDB nor clickhouse-connect."""
 
     def __init__(self, dsn: str) -> None:
         try:
+            from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
+
+            from pool.store import PoolError, PoolStore
+        except ImportError as exc:
+            raise MissingDependency(
+                f"a ClickHouse DSN source needs the pool extra (chDB, clickhouse-connect): "
+                f"pip install 'claw-r1[pool]', or read over the API with an http(s):// source ({exc})"
+            ) from exc
+        self._errors: tuple[type[Exception], ...] = (PoolError, ClickHouseError)
+        self._unavailable = OperationalError
+        try:
             self._store = PoolStore(dsn)
-        except (*_STORE_ERRORS, OSError, RuntimeError) as exc:
+        except (*self._errors, OSError, RuntimeError) as exc:
             raise PoolUnavailable(f"cannot open the pool at {_redact(dsn)}: {exc}") from exc
 
-    @staticmethod
-    def _translate(exc: Exception) -> Exception:
-        if isinstance(exc, OperationalError) or isinstance(exc.__cause__, OperationalError):
+    def _translate(self, exc: Exception) -> Exception:
+        if isinstance(exc, self._unavailable) or isinstance(exc.__cause__, self._unavailable):
             return PoolUnavailable(f"the pool did not answer: {exc}")
         return PoolRequestError(f"the pool refused the request: {exc}", code=getattr(exc, "code", None))
 
     def query(self, sql: str, parameters: Mapping[str, Any]) -> pa.Table:
         try:
             return self._store.query_arrow(sql, parameters=parameters)
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise self._translate(exc) from exc
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
         try:
             self._store.insert(table, rows, column_names)
-        except _STORE_ERRORS as exc:
+        except self._errors as exc:
             raise self._translate(exc) from exc
 
     def close(self) -> None:
