@@ -162,12 +162,18 @@ class KafkaBroker:
         ]
 
     def start(self, wait: float = 90.0) -> KafkaBroker:
+        self.launch()
+        self.wait_ready(wait)
+        return self
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the broker process without waiting for it to serve (a supervisor restarting it keeps
+        watching the other roles meanwhile)."""
         if port_open("127.0.0.1", self.port):
             raise BrokerError(f"port {self.port} is already in use: another broker or service is there")
         config = self.prepare()
         self.process = subprocess.Popen(self._command("kafka.Kafka", str(config)), start_new_session=True)
-        self.wait_ready(wait)
-        return self
+        return self.process
 
     def wait_ready(self, timeout: float) -> None:
         """Ready means the broker answers metadata requests, not merely that its port is open."""

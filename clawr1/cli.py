@@ -52,7 +52,8 @@ def _build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--format", default="TabSeparatedWithNames", help="ClickHouse output format")
     sql.add_argument("query", nargs="?")
 
-    status = sub.add_parser("status", help="health of a running stack and what its pool holds")
+    status = sub.add_parser("status", help="health of a running stack, its restarts and what its pool holds")
+    _common(status)
     status.add_argument("--api", default=None)
 
     api = sub.add_parser("api", help="the API process: gateway, pool SQL and sink (owns the embedded pool)")
@@ -182,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return engine_main(["--host", args.host, "--port", str(args.port)])
     if args.command == "status":
+        from clawr1.stack import STATE_FILE
         from clawr1.status import print_status
 
-        return print_status(args.api or f"http://127.0.0.1:{load_settings().api_port}")
+        settings = _settings(args)
+        return print_status(args.api or f"http://127.0.0.1:{settings.api_port}",
+                            settings.data_dir.resolve() / STATE_FILE)
     settings = _settings(args)
     if args.command == "kafka":
         return _cmd_kafka(settings)

@@ -27,6 +27,11 @@ def clear(data_dir: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+def withdraw(data_dir: Path, part: str) -> None:
+    """The part's process died: /healthz names it until its next start marks it ready again."""
+    (_run_dir(data_dir) / f"{part}.ready").unlink(missing_ok=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -1,20 +1,21 @@
 """``clawr1 up``: the local stack as one supervised group of processes.
 
-The supervisor owns the Kafka broker (when no external bootstrap is configured) and starts one
-process per role: the API process (gateway + pool SQL + sink; it owns the embedded chDB pool, which
-allows a single process), the stream worker, the proxy, and the rewarder when
-``CLAWR1_REWARD_FN`` names a reward function. Children get the same settings through
-``CLAWR1_*`` variables. If any child dies, the stack stops rather than run half-alive.
+The stack owns the Kafka broker (when no external bootstrap is configured) and starts one process
+per role: the API process (gateway + pool SQL + sink + compat port; it owns the embedded chDB pool,
+which allows a single process), the stream worker, the proxy, and the rewarder when
+``CLAWR1_REWARD_FN`` names a reward function. Children get the same settings through ``CLAWR1_*``
+variables. Once the stack is healthy, a role that dies is restarted (``clawr1.supervisor``); an exit
+during start-up, or a crash loop, stops the whole stack with the reason.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
+import threading
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 
@@ -22,52 +23,41 @@ from broker.launcher import KafkaBroker, stop_on_signals
 from clawr1 import readiness
 from clawr1.kafka_io import ensure_topics
 from clawr1.settings import Settings, settings_to_env
+from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor
 from clawr1.topics import ALL_TOPICS
 
-
-@dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
+STATE_FILE = Path("run") / "supervisor.json"
 
 
-def _spawn(name: str, args: list[str], env: dict[str, str]) -> Child:
-    command = [sys.executable, "-m", "clawr1.cli", *args]
-    return Child(name, subprocess.Popen(command, env=env, start_new_session=True))
+def _cli_role(name: str, args: list[str], env: dict[str, str], data_dir: Path) -> ProcessRole:
+    def launch() -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-m", "clawr1.cli", *args], env=env,
+                                stderr=subprocess.PIPE, start_new_session=True)
+
+    return ProcessRole(name, launch, on_exit=lambda: readiness.withdraw(data_dir, name))
 
 
-def _stop(children: list[Child], timeout: float = 20.0) -> None:
-    """Reverse start order: the proxy stops taking traffic before the pool owner goes away."""
-    for child in reversed(children):
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for child in reversed(children):
-        remaining = max(0.1, deadline - time.monotonic())
-        try:
-            child.process.wait(remaining)
-        except subprocess.TimeoutExpired:
-            print(f"[clawr1] {child.name} did not stop in time; killing it", file=sys.stderr, flush=True)
-            child.process.kill()
-            child.process.wait()
+def _healthy(api_url: str) -> tuple[bool, str]:
+    try:
+        reply = httpx.get(f"{api_url}/healthz", timeout=2)
+    except httpx.HTTPError as exc:
+        return False, str(exc)
+    return reply.status_code == 200, reply.text
 
 
-def wait_healthy(api_url: str, children: list[Child], timeout: float) -> None:
+def wait_healthy(api_url: str, supervisor: Supervisor, timeout: float, stop: threading.Event) -> str | None:
+    """None once /healthz answers 200; otherwise why the stack cannot start."""
     deadline = time.monotonic() + timeout
     last = "no answer"
-    while time.monotonic() < deadline:
-        for child in children:
-            if child.process.poll() is not None:
-                raise RuntimeError(f"{child.name} exited with {child.process.returncode} during start-up")
-        try:
-            reply = httpx.get(f"{api_url}/healthz", timeout=2)
-            if reply.status_code == 200:
-                return
-            last = reply.text
-        except httpx.HTTPError as exc:
-            last = str(exc)
-        time.sleep(0.3)
-    raise RuntimeError(f"stack not healthy after {timeout:.0f}s: {last}")
+    while time.monotonic() < deadline and not stop.is_set():
+        problem = supervisor.tick(restarting=False)
+        if problem is not None:
+            return problem
+        ok, last = _healthy(api_url)
+        if ok:
+            return None
+        stop.wait(0.3)
+    return "stopped during start-up" if stop.is_set() else f"stack not healthy after {timeout:.0f}s: {last}"
 
 
 def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 180.0) -> int:
@@ -75,16 +65,16 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
     data_dir.mkdir(parents=True, exist_ok=True)
     readiness.clear(data_dir)
     stop = stop_on_signals()
-
-    broker: KafkaBroker | None = None
-    children: list[Child] = []
+    supervisor = Supervisor(RestartPolicy.from_settings(settings), state_file=data_dir / STATE_FILE)
     started = time.monotonic()
     try:
         if settings.manages_kafka:
-            broker = KafkaBroker(
-                data_dir=data_dir / "kafka", port=settings.kafka_port, heap=settings.kafka_heap
-            )
-            broker.start()
+            broker = KafkaBroker(data_dir=data_dir / "kafka", port=settings.kafka_port,
+                                 heap=settings.kafka_heap)
+            # Tier 0: stopped after its clients, so they flush into it first.
+            supervisor.add(ProcessRole("broker", broker.launch, log_file=broker.log_file,
+                                       stop_timeout_s=60.0), tier=0)
+            broker.wait_ready(90.0)
             print(f"[clawr1] kafka ready on {broker.bootstrap}", flush=True)
         ensure_topics(settings.bootstrap_servers, [t.name for t in ALL_TOPICS], settings.topic_partitions)
         env = {
@@ -94,20 +84,23 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         }
         if demo and not settings.upstream:
             engine_port = settings.extra.get("CLAWR1_DEMO_ENGINE_PORT", "8091")
-            children.append(_spawn("standin-engine", ["standin-engine", "--port", engine_port], env))
+            engine = ["standin-engine", "--port", engine_port]
+            supervisor.add(_cli_role("standin-engine", engine, env, data_dir))
             env["CLAWR1_UPSTREAM"] = f"http://127.0.0.1:{engine_port}"
             env["CLAWR1_CAPTURE_TOKEN_IDS"] = "true"  # the stand-in speaks vLLM's token-id fields
             if not settings.reverse_port:
                 env["CLAWR1_REVERSE_PORT"] = str(settings.proxy_port + 1)
         rewarding = bool(settings.role_setting("CLAWR1_REWARD_FN", ""))
         parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
-        children.append(_spawn("api", ["api", "--expect-parts", parts], env))
-        children.append(_spawn("worker", ["worker"], env))
-        children.append(_spawn("proxy", ["proxy"], env))
+        supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
+        supervisor.add(_cli_role("worker", ["worker"], env, data_dir))
+        supervisor.add(_cli_role("proxy", ["proxy"], env, data_dir))
         if rewarding:
-            children.append(_spawn("rewarder", ["rewarder"], env))
+            supervisor.add(_cli_role("rewarder", ["rewarder"], env, data_dir))
         api_url = f"http://127.0.0.1:{settings.api_port}"
-        wait_healthy(api_url, children, health_timeout)
+        problem = wait_healthy(api_url, supervisor, health_timeout, stop)
+        if problem is not None:
+            return _fail(problem, stop)
         print(
             f"[clawr1] stack healthy in {time.monotonic() - started:.1f}s: API {api_url}, "
             f"proxy 127.0.0.1:{settings.proxy_port}, reverse {env.get('CLAWR1_REVERSE_PORT', '0')}, "
@@ -115,23 +108,29 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             flush=True,
         )
         if demo:
-            from demo.workload import run_demo
-
-            run_demo(api_url=api_url, reverse_url=f"http://127.0.0.1:{env['CLAWR1_REVERSE_PORT']}")
+            _start_demo(api_url, f"http://127.0.0.1:{env['CLAWR1_REVERSE_PORT']}")
         while not stop.is_set():
-            for child in children:
-                if child.process.poll() is not None:
-                    print(
-                        f"[clawr1] {child.name} exited with {child.process.returncode}; stopping the stack",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    return 1
+            problem = supervisor.tick()
+            if problem is not None:
+                return _fail(f"{problem}\n[clawr1] stopping the stack", stop)
             stop.wait(0.3)
         return 0
     finally:
-        _stop(children)
-        if broker is not None:
-            broker.stop()
+        supervisor.stop_all()
         readiness.clear(data_dir)
         print("[clawr1] stopped", flush=True)
+
+
+def _fail(problem: str, stop: threading.Event) -> int:
+    if stop.is_set():  # Ctrl-C during start-up is a clean stop, not a failure
+        return 0
+    print(f"[clawr1] {problem}", file=sys.stderr, flush=True)
+    return 1
+
+
+def _start_demo(api_url: str, reverse_url: str) -> None:
+    """The demo workload runs beside the supervision loop, so a role dying during it is restarted."""
+    from demo.workload import run_demo
+
+    threading.Thread(target=run_demo, kwargs={"api_url": api_url, "reverse_url": reverse_url},
+                     name="demo", daemon=True).start()

@@ -1,8 +1,10 @@
-"""``clawr1 status``: is the stack healthy, and what does its pool hold?"""
+"""``clawr1 status``: is the stack healthy, which roles is ``clawr1 up`` restarting, and what does
+its pool hold?"""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 
@@ -12,7 +14,17 @@ _SUMMARY = (
 )
 
 
-def print_status(api_url: str) -> int:
+def _print_roles(state_file: Path | None) -> None:
+    """The supervisor's view: the only witness while the API process itself is down."""
+    if state_file is None or not state_file.exists():
+        return
+    for role in json.loads(state_file.read_text())["roles"]:
+        last = f", last {role['last_exit']}" if role["last_exit"] else ""
+        print(f"role {role['role']}: {role['state']} (pid {role['pid']}, restarts {role['restarts']}{last})")
+
+
+def print_status(api_url: str, state_file: Path | None = None) -> int:
+    _print_roles(state_file)
     try:
         health = httpx.get(f"{api_url}/healthz", timeout=5)
     except httpx.HTTPError as exc:

@@ -1,0 +1,277 @@
+"""Keeps the roles of ``clawr1 up`` running: a role that dies is restarted with backoff until it
+crash-loops, then the stack stops with the reason.
+
+The decision (restart after how long, or give up) is a pure function of a role's recent exit times
+(``RestartPolicy.decide``), so it is tested without processes. ``Supervisor`` applies it to roles
+through a thin adapter (``ProcessRole``: one child process, its stderr forwarded and its last lines
+kept for the crash report) and records what it sees in ``run/supervisor.json`` for ``clawr1 status``,
+which is the only witness while the API process itself is down.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from clawr1.settings import Settings
+
+TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class Decision:
+    restart: bool
+    delay_s: float
+    recent_exits: int
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """Restart after ``backoff_s`` doubling per exit within ``window_s`` (capped at ``max_backoff_s``);
+    more than ``max_restarts`` exits within the window is a crash loop: restarting again would only
+    hide a fault that needs a person."""
+
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    max_restarts: int = 5
+    window_s: float = 300.0
+
+    def decide(self, exits: Sequence[float], now: float) -> Decision:
+        """``exits``: the role's exit times, the one just seen included."""
+        recent = sum(1 for t in exits if now - t < self.window_s)
+        if recent > self.max_restarts:
+            return Decision(False, 0.0, recent)
+        delay = min(self.max_backoff_s, self.backoff_s * 2 ** max(0, recent - 1))
+        return Decision(True, delay, recent)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RestartPolicy:
+        return cls(
+            backoff_s=settings.role_setting("CLAWR1_RESTART_BACKOFF_S", cls.backoff_s),
+            max_backoff_s=settings.role_setting("CLAWR1_RESTART_MAX_BACKOFF_S", cls.max_backoff_s),
+            max_restarts=settings.role_setting("CLAWR1_RESTART_LIMIT", cls.max_restarts),
+            window_s=settings.role_setting("CLAWR1_RESTART_WINDOW_S", cls.window_s),
+        )
+
+
+def describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with code {returncode}"
+
+
+class Role(Protocol):
+    name: str
+    stop_timeout_s: float
+
+    @property
+    def pid(self) -> int | None: ...
+    def start(self) -> None: ...
+    def returncode(self) -> int | None: ...
+    def exited(self) -> None: ...
+    def last_lines(self) -> list[str]: ...
+    def terminate(self) -> None: ...
+    def wait(self, timeout: float) -> bool: ...
+    def kill(self) -> None: ...
+
+
+class ProcessRole:
+    """One child process. ``launch`` starts it (with ``stderr=PIPE`` to have its lines forwarded to
+    ours and their tail kept; otherwise ``log_file``'s tail is the report); ``on_exit`` runs once per
+    exit seen, e.g. to withdraw the role's readiness marker so /healthz names it until it is back."""
+
+    def __init__(self, name: str, launch: Callable[[], subprocess.Popen[bytes]], *,
+                 log_file: Path | None = None, on_exit: Callable[[], None] | None = None,
+                 stop_timeout_s: float = 20.0) -> None:
+        self.name = name
+        self.stop_timeout_s = stop_timeout_s
+        self._launch = launch
+        self._log_file = log_file
+        self._on_exit = on_exit
+        self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    def start(self) -> None:
+        self._tail.clear()
+        self.process = self._launch()
+        if self.process.stderr is not None:
+            threading.Thread(target=self._forward, args=(self.process.stderr,), name=f"{self.name}-stderr",
+                             daemon=True).start()
+
+    def _forward(self, stream: IO[bytes]) -> None:
+        with stream:
+            for line in stream:
+                self._tail.append(line.decode(errors="replace").rstrip())
+                sys.stderr.buffer.write(line)
+                sys.stderr.flush()
+
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def exited(self) -> None:
+        if self._on_exit is not None:
+            self._on_exit()
+
+    def last_lines(self) -> list[str]:
+        if self._log_file is not None:
+            try:
+                with self._log_file.open("rb") as handle:
+                    handle.seek(max(0, handle.seek(0, os.SEEK_END) - 16384))
+                    return handle.read().decode(errors="replace").splitlines()[-TAIL_LINES:]
+            except FileNotFoundError:
+                return []
+        # The forwarding thread may still be draining the pipe of a process that just died.
+        time.sleep(0.05)
+        return list(self._tail)
+
+    def terminate(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> bool:
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class _Watch:
+    role: Role
+    tier: int
+    exits: list[float] = field(default_factory=list)
+    restart_at: float | None = None
+    restarts: int = 0
+    last_exit: str = ""
+
+
+def _stderr(message: str) -> None:
+    print(f"[clawr1] {message}", file=sys.stderr, flush=True)
+
+
+class Supervisor:
+    """Call ``tick`` often; it returns a message when the stack must stop (a crash loop, or any exit
+    while ``restarting`` is off, as during start-up where an exit means a setup problem)."""
+
+    def __init__(self, policy: RestartPolicy, *, state_file: Path | None = None,
+                 log: Callable[[str], None] = _stderr, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._state_file = state_file
+        self._log = log
+        self._clock = clock
+        self._watches: list[_Watch] = []
+
+    def add(self, role: Role, tier: int = 1) -> None:
+        """Start ``role``; on stop, higher tiers stop first (the broker, tier 0, outlives its clients)."""
+        role.start()
+        self._watches.append(_Watch(role, tier))
+        self._write_state()
+
+    def tick(self, restarting: bool = True) -> str | None:
+        now = self._clock()
+        changed = False
+        for watch in self._watches:
+            if watch.restart_at is None:
+                code = watch.role.returncode()
+                if code is None:
+                    continue
+                changed = True
+                watch.role.exited()
+                problem = self._exited(watch, describe_exit(code), now, restarting)
+            elif now >= watch.restart_at:
+                changed = True
+                problem = self._restart(watch, now, restarting)
+            else:
+                continue
+            if problem is not None:
+                self._write_state()
+                return problem
+        if changed:
+            self._write_state()
+        return None
+
+    def _exited(self, watch: _Watch, reason: str, now: float, restarting: bool) -> str | None:
+        name = watch.role.name
+        watch.exits = [t for t in watch.exits if now - t < self.policy.window_s] + [now]
+        watch.last_exit = reason
+        tail = "\n".join(f"    {line}" for line in watch.role.last_lines())
+        tail = f"; its last lines:\n{tail}" if tail else ""
+        if not restarting:
+            return f"{name} {reason} during start-up{tail}"
+        decision = self.policy.decide(watch.exits, now)
+        if not decision.restart:
+            return (f"{name} {reason}, exit {decision.recent_exits} within {self.policy.window_s:.0f}s "
+                    f"(limit {self.policy.max_restarts} restarts): a crash loop, giving up{tail}")
+        watch.restart_at = now + decision.delay_s
+        self._log(f"{name} {reason}; restarting it in {decision.delay_s:.1f}s{tail}")
+        return None
+
+    def _restart(self, watch: _Watch, now: float, restarting: bool) -> str | None:
+        watch.restart_at = None
+        try:
+            watch.role.start()
+        except Exception as exc:  # noqa: BLE001 - a failed start is one more exit, under the same policy
+            return self._exited(watch, f"failed to start ({exc})", now, restarting)
+        watch.restarts += 1
+        self._log(f"{watch.role.name} restarted (pid {watch.role.pid}, restart {watch.restarts})")
+        return None
+
+    def stop_all(self) -> None:
+        """SIGTERM tier by tier, highest first; a role that outlives its stop timeout is killed."""
+        for tier in sorted({w.tier for w in self._watches}, reverse=True):
+            roles = [w.role for w in reversed(self._watches) if w.tier == tier]
+            for role in roles:
+                role.terminate()
+            since = time.monotonic()
+            for role in roles:
+                if not role.wait(max(0.1, since + role.stop_timeout_s - time.monotonic())):
+                    self._log(f"{role.name} did not stop in time; killing it")
+                    role.kill()
+        self._watches.clear()
+        if self._state_file is not None:
+            self._state_file.unlink(missing_ok=True)
+
+    def state(self) -> list[dict[str, object]]:
+        return [
+            {
+                "role": w.role.name,
+                "state": "restarting" if w.restart_at is not None else "running",
+                "pid": w.role.pid,
+                "restarts": w.restarts,
+                "last_exit": w.last_exit,
+            }
+            for w in self._watches
+        ]
+
+    def _write_state(self) -> None:
+        if self._state_file is None:
+            return
+        self._state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"roles": self.state()}))
+        tmp.replace(self._state_file)

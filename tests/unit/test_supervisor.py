@@ -1,0 +1,169 @@
+"""The restart policy decides from exit times alone; the supervisor applies it to real processes:
+restart after backoff with the reason and last lines logged, give up on a crash loop, stop tier by
+tier and kill what ignores SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from clawr1 import readiness
+from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor, describe_exit
+
+POLICY = RestartPolicy(backoff_s=1.0, max_backoff_s=5.0, max_restarts=3, window_s=60.0)
+
+
+def test_backoff_doubles_per_recent_exit_and_is_capped() -> None:
+    delays = [POLICY.decide([0.0] * n, 1.0).delay_s for n in (1, 2, 3)]
+    assert delays == [1.0, 2.0, 4.0]
+    wide = RestartPolicy(backoff_s=1.0, max_backoff_s=5.0, max_restarts=10, window_s=60.0)
+    assert wide.decide([0.0] * 8, 1.0).delay_s == 5.0
+
+
+def test_more_exits_than_the_limit_within_the_window_is_a_crash_loop() -> None:
+    decision = POLICY.decide([10.0, 20.0, 30.0, 40.0], 40.0)
+    assert not decision.restart and decision.recent_exits == 4
+
+
+def test_exits_older_than_the_window_are_forgiven() -> None:
+    decision = POLICY.decide([0.0, 1.0, 2.0, 100.0], 100.0)
+    assert decision.restart and decision.recent_exits == 1 and decision.delay_s == 1.0
+
+
+def test_exit_descriptions_name_the_signal_or_the_code() -> None:
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
+    assert describe_exit(3) == "exited with code 3"
+
+
+def _python(code: str) -> Callable[[], subprocess.Popen[bytes]]:
+    return lambda: subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE,
+                                    start_new_session=True)
+
+
+def _tick_until(supervisor: Supervisor, done: Callable[[], bool] | None, timeout: float = 20.0,
+                restarting: bool = True) -> str | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        problem = supervisor.tick(restarting)
+        if problem is not None or (done is not None and done()):
+            return problem
+        time.sleep(0.02)
+    raise AssertionError("condition not reached")
+
+
+def test_a_killed_role_is_restarted_with_its_reason_logged(tmp_path: Path) -> None:
+    logs: list[str] = []
+    readiness.mark_ready(tmp_path, "sleeper")
+    role = ProcessRole("sleeper", _python("import time; time.sleep(60)"),
+                       on_exit=lambda: readiness.withdraw(tmp_path, "sleeper"))
+    state_file = tmp_path / "run" / "supervisor.json"
+    supervisor = Supervisor(RestartPolicy(backoff_s=0.3), state_file=state_file, log=logs.append)
+    try:
+        supervisor.add(role)
+        first = role.pid
+        assert first is not None
+        os.kill(first, signal.SIGKILL)
+        _tick_until(supervisor, lambda: bool(logs))
+        assert "sleeper killed by SIGKILL; restarting it in 0.3s" in logs[0]
+        assert not (tmp_path / "run" / "sleeper.ready").exists(), "/healthz must name the dead part"
+        assert json.loads(state_file.read_text())["roles"][0]["state"] == "restarting"
+        _tick_until(supervisor, lambda: len(logs) == 2)
+        assert role.pid != first and role.returncode() is None
+        saved = json.loads(state_file.read_text())["roles"][0]
+        assert saved | {"pid": 0} == {"role": "sleeper", "state": "running", "pid": 0, "restarts": 1,
+                                      "last_exit": "killed by SIGKILL"}
+    finally:
+        supervisor.stop_all()
+    assert not state_file.exists()
+
+
+def test_a_crash_loop_gives_up_with_the_last_lines(tmp_path: Path) -> None:
+    logs: list[str] = []
+    role = ProcessRole("crasher", _python(
+        "import sys; print('bad config: port', file=sys.stderr); sys.exit(3)"))
+    supervisor = Supervisor(RestartPolicy(backoff_s=0.01, max_restarts=2), log=logs.append)
+    try:
+        supervisor.add(role)
+        problem = _tick_until(supervisor, None)
+    finally:
+        supervisor.stop_all()
+    assert problem is not None
+    assert problem.startswith(
+        "crasher exited with code 3, exit 3 within 300s (limit 2 restarts): a crash loop")
+    assert "bad config: port" in problem
+    assert sum("restarted" in line for line in logs) == 2
+
+
+def test_an_exit_during_start_up_stops_at_once() -> None:
+    supervisor = Supervisor(POLICY, log=lambda _: None)
+    supervisor.add(ProcessRole("api", _python("raise SystemExit(2)")))
+    try:
+        problem = _tick_until(supervisor, None, restarting=False)
+    finally:
+        supervisor.stop_all()
+    assert problem is not None and problem.startswith("api exited with code 2 during start-up")
+
+
+def test_a_role_that_cannot_start_counts_as_an_exit() -> None:
+    logs: list[str] = []
+    attempts: list[int] = []
+
+    def launch() -> subprocess.Popen[bytes]:
+        attempts.append(1)
+        if len(attempts) > 1:
+            raise OSError("port 9092 is already in use")
+        return subprocess.Popen([sys.executable, "-c", "pass"])
+
+    supervisor = Supervisor(RestartPolicy(backoff_s=0.01, max_restarts=1), log=logs.append)
+    supervisor.add(ProcessRole("broker", launch))
+    problem = _tick_until(supervisor, None)
+    supervisor.stop_all()
+    assert problem is not None and "broker failed to start (port 9092 is already in use)" in problem
+
+
+def test_stop_all_stops_higher_tiers_first_and_kills_what_ignores_sigterm(tmp_path: Path) -> None:
+    logs: list[str] = []
+    seen = tmp_path / "seen"
+    broker = ProcessRole("broker", _python("import time; time.sleep(60)"))
+    supervisor = Supervisor(POLICY, log=logs.append)
+    supervisor.add(broker, tier=0)
+    client = (
+        "import os, signal, sys, time\n"
+        "def bye(*_):\n"
+        f"    os.kill({broker.pid}, 0)  # raises if the broker is already gone\n"
+        f"    open({str(seen)!r}, 'w').write('broker alive')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "time.sleep(60)\n"
+    )
+    supervisor.add(ProcessRole("worker", _python(client)))
+    stubborn = ProcessRole("proxy", _python(
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"),
+        stop_timeout_s=0.5)
+    supervisor.add(stubborn)
+    time.sleep(0.5)  # let the children install their handlers
+    started = time.monotonic()
+    supervisor.stop_all()
+    assert time.monotonic() - started < 10
+    assert seen.read_text() == "broker alive"
+    assert stubborn.returncode() == -signal.SIGKILL and broker.returncode() == -signal.SIGTERM
+    assert logs == ["proxy did not stop in time; killing it"]
+
+
+@pytest.mark.parametrize(("name", "value", "field", "expected"), [
+    ("CLAWR1_RESTART_LIMIT", "9", "max_restarts", 9),
+    ("CLAWR1_RESTART_WINDOW_S", "30", "window_s", 30.0),
+    ("CLAWR1_RESTART_BACKOFF_S", "0.1", "backoff_s", 0.1),
+])
+def test_policy_comes_from_settings(name: str, value: str, field: str, expected: float) -> None:
+    from clawr1.settings import load_settings
+
+    assert getattr(RestartPolicy.from_settings(load_settings({name: value})), field) == expected
