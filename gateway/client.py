@@ -3,7 +3,10 @@
 Depends only on httpx, so an agent or trainer process can vendor it. Each batch gets one
 Idempotency-Key that every retry of that batch reuses, so a retry after a timeout or a 503 never
 produces a batch twice (within the gateway's idempotency window; beyond it, deterministic step ids
-still let the pipeline drop the duplicate).
+still let the pipeline drop the duplicate). Connection errors and 409/429/5xx answers are retried
+with backoff for up to ``retry_for_s`` in total, long enough to ride out a restart of the API
+process under ``clawr1 up``'s supervisor; a batch the client gave up on may or may not have been
+produced, and sending it again later is safe.
 
     with GatewayClient("http://127.0.0.1:8000", api_key="...") as client:
         step_ids = client.submit_steps([{"trajectory_id": "t1", "step_index": 0, ...}])
@@ -38,11 +41,15 @@ def _chunks(items: Sequence[Mapping[str, Any]], size: int) -> Iterator[Sequence[
 
 class GatewayClient:
     def __init__(self, api_url: str, api_key: str | None = None, *, batch_size: int = 100,
-                 timeout_s: float = 30.0, max_retries: int = 6, backoff_s: float = 0.2,
-                 max_backoff_s: float = 10.0, transport: httpx.BaseTransport | None = None) -> None:
+                 timeout_s: float = 30.0, max_retries: int | None = None, retry_for_s: float = 120.0,
+                 backoff_s: float = 0.2, max_backoff_s: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        """``max_retries`` (None: no count limit) and ``retry_for_s`` both bound the retries of one
+        request; whichever is reached first ends them."""
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.batch_size = batch_size
         self.max_retries = max_retries
+        self.retry_for_s = retry_for_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self._http = httpx.Client(base_url=api_url.rstrip("/"), headers=headers, timeout=timeout_s,
@@ -86,22 +93,28 @@ class GatewayClient:
         """POST one request, retrying with the same Idempotency-Key; returns the accepted ids."""
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
         retry_after, problem = "", ""
-        for attempt in range(self.max_retries + 1):
+        deadline = time.monotonic() + self.retry_for_s
+        attempt = 0
+        while True:
             if attempt:
-                time.sleep(self.retry_delay(attempt, retry_after))
+                time.sleep(min(self.retry_delay(attempt, retry_after), max(0.0, deadline - time.monotonic())))
+            attempt += 1
             try:
                 reply = self._http.post(path, json=body, headers=headers)
-            except httpx.TransportError as exc:
+            except httpx.TransportError as exc:  # refused while the API restarts, or cut mid-request
                 retry_after, problem = "", f"{type(exc).__name__}: {exc}"
-                continue
-            if reply.status_code == 202:
-                return [str(i) for i in reply.json()["ids"]]
-            if reply.status_code not in RETRY_STATUSES:
-                raise GatewayError(reply.status_code, _body(reply),
-                                   f"{path} answered {reply.status_code}: {reply.text[:2000]}")
-            retry_after = reply.headers.get("Retry-After", "")
-            problem = f"{reply.status_code}: {reply.text[:500]}"
-        raise GatewayError(None, None, f"{path} still failing after {self.max_retries} retries ({problem})")
+            else:
+                if reply.status_code == 202:
+                    return [str(i) for i in reply.json()["ids"]]
+                if reply.status_code not in RETRY_STATUSES:
+                    raise GatewayError(reply.status_code, _body(reply),
+                                       f"{path} answered {reply.status_code}: {reply.text[:2000]}")
+                retry_after = reply.headers.get("Retry-After", "")
+                problem = f"{reply.status_code}: {reply.text[:500]}"
+            retries = attempt - 1
+            if retries == self.max_retries or time.monotonic() >= deadline:
+                raise GatewayError(None, None, f"{path} still failing after {retries} retries in "
+                                   f"{self.retry_for_s - (deadline - time.monotonic()):.1f}s ({problem})")
 
     def retry_delay(self, attempt: int, retry_after: str) -> float:
         """Exponential backoff, or longer when the gateway asked for it, never over max_backoff_s."""

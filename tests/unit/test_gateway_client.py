@@ -98,3 +98,31 @@ def test_retry_delay_backs_off_and_honors_retry_after() -> None:
     assert c.retry_delay(3, "1") == 2.0
     assert c.retry_delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5
     c.close()
+
+
+def test_a_restarting_gateway_is_retried_with_the_same_key_until_it_answers() -> None:
+    """Refused connections, then a connection cut mid-request (the API killed between produce and
+    reply), then the answer: the same Idempotency-Key on every attempt."""
+    keys: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers["idempotency-key"])
+        if len(keys) <= 12:
+            raise httpx.ConnectError("connection refused", request=request)
+        if len(keys) == 13:
+            raise httpx.RemoteProtocolError("server disconnected", request=request)
+        return accepted(request)
+
+    with client(handler) as c:
+        assert c.submit_step({"trajectory_id": "t", "step_index": 3}) == "id-3"
+    assert len(keys) == 14 and len(set(keys)) == 1
+
+
+def test_retries_are_bounded_in_total_time() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    c = GatewayClient("http://gw", transport=httpx.MockTransport(handler), backoff_s=0.05, max_backoff_s=0.1,
+                      retry_for_s=0.5)
+    with c, pytest.raises(GatewayError, match=r"still failing after \d+ retries in 0\.[5-9]s \(ConnectError"):
+        c.submit_events([{"kind": "x", "trajectory_id": "t"}])
