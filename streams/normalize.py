@@ -77,7 +77,8 @@ def choose_tokens(turn: Turn, reply: Reply, retokenizer: Retokenizer | None) -> 
     partial = ["incomplete engine ids not used"] if turn.prompt_token_ids or reply.token_ids else []
     if retokenizer is None or not turn.messages:  # nothing to render without a prompt
         return Tokens([], [], None, "none", None, partial)
-    prompt, response = retokenizer.encode_turn(turn.messages, turn.raw_prompt, reply.text, reply.tool_calls)
+    prompt, response = retokenizer.encode_turn(turn.messages, turn.raw_prompt, reply.text, reply.tool_calls,
+                                               turn.metadata.get("tools"))
     return Tokens(prompt, response, None, "retokenized", retokenizer.identity, partial)
 
 

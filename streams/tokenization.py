@@ -2,10 +2,12 @@
 
 Used only when ``settings.tokenizer`` names a Hugging Face ``tokenizers`` tokenizer: a local
 ``tokenizer.json`` (or a folder holding one), or a hub name found in the local Hugging Face cache
-(there is no network). Steps tokenized here are marked ``retokenized`` with the tokenizer's
-identity ``<name>@sha256:<first 16 hex of the tokenizer.json>``, so a trainer can tell them from
-engine ids. The chat template is a fixed ChatML rendering (documented in docs/streams.md); it is
-an approximation of the engine's own template, which is why such steps never pass for ``engine``.
+(there is no network). When the tokenizer's folder has the model's chat template
+(``tokenizer_config.json``'s ``chat_template`` or ``chat_template.jinja``), prompts and replies are
+rendered with it as the engine would (streams.chat_template); otherwise with a fixed ChatML rendering
+(documented in docs/streams.md). Steps tokenized here are marked ``retokenized`` with the identity
+``<name>@sha256:<first 16 hex of the tokenizer.json>``, followed by ``+chat_template@sha256:<16 hex>``
+when the model's template rendered them, so a trainer can tell them from engine ids and from each other.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
+
+from streams.chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
 
 _TEXT_PARTS = {"text", "input_text", "output_text"}
 
@@ -67,10 +71,13 @@ def _cached_hub_file(name: str) -> Path | None:
 class Retokenizer:
     tokenizer: Tokenizer
     identity: str
+    template: ChatTemplate | None = None
+    """The model's own chat template; None renders the fixed ChatML."""
 
     @classmethod
     def load(cls, spec: str) -> Retokenizer:
-        """Fails fast (at worker start) with the reason when ``spec`` cannot be loaded offline."""
+        """Fails fast (at worker start) with the reason when ``spec`` cannot be loaded offline (or its
+        chat template does not compile)."""
         path = Path(spec)
         if path.is_dir():
             path = path / "tokenizer.json"
@@ -86,14 +93,48 @@ class Retokenizer:
             tokenizer = Tokenizer.from_str(data.decode())
         except Exception as exc:  # noqa: BLE001 - tokenizers raises plain Exception on bad files
             raise ValueError(f"tokenizer {spec!r}: cannot load {path}: {exc}") from exc
-        return cls(tokenizer, f"{name}@sha256:{hashlib.sha256(data).hexdigest()[:16]}")
+        identity = f"{name}@sha256:{hashlib.sha256(data).hexdigest()[:16]}"
+        try:
+            # A model folder (as the hub lays it out) holds the template beside its tokenizer.json.
+            template = ChatTemplate.from_directory(path.parent) if path.name == "tokenizer.json" else None
+            if template is not None:
+                template.validate()
+        except ChatTemplateError as exc:
+            raise ValueError(f"tokenizer {spec!r}: {exc}") from exc
+        if template is None:
+            return cls(tokenizer, identity)
+        return cls(tokenizer, f"{identity}+chat_template@{template.digest}", template)
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
 
     def encode_turn(self, messages: list[dict[str, Any]], raw_prompt: str | None, text: str,
-                    tool_calls: list[Any]) -> tuple[list[int], list[int]]:
-        """(prompt ids, response ids); the completions API's raw prompt and reply go untemplated."""
+                    tool_calls: list[Any], tools: list[Any] | None = None) -> tuple[list[int], list[int]]:
+        """(prompt ids, response ids); the completions API's raw prompt and reply go untemplated.
+
+        Raises ValueError when the model's template refuses the conversation (its raise_exception)."""
         if raw_prompt is not None:
             return self._encode(raw_prompt), self._encode(text)
-        return self._encode(render_prompt(messages)), self._encode(render_response(text, tool_calls))
+        if self.template is None:
+            return self._encode(render_prompt(messages)), self._encode(render_response(text, tool_calls))
+        prompt, response = render_turn(self.template, messages, text, tool_calls, tools)
+        return self._encode(prompt), self._encode(response)
+
+
+def render_turn(template: ChatTemplate, messages: list[dict[str, Any]], text: str, tool_calls: list[Any],
+                tools: list[Any] | None = None) -> tuple[str, str]:
+    """(prompt, response) text in the model's template. The prompt ends with the generation prompt; the
+    response is what the template appends for the assistant's reply (text, tool calls in the model's
+    own syntax, end-of-turn token), without the newlines after it that the model never generates.
+    When the template renders the history differently once the reply follows (some drop earlier
+    reasoning), the response is the text and ``eos_token``."""
+    history = template_messages(messages)
+    schemas = template_tools(tools)
+    reply: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        reply["tool_calls"] = tool_calls
+    prompt = template.render(history, schemas, add_generation_prompt=True)
+    whole = template.render(history + template_messages([reply]), schemas, add_generation_prompt=False)
+    if whole.startswith(prompt):
+        return prompt, whole[len(prompt):].rstrip("\n")
+    return prompt, text + template.eos_token
