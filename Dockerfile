@@ -14,6 +14,8 @@ COPY consumer_sdk consumer_sdk
 COPY prefix_tree prefix_tree
 COPY dashboard dashboard
 COPY demo demo
+COPY compat compat
+COPY rewards rewards
 RUN pip install --no-cache-dir --prefer-binary -c constraints.txt '.[all,tokenizer]'
 ENV CLAWR1_DATA_DIR=/data
 VOLUME ["/data"]

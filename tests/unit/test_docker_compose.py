@@ -48,3 +48,15 @@ def test_non_loopback_services_require_their_secrets() -> None:
     services = _services()
     assert "CLAWR1_API_KEYS" in services["api"]["environment"]
     assert "CLAWR1_PROXY_AUTH" in services["proxy"]["environment"]
+
+
+def test_the_image_copies_every_shipped_package() -> None:
+    """The Dockerfile lists folders by hand; a package the wheel ships but the image lacks breaks a role."""
+    import tomllib
+
+    root = COMPOSE.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    shipped = {p.rstrip("*") for p in patterns["include"]}
+    copied = {line.split()[1] for line in (root / "Dockerfile").read_text().splitlines()
+              if line.startswith("COPY ") and len(line.split()) == 3}
+    assert shipped <= copied, f"Dockerfile does not COPY {sorted(shipped - copied)}"
