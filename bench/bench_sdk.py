@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests packag
 
 from consumer_sdk import PoolConsumer  # noqa: E402
 from pool.api import pool_router  # noqa: E402
-from pool.sql import SqlLimits  # noqa: E402
+from pool.sql import AnalystSql, SqlLimits  # noqa: E402
 from pool.store import PoolStore  # noqa: E402
 from tests.integration.sdk.serving import served  # noqa: E402
 
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             app = FastAPI()
             limits = SqlLimits(max_execution_time=600, max_result_rows=max(100_000, args.steps + 1),
                                max_result_bytes=8 * 1024**3)
-            app.include_router(pool_router(api_store, limits))
+            app.include_router(pool_router(api_store, AnalystSql(dsn, api_store.database, limits)))
             with served(app) as url:
                 groups = iter(range(1_000_000))  # a fresh consumer group per run: each run drains all
 

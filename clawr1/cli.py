@@ -123,6 +123,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from gateway.app import create_app
     from gateway.server import serve
     from pool.api import pool_router
+    from pool.sql import AnalystSql, SqlLimits
     from pool.store import PoolStore
     from sinks.runner import run_sink
 
@@ -131,6 +132,9 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     store = PoolStore(settings.pool_dsn)
     store.migrate()
     sink_store = PoolStore(settings.pool_dsn)
+    # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
+    analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
+                         SqlLimits.from_settings(settings))
     stop = threading.Event()
     sink_ready = threading.Event()
     sink = threading.Thread(
@@ -148,7 +152,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     app = create_app(
         settings,
-        routers=[pool_router(store), dashboard_router(store)],
+        routers=[pool_router(store, analyst), dashboard_router(store)],
         public_routers=[dashboard_page_router()],
         readiness=parts,
     )
@@ -172,6 +176,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         if with_sink:
             sink.join(30)
         sink_store.close()
+        analyst.close()
         store.close()
     return 0
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
-from pool.sql import OUTPUT_FORMATS, SqlError, SqlLimits, WriteRefused, run_read_only
+from pool.sql import MAX_QUERY_CHARS, OUTPUT_FORMATS, AnalystSql, SqlBusy, SqlError, WriteRefused
 from pool.store import PoolError, PoolStore
 
 MAX_INSERT_ROWS = 100_000
@@ -28,7 +28,8 @@ _STRICT_JSON_INPUT = {"input_format_skip_unknown_fields": 0}
 
 
 class SqlRequest(BaseModel):
-    query: str = Field(min_length=1, description="one read-only statement, without FORMAT")
+    query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="one read-only statement, "
+                       "without FORMAT or SETTINGS")
     format: str = Field("JSONEachRow", description=f"one of: {', '.join(OUTPUT_FORMATS)}")
     max_rows: int | None = Field(None, ge=1, description="lower the server's result row limit")
     parameters: dict[str, Any] = Field(default_factory=dict,
@@ -46,28 +47,29 @@ class InsertReply(BaseModel):
     rows: int
 
 
-def pool_router(store: PoolStore, limits: SqlLimits | None = None) -> APIRouter:
-    """Routes over ``store``; give it a store of its own so long queries never hold up the sink."""
-    base_limits = limits or SqlLimits()
+def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRouter:
+    """Routes over ``store``; analyst SQL runs on ``analyst``'s own read-only sessions (by default on the
+    store's DSN and database with the default limits), so a long query never holds up ``store``'s users."""
+    analyst_sql = analyst or AnalystSql(store.dsn, store.database)
     router = APIRouter(tags=["pool"])
 
     @router.post("/v1/sql", response_class=Response, responses={
         400: {"description": "bad SQL (ClickHouse's error text), unknown format, limits exceeded"},
-        403: {"description": "not a read-only statement"},
+        403: {"description": "refused: not a read of the pool (writes, settings, files, network, system)"},
+        429: {"description": "every analyst session is busy"},
     })
     async def sql(request: SqlRequest) -> Response:
-        limits_now = base_limits
-        if request.max_rows is not None and request.max_rows < base_limits.max_result_rows:
-            limits_now = SqlLimits(base_limits.max_execution_time, request.max_rows,
-                                   base_limits.max_result_bytes)
+        """The result streams; an error past the first chunk ends the body with the error's text."""
         try:
-            body = await run_in_threadpool(run_read_only, store, request.query, request.format, limits_now,
-                                           request.parameters)
+            result = await run_in_threadpool(analyst_sql.stream, request.query, request.format,
+                                             request.parameters, request.max_rows)
         except WriteRefused as exc:
             raise HTTPException(403, str(exc)) from exc
+        except SqlBusy as exc:
+            raise HTTPException(429, str(exc)) from exc
         except SqlError as exc:
             raise HTTPException(400, str(exc)) from exc
-        return Response(body, media_type=OUTPUT_FORMATS[request.format])
+        return StreamingResponse(iter(result), media_type=OUTPUT_FORMATS[request.format])
 
     @router.post("/v1/pool/insert/{table}", response_model=InsertReply, responses={
         400: {"description": "rows that do not fit the table (ClickHouse's error text)"},

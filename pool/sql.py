@@ -1,23 +1,45 @@
-"""Read-only SQL over the pool, shared by the HTTP API and the ``clawr1 sql`` CLI.
+"""Read-only SQL over the pool for analysts, shared by the HTTP API and the ``clawr1 sql`` CLI.
 
-Two guards, because either alone has gaps: a statement check (one statement, a read verb, no
-``INTO OUTFILE``, no ``FORMAT``/``SETTINGS`` of its own) gives a clear refusal before anything runs, and
-ClickHouse's ``readonly=1`` refuses every write, setting change and file/URL table function the check
-could miss. ``max_execution_time`` and ``max_result_rows`` bound what one query may cost.
+Three layers, each enough against what the one before could miss:
 
-The limits travel in a ``SETTINGS`` clause appended to the query, not as client settings: chDB applies
-client settings with session ``SET``s and cannot reset ``readonly`` afterwards, which would leave the
-shared engine handle read-only. A query-level clause ends with the query, on chDB and a server alike.
+1. ``pool.sql_guard``: ClickHouse's own parser reads the text (one statement, no regex) and an
+   allow-list of statements, functions, table functions and tables decides whether it may run.
+2. Its own session: every query runs on a client opened with ``readonly = 1`` set last, after the
+   limits, so nothing in a query can change a setting, write, or loosen a limit. Sessions are apart from
+   the store that the sink, the SDK routes and the dashboard use, so a slow query holds none of them up.
+3. On a ClickHouse server, the analyst DSN (``CLAWR1_SQL_DSN``) names a user whose profile and grants
+   (``pool/server/``) only allow reading the pool database.
+
+Results stream from the engine in chunks instead of being held whole (formats with a global header or
+footer, such as Arrow, Parquet and JSON, are assembled by the engine within ``max_result_bytes``).
 """
 
 from __future__ import annotations
 
+import io
+import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from typing import IO, Any
 
-from pool.store import PoolError, PoolStore
+import clickhouse_connect
+from clickhouse_connect.driver.binding import external_bind_re
+from clickhouse_connect.driver.client import Client
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+from clawr1.settings import Settings
+from pool.sql_guard import (
+    CATALOGUE_QUERY,
+    COMBINATORS_QUERY,
+    Catalogue,
+    Checked,
+    GuardRefusal,
+    check_canonical,
+    check_tree,
+)
+from pool.store import PoolError, is_embedded, pool_error
 
 OUTPUT_FORMATS: dict[str, str] = {
     "JSONEachRow": "application/x-ndjson",
@@ -37,80 +59,273 @@ OUTPUT_FORMATS: dict[str, str] = {
 }
 """Formats a caller may ask for, with the media type the API answers with."""
 
-READ_VERBS = frozenset({"SELECT", "WITH", "SHOW", "DESCRIBE", "DESC", "EXPLAIN", "EXISTS"})
 READONLY_ERROR_CODE = 164
+SYNTAX_ERROR_CODE = 62
+NO_JSON_ERROR_CODE = 36
+"""parseQueryToJSON's answer for statements it cannot express (DESCRIBE, EXISTS, SHOW CREATE, INSERT...)."""
+MAX_QUERY_CHARS = 256 * 1024
+CHUNK_BYTES = 256 * 1024
+_PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PARSE_SCOPE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuerySingleLine)\(.*", re.DOTALL)
 
 
 class SqlError(ValueError):
-    """The query failed; the message is ClickHouse's text (HTTP 400)."""
+    """The query failed or is malformed; the message says why (HTTP 400)."""
 
 
 class WriteRefused(SqlError):
-    """The query would write or change settings (HTTP 403)."""
+    """The query would write, change settings, or reach outside the pool (HTTP 403)."""
+
+
+class SqlBusy(SqlError):
+    """Every analyst session is in use (HTTP 429)."""
 
 
 @dataclass(frozen=True)
 class SqlLimits:
-    max_execution_time: float = 30.0
-    max_result_rows: int = 100_000
-    max_result_bytes: int = 512 * 1024 * 1024
+    """What one analyst query may cost; each is a session setting, fixed before ``readonly = 1``."""
 
-    def clause(self) -> str:
-        """The SETTINGS clause that bounds one query; on its own line, so a trailing comment can't eat it.
+    max_execution_time: float = 30.0
+    max_memory_usage: int = 2 * 1024**3
+    max_result_rows: int = 100_000
+    max_result_bytes: int = 256 * 1024**2
+    max_rows_to_read: int = 2_000_000_000
+    max_concurrent: int = 4
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SqlLimits:
+        """``CLAWR1_SQL_<LIMIT IN CAPS>`` overrides each default."""
+        defaults = cls()
+        return cls(**{name: settings.role_setting(f"CLAWR1_SQL_{name.upper()}", getattr(defaults, name))
+                      for name in cls.__dataclass_fields__})
+
+    def session_settings(self) -> dict[str, Any]:
+        """The analyst session's settings, ``readonly`` last: once it is set nothing else can change.
 
         JSON integers stay numbers whatever the server version's default, so clients parse one shape.
         """
-        return (f"\nSETTINGS max_execution_time = {float(self.max_execution_time)}, "
-                f"max_result_rows = {int(self.max_result_rows)}, "
-                f"max_result_bytes = {int(self.max_result_bytes)}, "
-                "result_overflow_mode = 'throw', output_format_json_quote_64bit_integers = 0, readonly = 1")
+        return {
+            "max_execution_time": float(self.max_execution_time),
+            "max_memory_usage": int(self.max_memory_usage),
+            "max_result_rows": int(self.max_result_rows),
+            "max_result_bytes": int(self.max_result_bytes),
+            "result_overflow_mode": "throw",
+            "max_rows_to_read": int(self.max_rows_to_read),
+            "read_overflow_mode": "throw",
+            "output_format_json_quote_64bit_integers": 0,
+            "readonly": 1,
+        }
 
 
-_LITERALS_AND_COMMENTS = re.compile(
-    r"'(?:[^'\\]|\\.|'')*'|\"(?:[^\"\\]|\\.)*\"|`(?:[^`\\]|\\.)*`|--[^\n]*|#[^\n]*|/\*.*?\*/", re.DOTALL
-)
-_OWN_FORMAT = re.compile(r"\bFORMAT\s+\w+\s*$", re.IGNORECASE)
-_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.IGNORECASE)
-_SETTINGS_CLAUSE = re.compile(r"\bSETTINGS\b", re.IGNORECASE)
+class SqlStream:
+    """One running query's result: iterate for chunks; ``close()`` ends it early and frees its session."""
+
+    def __init__(self, first: bytes, source: IO[bytes], done: Any) -> None:
+        self._first = first
+        self._source = source
+        self._done = done
+        self._closed = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        """The chunks; a failure past the first chunk ends the body with the error text on a line of its
+        own, as a ClickHouse server does over HTTP (the status is already sent)."""
+        broken = True
+        try:
+            if self._first:
+                yield self._first
+            try:
+                while chunk := _read(self._source):
+                    yield chunk
+            except Exception as exc:
+                yield f"\n{_sql_error(exc)}\n".encode()
+                return
+            broken = False
+        finally:
+            self._finish(broken)
+
+    def read_all(self) -> bytes:
+        """The whole result; a failure past the first chunk raises instead of ending the bytes."""
+        chunks = [self._first] if self._first else []
+        try:
+            while chunk := _read(self._source):
+                chunks.append(chunk)
+        except Exception as exc:
+            self._finish(broken=True)
+            raise _sql_error(exc) from exc
+        self._finish(broken=False)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        self._finish(broken=True)
+
+    def _finish(self, broken: bool) -> None:
+        if not self._closed:
+            self._closed = True
+            self._source.close()
+            self._done(broken)
 
 
-def _blank(match: re.Match[str]) -> str:
-    text = match.group(0)
-    return "''" if text[0] in "'\"`" else " "
+class AnalystSql:
+    """Guarded read-only queries on sessions of their own (a few kept open, ``max_concurrent`` at most)."""
+
+    def __init__(self, dsn: str, database: str | None = None, limits: SqlLimits | None = None) -> None:
+        """``database`` is the pool's; ``None`` means the DSN's own (its current database)."""
+        self.dsn = dsn
+        self.database = database
+        self.limits = limits or SqlLimits()
+        self._slots = threading.BoundedSemaphore(max(1, self.limits.max_concurrent))
+        self._idle: list[Client] = []
+        self._lock = threading.Lock()
+        self._catalogue: Catalogue | None = None
+
+    def stream(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
+               max_rows: int | None = None) -> SqlStream:
+        """Guard ``sql`` and start it; errors up to its first chunk raise here, as ``SqlError``s."""
+        if fmt not in OUTPUT_FORMATS:
+            raise SqlError(f"unknown format {fmt!r}; one of {', '.join(OUTPUT_FORMATS)}")
+        text = sql.strip().rstrip(";").rstrip()
+        if not text:
+            raise SqlError("empty query")
+        if len(text) > MAX_QUERY_CHARS:
+            raise SqlError(f"query longer than {MAX_QUERY_CHARS} characters")
+        if not self._slots.acquire(blocking=False):
+            raise SqlBusy(f"{self.limits.max_concurrent} analyst queries are running; retry shortly")
+        limits = self.limits
+        if max_rows is not None and max_rows < limits.max_result_rows:
+            limits = replace(limits, max_result_rows=max_rows)
+        client: Client | None = None
+        try:
+            client = self._session(limits)
+            checked = self._guard(client, text)
+            values = _parameters(checked, parameters or {})
+            if checked.streams:
+                source = client.raw_stream(checked.text, parameters=values or None, fmt=fmt)
+            else:
+                source = io.BytesIO(client.raw_query(checked.text, parameters=values or None, fmt=fmt))
+            first = _read(source)
+        except BaseException as exc:
+            self._release(client, limits, broken=True)
+            if isinstance(exc, Exception):
+                raise _sql_error(exc) from exc
+            raise
+        return SqlStream(first, source, lambda broken: self._release(client, limits, broken))
+
+    def run(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
+            max_rows: int | None = None) -> bytes:
+        """The whole result of one guarded query (for the CLI and tests; the API streams)."""
+        return self.stream(sql, fmt, parameters, max_rows).read_all()
+
+    def check(self, sql: str) -> Checked:
+        """The guard alone: what would run for ``sql``, or ``WriteRefused``/``SqlError``."""
+        text = sql.strip().rstrip(";").rstrip()
+        client = self._session(self.limits)
+        try:
+            return self._guard(client, text)
+        except Exception as exc:
+            raise _sql_error(exc) from exc
+        finally:
+            self._release(client, self.limits, broken=False, slot=False)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for client in idle:
+            client.close()
+
+    def _guard(self, client: Client, text: str) -> Checked:
+        catalogue = self._catalogue or self._load_catalogue(client)
+        if self.database is None:
+            self.database = str(client.query("SELECT currentDatabase()").result_rows[0][0])
+        try:
+            tree = json.loads(client.raw_query("SELECT parseQueryToJSON({q:String})", parameters={"q": text},
+                                               fmt="RawBLOB"))
+        except ClickHouseError as exc:
+            if pool_error(exc).code != NO_JSON_ERROR_CODE:
+                raise
+            canonical = client.raw_query("SELECT formatQuerySingleLine({q:String})", parameters={"q": text},
+                                         fmt="RawBLOB").decode()
+            return check_canonical(canonical, str(self.database))
+        except RecursionError as exc:
+            raise SqlError("the query nests too deeply") from exc
+        return check_tree(tree, text, str(self.database), catalogue)
+
+    def _load_catalogue(self, client: Client) -> Catalogue:
+        functions = [json.loads(line) for line in client.raw_query(CATALOGUE_QUERY).splitlines()]
+        combinators = [json.loads(line)["name"] for line in client.raw_query(COMBINATORS_QUERY).splitlines()]
+        self._catalogue = Catalogue.build(functions, combinators)
+        return self._catalogue
+
+    def _session(self, limits: SqlLimits) -> Client:
+        if limits == self.limits:
+            with self._lock:
+                if self._idle:
+                    return self._idle.pop()
+        return open_session(self.dsn, self.database, limits)
+
+    def _release(self, client: Client | None, limits: SqlLimits, broken: bool, slot: bool = True) -> None:
+        if client is not None:
+            if broken or limits != self.limits:
+                client.close()
+            else:
+                with self._lock:
+                    self._idle.append(client)
+        if slot:
+            self._slots.release()
 
 
-def check_read_only(sql: str) -> str:
-    """The query without a trailing ``;`` if it is one read statement; raises otherwise."""
-    skeleton = _LITERALS_AND_COMMENTS.sub(_blank, sql).strip()
-    body = skeleton.rstrip(";").strip()
-    if not body:
-        raise SqlError("empty query")
-    if ";" in body:
-        raise WriteRefused("only one statement per request")
-    verb = body.lstrip("(").split(None, 1)[0].upper()
-    if verb not in READ_VERBS:
-        raise WriteRefused(f"{verb} is not a read-only statement; allowed: {', '.join(sorted(READ_VERBS))}")
-    if _OUTFILE.search(body):
-        raise WriteRefused("INTO OUTFILE writes files and is refused")
-    if _SETTINGS_CLAUSE.search(body):
-        raise WriteRefused("SETTINGS clauses are refused: limits are set by the server")
-    if _OWN_FORMAT.search(body):
-        raise SqlError("drop the FORMAT clause and ask for the format in the request instead")
-    return sql.strip().rstrip(";").rstrip()
+def open_session(dsn: str, database: str | None, limits: SqlLimits) -> Client:
+    """A client whose every query runs with ``limits`` and ``readonly = 1``, set before anything runs.
 
-
-def run_read_only(store: PoolStore, sql: str, fmt: str = "JSONEachRow", limits: SqlLimits | None = None,
-                  parameters: Mapping[str, Any] | None = None) -> bytes:
-    """The result of one read-only query in ``fmt``; ``SqlError``/``WriteRefused`` say why not.
-
-    ``parameters`` fill ClickHouse query parameters (``{name:Type}`` in the query), bound server-side.
+    On chDB the settings are ``SET`` on the client's own handle, ``readonly`` last; on a server they
+    travel with every request (a server profile that already pins ``readonly`` skips that one).
     """
-    if fmt not in OUTPUT_FORMATS:
-        raise SqlError(f"unknown format {fmt!r}; one of {', '.join(OUTPUT_FORMATS)}")
-    query = check_read_only(sql)
+    kwargs: dict[str, Any] = {"dsn": dsn, "settings": limits.session_settings()}
+    if database:
+        kwargs["database"] = database
+    if not is_embedded(dsn):
+        kwargs["autogenerate_session_id"] = False
     try:
-        return store.raw_query(query + (limits or SqlLimits()).clause(), fmt, parameters=parameters)
-    except PoolError as exc:
-        if exc.code == READONLY_ERROR_CODE:
-            raise WriteRefused(str(exc)) from exc
-        raise SqlError(str(exc)) from exc
+        return clickhouse_connect.get_client(**kwargs)
+    except ClickHouseError as exc:
+        raise PoolError(f"cannot open an analyst session on the pool: {pool_error(exc)}") from exc
+
+
+def _parameters(checked: Checked, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The values for the statement's ``{name:Type}`` parameters: every one given, none extra.
+
+    Binding is always server-side (a value never becomes SQL text), so a ``%`` in the query stays a ``%``.
+    """
+    bad = sorted(name for name in given if not _PARAMETER_NAME.fullmatch(name))
+    if bad:
+        raise SqlError(f"parameter names must be identifiers: {bad}")
+    unused = sorted(set(given) - checked.parameters)
+    if unused:
+        raise SqlError(f"parameters not used by the query: {unused}")
+    missing = sorted(checked.parameters - set(given))
+    if missing:
+        raise SqlError(f"no value given for the query's parameters {missing}")
+    if given and not external_bind_re.search(checked.text):
+        raise SqlError("write query parameters as {name:Type}")
+    return dict(given)
+
+
+def _read(source: IO[bytes]) -> bytes:
+    return source.read(CHUNK_BYTES) or b""
+
+
+def _sql_error(exc: BaseException) -> SqlError:
+    """Our error for whatever stopped a query: refusals are 403s, everything else is a bad request."""
+    if isinstance(exc, SqlError):
+        return exc
+    if isinstance(exc, GuardRefusal):
+        return WriteRefused(str(exc))
+    error = pool_error(exc) if isinstance(exc, ClickHouseError) else exc
+    message = _PARSE_SCOPE.sub("", str(error)).strip()
+    code = getattr(error, "code", None)
+    if code == READONLY_ERROR_CODE:
+        return WriteRefused(message)
+    if code == SYNTAX_ERROR_CODE and "Multi-statements are not allowed" in message:
+        return WriteRefused(f"only one statement per request: {message}")
+    if isinstance(error, PoolError | TypeError | ValueError):
+        return SqlError(message)
+    raise exc

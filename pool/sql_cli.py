@@ -13,31 +13,31 @@ from collections.abc import Callable
 
 import httpx
 
-from pool.sql import SqlError, WriteRefused, run_read_only
-from pool.store import PoolError, PoolStore
+from pool.sql import AnalystSql, SqlError, WriteRefused
+from pool.store import PoolError
 
 PROMPT = "pool> "
 CONTINUE_PROMPT = "   -> "
 
 
 class SqlTarget:
-    """Where queries go: the pool API (``api_url``) or a store opened on ``dsn``."""
+    """Where queries go: the pool API (``api_url``) or guarded analyst sessions opened on ``dsn``."""
 
     def __init__(self, api_url: str | None = None, dsn: str | None = None, api_key: str | None = None,
                  timeout: float = 120.0) -> None:
         if not api_url and not dsn:
             raise SqlError("give an API URL or a pool DSN")
         self._http: httpx.Client | None = None
-        self._store: PoolStore | None = None
+        self._direct: AnalystSql | None = None
         if api_url:
             headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
             self._http = httpx.Client(base_url=api_url.rstrip("/"), timeout=timeout, headers=headers)
         else:
-            self._store = PoolStore(str(dsn))
+            self._direct = AnalystSql(str(dsn))
 
     def run(self, query: str, fmt: str = "TabSeparated") -> str:
-        if self._store is not None:
-            return run_read_only(self._store, query, fmt).decode("utf-8", errors="replace")
+        if self._direct is not None:
+            return self._direct.run(query, fmt).decode("utf-8", errors="replace")
         assert self._http is not None
         try:
             reply = self._http.post("/v1/sql", json={"query": query, "format": fmt})
@@ -52,8 +52,8 @@ class SqlTarget:
     def close(self) -> None:
         if self._http is not None:
             self._http.close()
-        if self._store is not None:
-            self._store.close()
+        if self._direct is not None:
+            self._direct.close()
 
 
 def _detail(reply: httpx.Response) -> str:

@@ -35,7 +35,8 @@ class PoolDataError(PoolError):
     """Rows that cannot be written as the table's types (raised before anything reaches ClickHouse)."""
 
 
-def _pool_error(exc: ClickHouseError) -> PoolError:
+def pool_error(exc: ClickHouseError) -> PoolError:
+    """ClickHouse's own error text and code, without the driver's wrapping."""
     text = str(exc)
     match = _CODE_RE.search(text)
     message = match.group(0).strip() if match else text.strip()
@@ -89,7 +90,7 @@ class PoolStore:
             try:
                 return fn(self._client)
             except ClickHouseError as exc:
-                raise _pool_error(exc) from exc
+                raise pool_error(exc) from exc
 
     def migrate(self) -> list[str]:
         """Apply pending migrations; returns the ids applied now (empty when up to date)."""

@@ -1,57 +1,67 @@
-"""The read-only statement check: clear refusals before anything reaches ClickHouse."""
+"""The guard's pure parts: function catalogue resolution, canonical-shape statements, session settings."""
 
 from __future__ import annotations
 
 import pytest
 
-from pool.sql import SqlError, SqlLimits, WriteRefused, check_read_only
+from pool.sql import SqlLimits
+from pool.sql_guard import Catalogue, GuardRefusal, check_canonical
 
 
-@pytest.mark.parametrize("sql", [
-    "SELECT 1",
-    "  select * from steps;  ",
-    "WITH t AS (SELECT 1) SELECT * FROM t",
-    "(SELECT 1) UNION ALL (SELECT 2)",
-    "SHOW TABLES", "DESCRIBE TABLE steps", "DESC steps", "EXISTS TABLE steps",
-    "EXPLAIN indexes = 1 SELECT * FROM steps WHERE prompt_id = 'x'",
-    "SELECT 'DROP TABLE x; --' AS s",
-    "-- a comment; with a semicolon\nSELECT 1",
-    "/* INSERT */ SELECT 1",
-    "SELECT 'format JSON'",
+def row(name: str, category: str, alias_to: str = "", case_insensitive: int = 0, aggregate: int = 0) -> dict:
+    return {"name": name, "categories": category, "alias_to": alias_to, "case_insensitive": case_insensitive,
+            "is_aggregate": aggregate}
+
+
+CATALOGUE = Catalogue.build([
+    row("sum", "Aggregate Functions", case_insensitive=1, aggregate=1),
+    row("uniqExact", "Aggregate Functions", aggregate=1),
+    row("plus", "Arithmetic"),
+    row("file", "Other"),
+    row("hostName", "Other"),
+    row("hostname", "", alias_to="hostName"),
+    row("lcase", "", alias_to="lower", case_insensitive=1),
+    row("lower", "String", case_insensitive=1),
+    row("caseWithExpression", "Internal"),
+    row("aiGenerate", "AI"),
+    row("newThing", "Some Future Category"),
+], ["If", "Array", "State", "Merge", "OrNull"])
+
+
+@pytest.mark.parametrize("name", ["sum", "SUM", "sumIf", "SUMIf", "sumArrayIf", "uniqExactStateMerge", "plus",
+                                  "lcase", "LCASE", "lower", "caseWithExpression"])
+def test_pure_functions_aliases_and_combinators_pass(name: str) -> None:
+    assert CATALOGUE.allows(name)
+
+
+@pytest.mark.parametrize("name", ["file", "FILE", "hostname", "hostName", "aiGenerate", "newThing", "plusIf",
+                                  "fileIf", "unknown", "uniqexact", "If", "db.sum"])
+def test_outside_reaching_unknown_and_non_aggregate_combinations_are_refused(name: str) -> None:
+    assert not CATALOGUE.allows(name)
+
+
+@pytest.mark.parametrize(("canonical", "runs"), [
+    ("DESCRIBE TABLE steps", "DESCRIBE TABLE `steps`"),
+    ("DESCRIBE TABLE pool.steps", "DESCRIBE TABLE `steps`"),
+    ("EXISTS TABLE steps", "EXISTS TABLE `steps`"),
+    ("SHOW CREATE VIEW steps", "SHOW CREATE VIEW `steps`"),
 ])
-def test_reads_pass(sql: str) -> None:
-    assert check_read_only(sql) == sql.strip().rstrip(";").rstrip()
+def test_describe_exists_show_create_of_a_pool_table_are_rebuilt(canonical: str, runs: str) -> None:
+    assert check_canonical(canonical, "pool").text == runs
 
 
-@pytest.mark.parametrize("sql", [
-    "INSERT INTO steps VALUES (1)",
-    "drop table steps",
-    "ALTER TABLE step_versions DELETE WHERE 1",
-    "TRUNCATE TABLE steps",
-    "CREATE TABLE x (a UInt8) ENGINE = Memory",
-    "SET readonly = 0",
-    "OPTIMIZE TABLE step_versions FINAL",
-    "SYSTEM FLUSH LOGS",
-    "SELECT 1; DROP TABLE steps",
-    "SELECT 1 SETTINGS readonly = 0",
-    "SELECT * FROM steps INTO OUTFILE '/tmp/x'",
+@pytest.mark.parametrize("canonical", [
+    "DESCRIBE TABLE system.processes", "DESCRIBE TABLE (SELECT 1)", "DESCRIBE TABLE steps SETTINGS x = 1",
+    "DESCRIBE TABLE steps FORMAT JSON", "DESCRIBE TABLE `a b`", "EXISTS DATABASE system",
+    "SHOW CREATE USER default", "SHOW PROCESSLIST", "INSERT INTO steps VALUES (1)", "",
 ])
-def test_writes_and_escapes_are_refused(sql: str) -> None:
-    with pytest.raises(WriteRefused):
-        check_read_only(sql)
+def test_other_statements_without_json_are_refused(canonical: str) -> None:
+    with pytest.raises(GuardRefusal):
+        check_canonical(canonical, "pool")
 
 
-def test_empty_and_own_format_are_bad_requests_not_refusals() -> None:
-    for sql in ("", "  ;  ", "-- only a comment"):
-        with pytest.raises(SqlError) as caught:
-            check_read_only(sql)
-        assert not isinstance(caught.value, WriteRefused)
-    with pytest.raises(SqlError, match="FORMAT"):
-        check_read_only("SELECT 1 FORMAT JSON")
-
-
-def test_limits_clause_starts_on_its_own_line_and_ends_read_only() -> None:
-    clause = SqlLimits(max_execution_time=5, max_result_rows=10).clause()
-    assert clause.startswith("\nSETTINGS ")
-    assert "max_execution_time = 5.0" in clause and "max_result_rows = 10" in clause
-    assert clause.endswith("readonly = 1")
+def test_session_settings_end_read_only_after_the_limits() -> None:
+    settings = SqlLimits(max_execution_time=5, max_result_rows=10).session_settings()
+    assert list(settings)[-1] == "readonly" and settings["readonly"] == 1
+    assert settings["max_execution_time"] == 5.0 and settings["max_result_rows"] == 10
+    assert {"max_memory_usage", "max_result_bytes", "max_rows_to_read"} <= set(settings)
