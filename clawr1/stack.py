@@ -67,6 +67,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
     stop = stop_on_signals()
     supervisor = Supervisor(RestartPolicy.from_settings(settings), state_file=data_dir / STATE_FILE)
     started = time.monotonic()
+    demo_thread: threading.Thread | None = None
     try:
         if settings.manages_kafka:
             broker = KafkaBroker(data_dir=data_dir / "kafka", port=settings.kafka_port,
@@ -90,7 +91,10 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             env["CLAWR1_CAPTURE_TOKEN_IDS"] = "true"  # the stand-in speaks vLLM's token-id fields
             if not settings.reverse_port:
                 env["CLAWR1_REVERSE_PORT"] = str(settings.proxy_port + 1)
-        rewarding = bool(settings.role_setting("CLAWR1_REWARD_FN", ""))
+        if demo and not settings.role_setting("CLAWR1_REWARD_FN", ""):
+            # The demo's rewarder scores every step (the default readiness needs a step reward).
+            env |= {"CLAWR1_REWARD_FN": "demo.tasks:demo_reward", "CLAWR1_REWARD_TARGET": "step"}
+        rewarding = bool(env.get("CLAWR1_REWARD_FN"))
         parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
         supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
         supervisor.add(_cli_role("worker", ["worker"], env, data_dir))
@@ -108,7 +112,9 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             flush=True,
         )
         if demo:
-            _start_demo(api_url, f"http://127.0.0.1:{env['CLAWR1_REVERSE_PORT']}")
+            compat_url = f"http://127.0.0.1:{settings.compat_port}" if settings.compat_port else None
+            reverse_url = f"http://127.0.0.1:{env['CLAWR1_REVERSE_PORT']}"
+            demo_thread = _start_demo(api_url, reverse_url, compat_url, stop)
         while not stop.is_set():
             problem = supervisor.tick()
             if problem is not None:
@@ -116,6 +122,8 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             stop.wait(0.3)
         return 0
     finally:
+        if demo_thread is not None:  # its actors finish their call before the roles stop under them
+            demo_thread.join(timeout=30)
         supervisor.stop_all()
         readiness.clear(data_dir)
         print("[clawr1] stopped", flush=True)
@@ -128,9 +136,12 @@ def _fail(problem: str, stop: threading.Event) -> int:
     return 1
 
 
-def _start_demo(api_url: str, reverse_url: str) -> None:
-    """The demo workload runs beside the supervision loop, so a role dying during it is restarted."""
+def _start_demo(api_url: str, reverse_url: str, compat_url: str | None,
+                stop: threading.Event) -> threading.Thread:
+    """The demo loop runs beside the supervision loop (a role dying during it is restarted) until ``stop``."""
     from demo.workload import run_demo
 
-    threading.Thread(target=run_demo, kwargs={"api_url": api_url, "reverse_url": reverse_url},
-                     name="demo", daemon=True).start()
+    thread = threading.Thread(target=run_demo, name="demo", daemon=True, kwargs={
+        "api_url": api_url, "reverse_url": reverse_url, "compat_url": compat_url, "stop": stop})
+    thread.start()
+    return thread

@@ -22,6 +22,8 @@ __all__ = ["Filters", "filter_sql", "to_epoch_ms"]
 REWARD_STATUSES = frozenset({"pending", "final"})
 SOURCE_KINDS = frozenset({"blackbox_agent", "whitebox_agent", "blackbox_service"})
 TOKEN_PROVENANCES = frozenset({"engine", "retokenized", "none"})
+CURATION_EXCLUDED_LABELS = ("excluded", "untrainable")
+"""Curation labels that take a step out of every consumer's batches unless ``include_excluded``."""
 
 
 def to_epoch_ms(value: datetime | int, what: str) -> int:
@@ -101,6 +103,9 @@ class Filters:
     """Steps at most this many versions behind the version the trainer reports."""
     include_superseded: bool = False
     """Also retries the agent threw away (``link_status = 'superseded'``); they are never ready."""
+    include_excluded: bool = False
+    """Also steps a curator excluded or marked untrainable (a label in ``CURATION_EXCLUDED_LABELS``,
+    written by the dashboard's curation as feedback): by default no trainer gets them."""
     channel: tuple[str, ...] = ("train",)
     """The data channel (the seed system's ``train`` / ``val``): one string or a list; None or [] for
     every channel. Steps default to ``train``, so consumers that never name a channel get what they
@@ -109,8 +114,9 @@ class Filters:
     def __post_init__(self) -> None:
         if self.ready is not None and not isinstance(self.ready, bool):
             raise InvalidFilter(f"ready: expected True, False or None, got {self.ready!r}")
-        if not isinstance(self.include_superseded, bool):
-            raise InvalidFilter(f"include_superseded: expected a bool, got {self.include_superseded!r}")
+        for flag in ("include_superseded", "include_excluded"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidFilter(f"{flag}: expected a bool, got {getattr(self, flag)!r}")
         norm: dict[str, Any] = {
             "reward_status": _strings("reward_status", self.reward_status, REWARD_STATUSES),
             "quality_labels": _strings("quality_labels", self.quality_labels, None),
@@ -185,6 +191,8 @@ def filter_sql(filters: Filters, current_policy_version: int | None) -> tuple[li
         clauses.append("ready = 1" if filters.ready else "ready = 0")
     if not filters.include_superseded and filters.ready is not True:  # ready steps are never superseded
         clauses.append("link_status != 'superseded'")
+    if not filters.include_excluded:
+        clauses.append(f"NOT hasAny(quality_labels, {list(CURATION_EXCLUDED_LABELS)!r})")
     if filters.reward_status:
         bind("reward_status", "Array(String)", list(filters.reward_status), "reward_status IN {p}")
     if filters.min_reward is not None:

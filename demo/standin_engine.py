@@ -377,7 +377,8 @@ class StandinEngine:
         if not messages:
             return self._error(request.path, 400, "messages must be a non-empty list")
         model = self._model(body)
-        conversation = [model, messages]
+        # A request's `seed` varies the reply as sampling would, so GRPO rollouts of one prompt differ.
+        conversation = [model, messages, *([body["seed"]] if body.get("seed") is not None else [])]
         replies = [make_reply(conversation, i, _tool_names(body.get("tools")),
                               not _ends_with_tool_result(messages),
                               body.get("max_completion_tokens") or body.get("max_tokens"))

@@ -17,10 +17,13 @@ PLACEHOLDER = re.compile(r"\{(\w+):([^}]+)\}")
 
 def test_defaults_deliver_ready_train_steps_only() -> None:
     clauses, params = filter_sql(Filters(), None)
-    assert clauses == ["ready = 1", "channel IN {f_channel:Array(String)}"]
+    assert clauses == ["ready = 1", "NOT hasAny(quality_labels, ['excluded', 'untrainable'])",
+                       "channel IN {f_channel:Array(String)}"]
     assert params == {"f_channel": ["train"]}
-    assert filter_sql(Filters(ready=None, channel=None, include_superseded=True), None) == ([], {})
-    assert filter_sql(Filters(ready=None, channel=None), None)[0] == ["link_status != 'superseded'"]
+    everything = Filters(ready=None, channel=None, include_superseded=True, include_excluded=True)
+    assert filter_sql(everything, None) == ([], {})
+    assert filter_sql(Filters(ready=None, channel=None, include_excluded=True), None)[0] == [
+        "link_status != 'superseded'"]
     assert filter_sql(Filters(ready=False), None)[0][0] == "ready = 0"
 
 
