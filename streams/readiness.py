@@ -1,8 +1,11 @@
 """When a step is training-ready: a small, configurable conjunction of requirements.
 
 The rule is a comma-separated list of requirement words (``CLAWR1_READY_RULE``); a step is ready
-when it did not fail, is not a superseded retry, and meets every listed requirement. Default
-``tokens,final_reward``.
+when its status is trainable, it is not a superseded retry, and it meets every listed requirement.
+Default ``tokens,final_reward``.
+
+A refusal is the policy's own action, so a ``refused`` step is training data like an ``ok`` one; a
+``truncated`` step lacks the end of its action and a ``failed`` one has none: never ready.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ REQUIREMENTS = {
 
 
 DEFAULT_RULE = "tokens,final_reward"
+TRAINABLE_STATUSES = frozenset({"ok", "refused"})
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class ReadinessRule:
 
     def is_ready(self, step: dict[str, Any]) -> bool:
         """``step`` is a normalized step record (step.avsc field names)."""
-        if step["status"] != "ok" or step["link_status"] == "superseded":
+        if step["status"] not in TRAINABLE_STATUSES or step["link_status"] == "superseded":
             return False
         has_tokens = bool(step["prompt_token_ids"]) and bool(step["response_token_ids"])
         checks = {
