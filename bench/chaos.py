@@ -1,0 +1,453 @@
+"""Chaos bench: ``clawr1 up`` under sustained mixed load while its roles are killed one at a time.
+
+Load (all on 127.0.0.1, bounded in count and time): an agent calling the stand-in engine through the
+proxy's reverse port with the official openai SDK (streamed and plain, one fresh conversation per
+call, so each answered call must become exactly one step), and a white-box agent posting step
+batches through ``GatewayClient`` with a reward (feedback) for the first step of each batch.
+
+Faults: SIGKILL of the worker, the proxy, the API and the broker; the full run adds a clean broker
+restart, a paused broker (SIGSTOP/SIGCONT: Kafka slow, not gone), a full spool disk (a small tmpfs
+mounted on the proxy's spool, root only) and garbage produced to the raw topics (dead letters).
+
+Figures: load held, faults with time to healthy, steps acknowledged vs in the pool, exact duplicates
+and losses (both must be 0), dead letters, rewards joined. Run it::
+
+    .venv/bin/python bench/chaos.py            # full run -> bench/results/chaos.json
+    .venv/bin/python bench/chaos.py --quick    # the SIGKILL subset that make test runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from gateway.client import GatewayClient, GatewayError  # noqa: E402
+
+CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
+HEAL_TIMEOUT_S = 90.0
+SPOOL_TMPFS = "4m"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Stack:
+    """``clawr1 up`` in front of a stand-in engine, on free ports and a fresh data dir."""
+
+    def __init__(self, data_dir: Path, log_file: Path) -> None:
+        self.data_dir = data_dir
+        self.ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "kafka", "compat")}
+        self.api = f"http://127.0.0.1:{self.ports['api']}"
+        self.reverse = f"http://127.0.0.1:{self.ports['reverse']}"
+        self.bootstrap = f"127.0.0.1:{self.ports['kafka']}"
+        self._log = log_file.open("ab")
+        self._env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+        self.engine: subprocess.Popen[bytes] | None = None
+        self.up: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 240.0) -> float:
+        started = time.monotonic()
+        self.engine = subprocess.Popen([*CLAWR1, "standin-engine", "--port", str(self.ports["engine"])],
+                                       env=self._env, stdout=self._log, stderr=self._log)
+        self.up = subprocess.Popen(
+            [*CLAWR1, "up", "--data-dir", str(self.data_dir), "--api-port", str(self.ports["api"]),
+             "--proxy-port", str(self.ports["proxy"]), "--reverse-port", str(self.ports["reverse"]),
+             "--kafka-port", str(self.ports["kafka"]), "--compat-port", str(self.ports["compat"]),
+             "--upstream", f"http://127.0.0.1:{self.ports['engine']}"],
+            env=self._env, stdout=self._log, stderr=self._log)
+        self.wait_healthy(timeout)
+        return time.monotonic() - started
+
+    def health(self) -> set[str]:
+        """The parts /healthz names as missing (``no answer`` while the API itself is down)."""
+        try:
+            reply = httpx.get(f"{self.api}/healthz", timeout=2)
+        except httpx.HTTPError:
+            return {"no answer"}
+        if reply.status_code == 200:
+            return set()
+        named = {name for name, ok in reply.json().get("parts", {}).items() if not ok}
+        return named or {str(reply.status_code)}
+
+    def wait_healthy(self, timeout: float, until: Callable[[], bool] = lambda: True,
+                     missing: set[str] | None = None) -> float:
+        """Seconds until /healthz answers 200 and ``until`` holds, adding what it named meanwhile to
+        ``missing``; raises past ``timeout``."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            assert self.up is not None
+            if self.up.poll() is not None:
+                raise RuntimeError(f"clawr1 up exited with {self.up.returncode}")
+            named = self.health()
+            if missing is not None:
+                missing |= named
+            if not named and until():
+                return time.monotonic() - started
+            time.sleep(0.2)
+        raise TimeoutError(f"not healthy within {timeout:.0f}s")
+
+    def roles(self) -> dict[str, dict[str, object]]:
+        """The supervisor's view (run/supervisor.json)."""
+        try:
+            state = json.loads((self.data_dir / "run" / "supervisor.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+        return {role["role"]: role for role in state["roles"]}
+
+    def pid(self, role: str) -> int:
+        return int(str(self.roles()[role]["pid"]))
+
+    def sql(self, query: str) -> list[dict[str, object]]:
+        reply = httpx.post(f"{self.api}/v1/sql", json={"query": query, "format": "JSONEachRow"}, timeout=60)
+        reply.raise_for_status()
+        return [json.loads(line) for line in reply.text.splitlines() if line.strip()]
+
+    def stop(self) -> int | None:
+        """SIGINT, as Ctrl-C: returns clawr1 up's exit code (None if it had to be killed)."""
+        code = None
+        if self.up is not None and self.up.poll() is None:
+            self.up.send_signal(signal.SIGINT)
+            try:
+                code = self.up.wait(120)
+            except subprocess.TimeoutExpired:
+                self.up.kill()
+                self.up.wait()
+        elif self.up is not None:
+            code = self.up.returncode
+        if self.engine is not None:
+            self.engine.terminate()
+            self.engine.wait(30)
+        self._log.close()
+        return code
+
+
+@dataclass
+class LoadFigures:
+    proxy_calls_answered: int = 0
+    proxy_calls_failed: int = 0
+    streamed_answered: int = 0
+    batches_acked: int = 0
+    batches_failed: int = 0
+    steps_acked: int = 0
+    feedback_acked: int = 0
+
+
+@dataclass
+class Load:
+    """Two bounded agent loops; what they were told was accepted is what must be in the pool."""
+
+    stack: Stack
+    run_id: str
+    batch_size: int = 10
+    max_ops: int = 20_000
+    pause_s: float = 0.05
+    figures: LoadFigures = field(default_factory=LoadFigures)
+    answered: set[str] = field(default_factory=set)
+    acked: dict[str, tuple[str, int]] = field(default_factory=dict)
+    rewarded: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+
+    def start(self) -> None:
+        for target in (self._proxy_agent, self._whitebox_agent):
+            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(180)
+
+    def _proxy_agent(self) -> None:
+        from openai import OpenAI, OpenAIError
+
+        agent = OpenAI(base_url=f"{self.stack.reverse}/v1", api_key="sk-chaos-agent", max_retries=0,
+                       timeout=15)
+        for i in range(self.max_ops):
+            if self._stop.is_set():
+                return
+            marker = f"chaos-{self.run_id}-call-{i}"
+            messages = [{"role": "user", "content": f"{marker}: say something"}]
+            try:
+                if i % 2:
+                    chunks = list(agent.chat.completions.create(model="m", messages=messages, stream=True))
+                    if not any(c.choices and c.choices[0].finish_reason for c in chunks):
+                        raise OpenAIError("stream ended without a finish reason")
+                    self.figures.streamed_answered += 1
+                else:
+                    agent.chat.completions.create(model="m", messages=messages)
+            except OpenAIError:
+                self.figures.proxy_calls_failed += 1  # not seen answered: nothing is owed
+                time.sleep(0.2)
+                continue
+            self.answered.add(marker)
+            self.figures.proxy_calls_answered += 1
+            time.sleep(self.pause_s)
+
+    def _whitebox_agent(self) -> None:
+        client = GatewayClient(self.stack.api, batch_size=self.batch_size, timeout_s=15, retry_for_s=120)
+        with client:
+            for i in range(self.max_ops):
+                if self._stop.is_set():
+                    return
+                trajectory = f"chaos-{self.run_id}-t{i}"
+                steps = [{"trajectory_id": trajectory, "step_index": n, "prompt_token_ids": [1, 2, n],
+                          "response_token_ids": [3, i % 250], "terminal": n == self.batch_size - 1}
+                         for n in range(self.batch_size)]
+                try:
+                    ids = client.submit_steps(steps)
+                    self.acked.update((step_id, (trajectory, n)) for n, step_id in enumerate(ids))
+                    self.figures.batches_acked += 1
+                    self.figures.steps_acked += len(ids)
+                    client.submit_feedback({"step_id": ids[0], "reward": 1.0, "source": "chaos"})
+                    self.rewarded.add(ids[0])
+                    self.figures.feedback_acked += 1
+                except GatewayError:
+                    self.figures.batches_failed += 1
+                time.sleep(self.pause_s * 4)
+
+
+@dataclass
+class Fault:
+    name: str
+    healthy_after_s: float
+    detail: str = ""
+    health_named: list[str] = field(default_factory=list)
+
+
+def _restarted(stack: Stack, role: str, old_pid: int) -> Callable[[], bool]:
+    def check() -> bool:
+        state = stack.roles().get(role, {})
+        return state.get("state") == "running" and state.get("pid") not in (None, old_pid)
+    return check
+
+
+def kill_role(stack: Stack, role: str, sig: signal.Signals = signal.SIGKILL) -> Fault:
+    pid = stack.pid(role)
+    os.kill(pid, sig)
+    missing: set[str] = set()
+    healthy = stack.wait_healthy(HEAL_TIMEOUT_S, _restarted(stack, role, pid), missing)
+    return Fault(f"{sig.name} {role}", healthy, health_named=sorted(missing))
+
+
+def pause_broker(stack: Stack, seconds: float = 8.0) -> Fault:
+    pid = stack.pid("broker")
+    started = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    healthy = stack.wait_healthy(HEAL_TIMEOUT_S) + time.monotonic() - started - seconds
+    return Fault("SIGSTOP broker", healthy, f"paused {seconds:.0f}s, then SIGCONT")
+
+
+def corrupt_raw(stack: Stack, count: int = 5) -> Fault:
+    from confluent_kafka import Producer
+
+    from clawr1.topics import RAW_FEEDBACK, RAW_LLM, RAW_STEPS
+
+    producer = Producer({"bootstrap.servers": stack.bootstrap})
+    for i in range(count):
+        for topic in (RAW_LLM, RAW_STEPS, RAW_FEEDBACK):
+            producer.produce(topic.name, key=b"chaos", value=b"\x00garbage " + str(i).encode())
+    producer.flush(30)
+    return Fault("garbage on raw topics", stack.wait_healthy(HEAL_TIMEOUT_S), f"{count * 3} records")
+
+
+def fill_spool(stack: Stack, seconds: float = 6.0) -> Fault:
+    """The proxy's spool (a small tmpfs) is full for a while: calls still answered, captures held."""
+    spool = stack.data_dir / "proxy-spool"
+    stats = os.statvfs(spool)
+    filler = spool / "chaos-filler"
+    with filler.open("wb") as handle, contextlib.suppress(OSError):  # full: that is the point
+        handle.write(b"\0" * (stats.f_bavail * stats.f_frsize))
+    started = time.monotonic()
+    time.sleep(seconds)
+    filler.unlink()
+    healthy = stack.wait_healthy(HEAL_TIMEOUT_S) + time.monotonic() - started - seconds
+    return Fault("spool disk full", healthy, f"{SPOOL_TMPFS} tmpfs full for {seconds:.0f}s")
+
+
+QUICK_FAULTS: list[tuple[str, Callable[[Stack], Fault]]] = [
+    (role, lambda stack, role=role: kill_role(stack, role)) for role in ("worker", "proxy", "api", "broker")
+]
+FULL_EXTRAS: list[tuple[str, Callable[[Stack], Fault]]] = [
+    ("restart broker", lambda stack: kill_role(stack, "broker", signal.SIGTERM)),
+    ("pause broker", pause_broker),
+    ("corrupt raw", corrupt_raw),
+]
+
+
+def count_pool(stack: Stack, load: Load) -> dict[str, object]:
+    prefix = f"chaos-{load.run_id}-"
+    white = stack.sql(
+        f"SELECT step_id, trajectory_id, step_index, reward FROM steps "
+        f"WHERE startsWith(trajectory_id, '{prefix}t')")
+    calls = stack.sql(
+        f"SELECT extract(prompt_messages, '{prefix}call-[0-9]+') AS marker FROM steps "
+        f"WHERE source_kind = 'blackbox_agent' AND position(prompt_messages, '{prefix}call-') > 0")
+    identities = Counter((str(r["trajectory_id"]), int(str(r["step_index"]))) for r in white)
+    markers = Counter(str(r["marker"]) for r in calls)
+    in_pool = {str(r["step_id"]) for r in white}
+    rewarded = {str(r["step_id"]) for r in white if r["reward"] is not None}
+    return {
+        "steps_acked": len(load.acked),
+        "steps_in_pool": len(white),
+        "steps_lost": len(set(load.acked) - in_pool),
+        "steps_duplicated": sum(n - 1 for n in identities.values()),
+        "calls_answered": len(load.answered),
+        "calls_captured": len(markers),
+        "calls_lost": len(load.answered - set(markers)),
+        "calls_duplicated": sum(n - 1 for n in markers.values()),
+        "rewards_sent": len(load.rewarded),
+        "rewards_joined": len(load.rewarded & rewarded),
+        "dead_letters": int(str(stack.sql("SELECT count() AS n FROM dead_letters")[0]["n"])),
+    }
+
+
+def drain(stack: Stack, load: Load, timeout: float) -> tuple[dict[str, object], float]:
+    """Pool figures once everything acknowledged arrived (or ``timeout`` passed)."""
+    started = time.monotonic()
+    while True:
+        figures = count_pool(stack, load)
+        complete = figures["steps_lost"] == 0 and figures["calls_lost"] == 0 and \
+            figures["rewards_joined"] == figures["rewards_sent"]
+        if complete or time.monotonic() - started > timeout:
+            return figures, time.monotonic() - started
+        time.sleep(2)
+
+
+@contextmanager
+def spool_tmpfs(data_dir: Path, wanted: bool) -> Iterator[bool]:
+    """Mount a small tmpfs on the proxy's spool when wanted and root may; yields whether it did."""
+    spool = data_dir / "proxy-spool"
+    spool.mkdir(parents=True, exist_ok=True)
+    mounted = wanted and os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SPOOL_TMPFS},mode=0700", "tmpfs", str(spool)],
+        capture_output=True, check=False).returncode == 0
+    try:
+        yield mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(spool)], check=False)
+
+
+def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], settle_s: float,
+               drain_s: float) -> dict[str, object]:
+    """Load on a healthy stack, each fault after ``settle_s`` of it, then the pool's figures."""
+    load = Load(stack, run_id=f"{time.time_ns()}")
+    faults: list[Fault] = []
+    load.start()
+    started = time.monotonic()
+    try:
+        for _name, inject in plan:
+            time.sleep(settle_s)
+            faults.append(inject(stack))
+            print(f"[chaos] {faults[-1].name}: healthy again after {faults[-1].healthy_after_s:.1f}s "
+                  f"(/healthz named {faults[-1].health_named})", flush=True)
+        time.sleep(settle_s)
+    finally:
+        load.stop()
+    load_s = time.monotonic() - started
+    pool, drained_s = drain(stack, load, drain_s)
+    return {
+        "load_s": round(load_s, 1),
+        "load": asdict(load.figures),
+        "faults": [asdict(f) | {"healthy_after_s": round(f.healthy_after_s, 1)} for f in faults],
+        "pool": pool,
+        "drained_s": round(drained_s, 1),
+        "stack_stayed_up": stack.up is not None and stack.up.poll() is None,
+    }
+
+
+def run(quick: bool, settle_s: float, drain_s: float, work_dir: Path) -> dict[str, object]:
+    data_dir = work_dir / "data"
+    with spool_tmpfs(data_dir, wanted=not quick) as tmpfs:
+        stack = Stack(data_dir, work_dir / "stack.log")
+        try:
+            startup = stack.start()
+            plan = QUICK_FAULTS if quick else QUICK_FAULTS + FULL_EXTRAS
+            if tmpfs:
+                plan = [*plan, ("spool full", fill_spool)]
+            result = run_faults(stack, plan, settle_s, drain_s)
+        finally:
+            exit_code = stack.stop()
+    return {"mode": "quick" if quick else "full", "startup_s": round(startup, 1), **result,
+            "clean_stop_exit_code": exit_code, "spool_tmpfs": tmpfs}
+
+
+def table(result: dict[str, object]) -> str:
+    pool = result["pool"]
+    load = result["load"]
+    assert isinstance(pool, dict) and isinstance(load, dict) and isinstance(result["faults"], list)
+    rows = [("load held (s)", result["load_s"]),
+            ("proxy calls answered (streamed)",
+             f"{load['proxy_calls_answered']} ({load['streamed_answered']})"),
+            ("proxy calls refused during faults", load["proxy_calls_failed"]),
+            ("gateway batches acked / failed", f"{load['batches_acked']} / {load['batches_failed']}")]
+    rows += [(f"fault: {f['name']} -> healthy (s)", f["healthy_after_s"]) for f in result["faults"]]
+    rows += [("steps acked / in pool", f"{pool['steps_acked']} / {pool['steps_in_pool']}"),
+             ("calls answered / captured", f"{pool['calls_answered']} / {pool['calls_captured']}"),
+             ("exact duplicates (steps + calls)", pool["steps_duplicated"] + pool["calls_duplicated"]),
+             ("lost (steps + calls)", pool["steps_lost"] + pool["calls_lost"]),
+             ("rewards sent / joined", f"{pool['rewards_sent']} / {pool['rewards_joined']}"),
+             ("dead letters", pool["dead_letters"]),
+             ("clawr1 up stayed up / clean stop code", f"{result['stack_stayed_up']} / "
+                                                        f"{result['clean_stop_exit_code']}")]
+    return "\n".join(f"| {name} | {value} |" for name, value in [("figure", "value"), ("---", "---"), *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="only SIGKILL each role once")
+    parser.add_argument("--settle", type=float, default=8.0, help="seconds of load between faults")
+    parser.add_argument("--drain", type=float, default=180.0, help="seconds allowed for the pool to catch up")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos.json")
+    args = parser.parse_args(argv)
+    work_dir = Path(tempfile.mkdtemp(prefix="clawr1-chaos-"))
+    result = run(args.quick, args.settle, args.drain, work_dir)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+    if not passed(result):
+        print(f"[chaos] FAILED; the stack's log and data stay in {work_dir}", file=sys.stderr)
+        return 1
+    shutil.rmtree(work_dir, ignore_errors=True)
+    return 0
+
+
+def passed(result: dict[str, object]) -> bool:
+    """The bar: clawr1 up survived, nothing acknowledged was lost or doubled, Ctrl-C stopped it cleanly."""
+    pool = result["pool"]
+    assert isinstance(pool, dict)
+    return bool(result["stack_stayed_up"]) and result["clean_stop_exit_code"] == 0 and not (
+        pool["steps_lost"] or pool["calls_lost"] or pool["steps_duplicated"] or pool["calls_duplicated"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""A stack that heals: `clawr1 up` under sustained mixed load (openai SDK through the proxy, streamed
+and plain; gateway batches; feedback) while the worker, the proxy, the API and the broker are each
+SIGKILLed once. It must keep running, /healthz must name what is missing and be 200 again within
+90 s, every acknowledged step and every answered call must be in the pool exactly once, and Ctrl-C
+must still stop it cleanly. The full bench (bench/chaos.py) adds more faults."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+
+from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, kill_role, run_faults
+from clawr1.topics import RAW_STEPS
+from gateway.client import GatewayClient
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    work = tmp_path_factory.mktemp("chaos")
+    stack = Stack(work / "data", work / "stack.log")
+    try:
+        stack.start()
+        yield stack
+    finally:
+        code = stack.stop()
+    assert code == 0, f"clawr1 up did not stop cleanly on SIGINT; see {work / 'stack.log'}"
+
+
+def _raw_copies(bootstrap: str, key: str) -> int:
+    """How many records with ``key`` the raw steps topic holds, read from the start."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    try:
+        partitions = consumer.list_topics(RAW_STEPS.name, timeout=10).topics[RAW_STEPS.name].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(RAW_STEPS.name, p), timeout=10)[1]
+                for p in partitions}
+        consumer.assign([TopicPartition(RAW_STEPS.name, p, 0) for p in partitions])
+        copies, done = 0, {p for p, end in ends.items() if end == 0}
+        deadline = time.monotonic() + 60
+        while len(done) < len(ends) and time.monotonic() < deadline:
+            message = consumer.poll(1.0)
+            if message is None or message.error():
+                continue
+            copies += message.key() == key.encode()
+            if message.offset() + 1 >= ends[message.partition()]:
+                done.add(message.partition())
+        return copies
+    finally:
+        consumer.close()
+
+
+def test_a_batch_retried_after_the_api_died_lands_once(stack: Stack) -> None:
+    """The API's idempotency memory dies with it: the retry with the same key is produced again,
+    and deterministic step ids + the pool's ReplacingMergeTree keep one copy in `steps`."""
+    trajectory = f"replayed-{uuid.uuid4().hex[:8]}"
+    batch = [{"trajectory_id": trajectory, "step_index": n, "prompt_token_ids": [1, n],
+              "response_token_ids": [2], "terminal": n == 2} for n in range(3)]
+    key = uuid.uuid4().hex
+    with GatewayClient(stack.api, retry_for_s=120) as client:
+        first = client.post("/v1/steps", batch, idempotency_key=key)
+        kill_role(stack, "api", signal.SIGKILL)
+        again = client.post("/v1/steps", batch, idempotency_key=key)
+    assert again == first
+    assert _raw_copies(stack.bootstrap, trajectory) == 6, "the retry must really have been produced twice"
+    deadline = time.monotonic() + 120
+    rows: list[dict[str, object]] = []
+    while time.monotonic() < deadline and len(rows) < 3:
+        rows = stack.sql(f"SELECT step_id FROM steps WHERE trajectory_id = '{trajectory}'")
+        time.sleep(1)
+    time.sleep(3)  # a second copy, if any, would land right behind the first
+    rows = stack.sql(f"SELECT step_id FROM steps WHERE trajectory_id = '{trajectory}'")
+    assert sorted(str(r["step_id"]) for r in rows) == sorted(first)
+
+
+def test_sigkill_of_each_role_under_load_loses_and_doubles_nothing(stack: Stack) -> None:
+    result = run_faults(stack, QUICK_FAULTS, settle_s=3.0, drain_s=120.0)
+    assert result["stack_stayed_up"], result
+    faults = {f["name"]: f for f in result["faults"]}  # type: ignore[union-attr]
+    assert list(faults) == ["SIGKILL worker", "SIGKILL proxy", "SIGKILL api", "SIGKILL broker"]
+    assert all(f["healthy_after_s"] < HEAL_TIMEOUT_S for f in faults.values())
+    # /healthz said what was missing meanwhile (nothing answers while the API itself restarts).
+    assert "worker" in faults["SIGKILL worker"]["health_named"]
+    assert "proxy" in faults["SIGKILL proxy"]["health_named"]
+    assert "no answer" in faults["SIGKILL api"]["health_named"]
+    assert "kafka" in faults["SIGKILL broker"]["health_named"]
+    pool, load = result["pool"], result["load"]
+    assert load["proxy_calls_answered"] > 0 and load["streamed_answered"] > 0 and load["steps_acked"] > 0
+    assert pool["steps_in_pool"] == pool["steps_acked"] == load["steps_acked"], pool
+    assert pool["steps_lost"] == 0 and pool["steps_duplicated"] == 0, pool
+    assert pool["calls_captured"] == pool["calls_answered"] and pool["calls_lost"] == 0, pool
+    assert pool["calls_duplicated"] == 0, pool
+    assert pool["rewards_joined"] == pool["rewards_sent"] > 0, pool
+
+
+def test_status_names_the_restarts(stack: Stack) -> None:
+    out = subprocess.run([sys.executable, "-m", "clawr1.cli", "status", "--api", stack.api,
+                          "--data-dir", str(stack.data_dir)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "role api: running" in out.stdout and "last killed by SIGKILL" in out.stdout
