@@ -4,9 +4,15 @@ VENV := .venv
 BIN := $(VENV)/bin
 KAFKA_LIB := $(CURDIR)/.cache/kafka/lib
 
-.PHONY: install run test lint bench clean
+.PHONY: install chromium run test lint bench clean
 
-install: $(VENV)/.installed $(KAFKA_LIB)/.resolved
+install: $(VENV)/.installed $(KAFKA_LIB)/.resolved chromium
+
+# Debian's Chromium for the dashboard's browser tests (Playwright drives it; no browser download).
+# Installed only when missing and running as root; otherwise those tests say what to install.
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update && apt-get install -y chromium; } \
+		|| echo "chromium is missing: run 'apt-get install -y chromium' as root for the dashboard's browser tests"
 
 # Idempotent: re-runs only when the dependency files change.
 $(VENV)/.installed: pyproject.toml constraints.txt
