@@ -122,6 +122,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             stop.wait(0.3)
         return 0
     finally:
+        stop.set()  # also after a crash loop: the demo's actors end too
         if demo_thread is not None:  # its actors finish their call before the roles stop under them
             demo_thread.join(timeout=30)
         supervisor.stop_all()
