@@ -21,6 +21,12 @@ SAMPLING_KEYS = (
 )
 
 
+# X-Claw-Metadata (the compat port's registration metadata, compact JSON): merged into each step's
+# metadata up to this size; a larger or malformed one is dropped with a capture note.
+METADATA_HEADER = "x-claw-metadata"
+MAX_METADATA_HEADER_BYTES = 8192
+
+
 class InvalidEvent(ValueError):
     """The event decoded but cannot be normalized; the message is the dead letter's reason."""
 
@@ -140,6 +146,45 @@ def _reply(choice: dict[str, Any]) -> Reply:
     )
 
 
+def header_metadata(headers: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """The agent's ``X-Claw-Metadata`` object and the capture notes it needs (it is dropped when it
+    is larger than ``MAX_METADATA_HEADER_BYTES`` or not a JSON object: never a dead call)."""
+    text = headers.get(METADATA_HEADER)
+    if text is None:
+        return {}, []
+    size = len(text.encode())
+    if size > MAX_METADATA_HEADER_BYTES:
+        return {}, [f"X-Claw-Metadata dropped: {size} bytes, over the {MAX_METADATA_HEADER_BYTES}-byte bound"]
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        return {}, ["X-Claw-Metadata dropped: not a JSON object"]
+    return value, []
+
+
+def _capture_metadata(record: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    """A captured call's step metadata: the agent's X-Claw-Metadata, then the capture's own facts
+    (which win a name both use; the note names the keys that lost)."""
+    agent, notes = header_metadata(record["request_headers"])
+    captured = {
+        "api": record["api"],
+        "event_id": record["event_id"],
+        "url": record["url"],
+        "upstream": record["upstream"],
+        "streamed": record["streamed"],
+        "response_status": record["response_status"],
+        "first_byte_ms": record["first_byte_ms"],
+        "finished_ms": record["finished_ms"],
+        "tools": body.get("tools"),
+    }
+    shadowed = sorted(set(agent) & (set(captured) | {"capture_notes"}))
+    if shadowed:
+        notes.append(f"X-Claw-Metadata keys {shadowed} kept the capture's values")
+    return {**agent, **captured, "capture_notes": [*record["capture_notes"], *notes]}
+
+
 def turn_from_llm_call(record: dict[str, Any]) -> Turn:
     """A proxy-captured call (raw_llm_call.avsc) as a turn; one reply per choice.
 
@@ -188,18 +233,7 @@ def turn_from_llm_call(record: dict[str, Any]) -> Turn:
         usage_completion_tokens=record["completion_tokens"],
         sampling_params={k: body[k] for k in SAMPLING_KEYS if k in body},
         error=error,
-        metadata={
-            "api": api,
-            "event_id": record["event_id"],
-            "url": record["url"],
-            "upstream": record["upstream"],
-            "streamed": record["streamed"],
-            "response_status": status,
-            "first_byte_ms": record["first_byte_ms"],
-            "finished_ms": finished,
-            "tools": body.get("tools"),
-            "capture_notes": record["capture_notes"],
-        },
+        metadata=_capture_metadata(record, body),
         channel=record["channel"],
         connection=record["client_connection"],
     )

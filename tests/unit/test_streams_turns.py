@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from streams.turns import InvalidEvent, turn_from_llm_call, turn_from_service_event
+from streams.turns import MAX_METADATA_HEADER_BYTES, InvalidEvent, turn_from_llm_call, turn_from_service_event
 from tests.integration.streams.events import assistant, llm_call, service_event, user
 
 
@@ -28,6 +28,34 @@ def test_llm_call_becomes_a_turn_with_one_reply_per_choice() -> None:
     assert turn.trajectory_id == "t1" and turn.engine_response_id == "chatcmpl-9"
     assert turn.latency_ms == 40 and turn.sampling_params == {"temperature": 0.7, "n": 2}
     assert not turn.failed
+
+
+def _with_metadata(header: str) -> dict:
+    record = llm_call("e1", [user("hi")], ["a"])
+    record["request_headers"] = {**record["request_headers"], "x-claw-metadata": header}
+    return turn_from_llm_call(record).metadata
+
+
+def test_registration_metadata_header_is_merged_into_the_step_metadata() -> None:
+    metadata = _with_metadata('{"ground_truth":"Paris","policy_version":3,"task":{"id":7}}')
+    assert (metadata["ground_truth"], metadata["policy_version"], metadata["task"]) == ("Paris", 3, {"id": 7})
+    assert metadata["api"] == "openai.chat" and metadata["capture_notes"] == []
+    shadowing = _with_metadata('{"api":"mine","capture_notes":["x"],"k":1}')
+    assert (shadowing["api"], shadowing["k"]) == ("openai.chat", 1)
+    assert shadowing["capture_notes"] == [
+        "X-Claw-Metadata keys ['api', 'capture_notes'] kept the capture's values"]
+
+
+@pytest.mark.parametrize(("header", "note"), [
+    (json.dumps({"blob": "x" * MAX_METADATA_HEADER_BYTES}), "bytes, over the 8192-byte bound"),
+    ("[1, 2]", "not a JSON object"),
+    ("{not json", "not a JSON object"),
+])
+def test_an_oversized_or_malformed_metadata_header_is_dropped_with_a_note(header: str, note: str) -> None:
+    metadata = _with_metadata(header)
+    assert "blob" not in metadata and metadata["api"] == "openai.chat"
+    (capture_note,) = metadata["capture_notes"]
+    assert capture_note.startswith("X-Claw-Metadata dropped") and note in capture_note
 
 
 def test_upstream_failure_is_a_failed_turn_without_replies() -> None:
