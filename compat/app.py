@@ -146,10 +146,11 @@ def _routes(app: FastAPI, compat: Callable[[], Compat], keys_dependency: Any) ->
     async def complete_trajectory(trajectory_uid: TrajectoryUid, prompt_uid: PromptUid,
                                   body: CompleteTrajectoryRequest | None = None,
                                   source: str = auth) -> Status:
-        """The episode is over; its reward becomes the trajectory's final reward (feedback)."""
+        """The episode is over: its last step becomes terminal and its reward the trajectory's final
+        reward (one trajectory feedback)."""
         state = compat()
-        if body is not None and body.reward is not None:
-            await state.publish("feedback", [completion_feedback(trajectory_uid, body.reward)], source)
+        reward = body.reward if body is not None else None
+        await state.publish("feedback", [completion_feedback(trajectory_uid, reward)], source)
         state.registry.forget(trajectory_uid)
         return Status()
 

@@ -113,9 +113,11 @@ def steps_in(payloads: Sequence[StepPayload], channel: str) -> list[StepIn]:
     return steps
 
 
-def completion_feedback(trajectory_id: str, reward: float) -> FeedbackIn:
-    """``complete_trajectory``'s reward: the trajectory's final reward, as trajectory-targeted feedback."""
-    return FeedbackIn(trajectory_id=trajectory_id, reward=reward, final=True, source=COMPLETE_SOURCE)
+def completion_feedback(trajectory_id: str, reward: float | None) -> FeedbackIn:
+    """``complete_trajectory`` as trajectory-targeted feedback: the trajectory is complete (its last
+    step becomes terminal) and its reward, when given, is the trajectory's final reward."""
+    return FeedbackIn(trajectory_id=trajectory_id, reward=reward, final=True, terminal=True,
+                      source=COMPLETE_SOURCE)
 
 
 # -- calls forwarded through the capture proxy -----------------------------------------------------

@@ -70,7 +70,9 @@ _STEP_RULES = {"allOf": [
 _FEEDBACK_RULES = {"allOf": [
     {"oneOf": [_given(target, {"type": "string"}) for target in ("step_id", "response_id", "trajectory_id")]},
     {"anyOf": [_given("reward", {"type": "number"}), _given("components", {"minProperties": 1}),
-               *(_given(name, {"type": "string"}) for name in ("label", "comment", "correction"))]},
+               *(_given(name, {"type": "string"}) for name in ("label", "comment", "correction")),
+               _given("terminal", {"const": True})]},
+    {"if": _given("terminal", {"const": True}), "then": _given("trajectory_id", {"type": "string"})},
 ]}
 _TURN_RULES = {"anyOf": [_given("response_text", {"type": "string"}),
                          _given("tool_calls", {"type": "array", "minItems": 1})]}
@@ -113,7 +115,7 @@ class StepIn(_Strict):
 
 class FeedbackIn(_Strict):
     """A reward or human feedback for exactly one of `step_id`, `response_id`, `trajectory_id`, saying
-    something: a reward, components, a label, a comment or a correction."""
+    something: a reward, components, a label, a comment, a correction or, for a trajectory, `terminal`."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=_FEEDBACK_RULES)
 
@@ -129,6 +131,8 @@ class FeedbackIn(_Strict):
     label: Name | None = None
     comment: str | None = None
     correction: str | None = Field(None, description="a human-corrected response")
+    terminal: StrictBool = Field(False, description="trajectory feedback only: the trajectory is complete; "
+                                 "its highest-index step becomes terminal (as X-Claw-Terminal would make it)")
 
 
 class EventIn(_Strict):

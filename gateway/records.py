@@ -108,8 +108,10 @@ def feedback_target(feedback: FeedbackIn) -> tuple[str, str]:
 
 
 def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int) -> Outgoing:
+    # terminal enters the id only when set, so feedback without it keeps the ids it always had.
+    excluded = {"feedback_id"} if feedback.terminal else {"feedback_id", "terminal"}
     feedback_id = feedback.feedback_id or deterministic_id(
-        "feedback", source_name, feedback.model_dump(exclude={"feedback_id"}))
+        "feedback", source_name, feedback.model_dump(exclude=excluded))
     target_kind, target_id = feedback_target(feedback)
     record = {
         "feedback_id": feedback_id,
@@ -124,6 +126,7 @@ def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int)
         "comment": feedback.comment,
         "correction": feedback.correction,
         "received_at_ms": received_at_ms,
+        "terminal": feedback.terminal,
     }
     return Outgoing(feedback_id, target_id, record)
 

@@ -110,12 +110,15 @@ def check_feedback(feedback: FeedbackIn) -> list[FieldError]:
         problems.append(FieldError(field="step_id", type="target",
                                    reason=f"give exactly one target: step_id, response_id or trajectory_id "
                                           f"(given: {given})"))
-    says_nothing = feedback.reward is None and not feedback.components and all(
+    says_nothing = feedback.reward is None and not feedback.components and not feedback.terminal and all(
         value is None for value in (feedback.label, feedback.comment, feedback.correction))
     if says_nothing:
         problems.append(FieldError(field="reward", type="missing",
-                                   reason="the feedback is empty: give reward, components, label, comment "
-                                          "or correction"))
+                                   reason="the feedback is empty: give reward, components, label, comment, "
+                                          "correction or terminal"))
+    if feedback.terminal and feedback.trajectory_id is None:
+        problems.append(FieldError(field="terminal", type="target",
+                                   reason="terminal marks a trajectory complete: give trajectory_id"))
     return problems
 
 

@@ -261,6 +261,12 @@ CREATE OR REPLACE VIEW steps AS
 SELECT {', '.join(STEP_FIELDS)}, ingested_at
 FROM step_versions FINAL;
 """),
+    # A view's columns are fixed when it is created: recreated to show the new column.
+    ("0008_feedback_terminal", """
+ALTER TABLE feedback_log ADD COLUMN IF NOT EXISTS terminal UInt8 DEFAULT 0 AFTER received_at_ms;
+CREATE OR REPLACE VIEW feedback AS SELECT * EXCEPT (source_topic, source_partition, source_offset)
+FROM feedback_log FINAL;
+"""),
 ]
 
 

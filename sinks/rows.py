@@ -38,7 +38,7 @@ SOURCE_COLUMNS: tuple[str, ...] = ("ingested_at", "source_topic", "source_partit
 STEP_COLUMNS: tuple[str, ...] = (*STEP_FIELDS, *SOURCE_COLUMNS)
 FEEDBACK_COLUMNS: tuple[str, ...] = (
     "feedback_id", "target_kind", "target_id", "reward", "components", "final", "source", "source_name",
-    "label", "comment", "correction", "received_at_ms", *SOURCE_COLUMNS,
+    "label", "comment", "correction", "received_at_ms", "terminal", *SOURCE_COLUMNS,
 )
 PREFIX_NODE_COLUMNS: tuple[str, ...] = (
     "scope_id", "scope_kind", "node_id", "parent_node_id", "depth_start", "token_ids", "step_ids",
@@ -94,7 +94,7 @@ def feedback_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[A
     return (
         record["feedback_id"], record["target_kind"], record["target_id"], record["reward"],
         record["components"], int(record["final"]), record["source"], record["source_name"], record["label"],
-        record["comment"], record["correction"], _epoch_ms(record, "received_at_ms"),
+        record["comment"], record["correction"], _epoch_ms(record, "received_at_ms"), int(record["terminal"]),
         *_source(origin, now_ms),
     )
 

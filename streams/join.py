@@ -8,9 +8,15 @@ sets, so the outcome does not depend on arrival order, and re-delivered facts ch
     version = distinct step facts + distinct step feedback + distinct trajectory feedback
               + steps seen at index - 1 (only for steps whose parent is found by index)
               + 1 once the step is superseded
+              + 1 once the trajectory is complete and the step is below its last index
 
 A superseded step (a retry the agent threw away) keeps its own feedback but gets no trajectory
 reward and is never ready.
+
+Trajectory feedback with ``terminal`` (the compat port's ``complete_trajectory``) says the trajectory
+is complete: its highest-index step is terminal, whichever arrived first. A step that arrives later at
+a higher index takes the mark over (the last term above counts for the step that loses it), so the
+outcome is the same in any order; a call made after the completion would take it too.
 
 Each term only grows, so every change gets a higher version, the final version of a step is the
 same in any order, and equal versions carry equal content within one history of the input.
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streams.normalize import StepFact
-from streams.readiness import ReadinessRule
+from streams.readiness import TRAINABLE_STATUSES, ReadinessRule
 from streams.rewards import distinct_facts, fact_digest, fold_rewards, human_score, labels_of
 
 
@@ -62,6 +68,32 @@ class TrajectoryState:
 
     def step_ids(self) -> list[str]:
         return sorted({s for ids in self.entries.values() for s in ids})
+
+    def completed(self) -> bool:
+        """Whether trajectory feedback marked the trajectory complete (``terminal``)."""
+        return any(f.get("terminal") for f in self.feedback)
+
+    def last_index(self) -> int:
+        return max(map(int, self.entries), default=-1)
+
+    def below_last(self, index: int) -> bool:
+        """Whether a step at ``index`` is below the last of a completed trajectory (it may have been
+        the last before): a version term, once true it stays true."""
+        return self.completed() and index < self.last_index()
+
+    def is_last(self, index: int) -> bool:
+        """Whether a step at ``index`` is the terminal one of a completed trajectory."""
+        return self.completed() and index == self.last_index()
+
+
+def displaced_terminals(trajectory: TrajectoryState, index: int) -> list[str]:
+    """Steps that lost the terminal mark to the step at ``index`` (call after folding it in), to publish
+    again: those at the highest index below it, when it is the last of a completed trajectory. Also
+    on a re-delivered step, whose first publication of them a crash may have lost."""
+    if not trajectory.is_last(index):
+        return []
+    below = [int(i) for i in trajectory.entries if int(i) < index]
+    return trajectory.at(max(below)) if below else []
 
 
 def _add_fact(facts: list[dict[str, Any]], fact: dict[str, Any]) -> bool:
@@ -133,7 +165,9 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
         **base,
         "parent_step_id": effective_parent(base, trajectory),
         "version": len(state.base_digests) + len(state.feedback) + len(trajectory.feedback)
-        + len(parent_candidates(base, trajectory)) + state.superseded,
+        + len(parent_candidates(base, trajectory)) + state.superseded
+        + trajectory.below_last(base["step_index"]),
+        "terminal": base["terminal"] or trajectory.is_last(base["step_index"]),
         "reward": reward.value,
         "reward_components": reward.components,
         "reward_source": reward.sources,
@@ -159,6 +193,7 @@ def scope_of(record: dict[str, Any]) -> tuple[str, str]:
 
 
 def mergeable(record: dict[str, Any]) -> bool:
-    """Whether the step's tokens go into its scope's prefix tree (ready or not, as long as tokenized)."""
+    """Whether the step's tokens go into its scope's prefix tree (ready or not, as long as tokenized and
+    of a trainable status)."""
     tokenized = record["token_provenance"] != "none" and bool(record["prompt_token_ids"])
-    return record["status"] == "ok" and tokenized
+    return record["status"] in TRAINABLE_STATUSES and tokenized

@@ -45,9 +45,15 @@ def feedback_fact(record: dict[str, Any]) -> dict[str, Any]:
     numbers = [record["reward"], *record["components"].values()]
     if any(v is not None and not math.isfinite(v) for v in numbers):
         raise InvalidEvent("reward and components must be finite numbers")
-    return {k: record[k] for k in ("feedback_id", "target_kind", "target_id", "reward", "components", "final",
+    if record["terminal"] and record["target_kind"] != "trajectory":
+        raise InvalidEvent("terminal marks a trajectory complete; this feedback targets a "
+                           f"{record['target_kind']}")
+    fact = {k: record[k] for k in ("feedback_id", "target_kind", "target_id", "reward", "components", "final",
                                    "source", "source_name", "label", "comment", "correction",
                                    "received_at_ms")}
+    if record["terminal"]:  # only when set: facts stored before the field existed keep their digests
+        fact["terminal"] = True
+    return fact
 
 
 def inline_fact(step_id: str, reward: float, final: bool, source: str, source_name: str,

@@ -6,7 +6,7 @@ import json
 import uuid
 
 from gateway.models import EventIn, FeedbackIn, StepIn
-from gateway.records import event_record, feedback_record, step_record
+from gateway.records import deterministic_id, event_record, feedback_record, step_record
 from schemas.codec import codec_for
 
 STEP = StepIn(trajectory_id="traj", step_index=2, prompt_token_ids=[1, 2], response_token_ids=[3],
@@ -63,6 +63,14 @@ def test_feedback_targets_and_key() -> None:
     fb = FeedbackIn(step_id="s", reward=1.0)
     assert feedback_record(fb, "rater", 1).id == feedback_record(fb, "rater", 2).id
     assert feedback_record(fb, "other", 1).id != feedback_record(fb, "rater", 1).id
+    # An id derived before terminal existed stays the same; a completion is another fact.
+    assert feedback_record(fb, "rater", 1).id == deterministic_id(
+        "feedback", "rater", fb.model_dump(exclude={"feedback_id", "terminal"}))
+    done = FeedbackIn(trajectory_id="t", reward=1.0, terminal=True)
+    out = feedback_record(done, "rater", 1)
+    assert roundtrip("feedback", out.record)["terminal"] and out.id != feedback_record(
+        FeedbackIn(trajectory_id="t", reward=1.0), "rater", 1).id
+    assert not roundtrip("feedback", feedback_record(fb, "rater", 1).record)["terminal"]
 
 
 def test_turn_payload_is_normalized_and_other_payloads_kept_as_sent() -> None:

@@ -132,6 +132,15 @@ def test_feedback_needs_exactly_one_target_and_some_content() -> None:
     assert fields(bad_component) == {"components.x": "float_type"}
 
 
+def test_terminal_alone_completes_a_trajectory_and_needs_a_trajectory_target() -> None:
+    [fb] = parse_items(json.dumps({"trajectory_id": "t", "terminal": True}).encode(), FeedbackIn,
+                       check_feedback, 10)
+    assert fb.terminal and fb.reward is None
+    assert fields(feedback_rejection({"step_id": "s", "terminal": True})) == {"terminal": "target"}
+    assert fields(feedback_rejection({"trajectory_id": "t", "terminal": False})) == {"reward": "missing"}
+    assert fields(feedback_rejection({"trajectory_id": "t", "terminal": "yes"})) == {"terminal": "bool_type"}
+
+
 def event_rejection(body: dict[str, Any]) -> ApiError:
     return rejection(body, EventIn, check_event)
 

@@ -7,6 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.record import TRUNCATED_NOTE
 from streams.join import (
     StepState,
     TrajectoryState,
@@ -14,6 +15,8 @@ from streams.join import (
     apply_step_fact,
     apply_supersede,
     build_step,
+    displaced_terminals,
+    mergeable,
     scope_of,
 )
 from streams.linking import Assignment
@@ -47,7 +50,9 @@ class Join:
         if kind == "step":
             state = self.state(payload.step["step_id"])
             apply_step_fact(state, self.trajectory, payload)
-            for step_id in [payload.step["step_id"], *self.trajectory.at(payload.step["step_index"] + 1)]:
+            index = payload.step["step_index"]
+            for step_id in [*displaced_terminals(self.trajectory, index), payload.step["step_id"],
+                            *self.trajectory.at(index + 1)]:
                 self.emit(step_id)
         elif kind == "feedback":
             step_id, fact = payload
@@ -158,6 +163,49 @@ def test_readiness_rule_is_configurable() -> None:
     assert not ReadinessRule.parse("").is_ready({**record, "status": "failed"})
 
 
+def _captured_step(step_id: str, **change: Any) -> StepFact:
+    record = llm_call(step_id, [user(step_id)], ["no"], prompt_ids=[1, 2], reply_ids=[[3]])
+    record["choices"][0].update(change.pop("choice", {}))
+    (fact,) = steps_from_turn(turn_from_llm_call({**record, **change}), [Assignment("T", 0, None)], None)
+    return fact
+
+
+def test_a_refusal_is_training_data_a_cut_or_failed_call_never_is() -> None:
+    facts = {"refused": _captured_step("s1", choice={"finish_reason": "refusal"}),
+             "truncated": _captured_step("s2", capture_notes=[f"{TRUNCATED_NOTE}: no [DONE]"]),
+             "failed": _captured_step("s3", error="client abort")}
+    for status, fact in facts.items():
+        join = Join()
+        join.apply(("step", fact))
+        join.apply(step_feedback("f", fact.step["step_id"], reward=0.0))
+        record = join.latest()[fact.step["step_id"]]
+        assert record["status"] == status
+        trainable = status == "refused"
+        assert (RULE.is_ready(record), ReadinessRule.parse("").is_ready(record)) == (trainable, trainable)
+        assert mergeable(record) == (trainable and bool(record["prompt_token_ids"]))
+
+
+def test_terminal_trajectory_feedback_marks_the_highest_index_step_whenever_it_arrives() -> None:
+    join = Join()
+    join.apply(("step", engine_step("s1", 0, None)))
+    join.apply(trajectory_feedback("t1", reward=2.0, terminal=True, source="complete_trajectory"))
+    assert join.latest()["s1"]["terminal"]  # the only step known so far
+    join.apply(("step", engine_step("s2", 1, "s1")))  # delivered after the completion: it is the last
+    latest = join.latest()
+    assert (latest["s1"]["terminal"], latest["s2"]["terminal"]) == (False, True)
+    assert latest["s1"]["version"] > [r for r in join.emitted if r["step_id"] == "s1"][0]["version"]
+    assert [s["trajectory_reward"] for s in latest.values()] == [2.0, 2.0]
+    join.apply(("step", engine_step("s2", 1, "s1")))  # a re-delivery publishes the displaced step again
+    assert join.emitted[-2]["step_id"] == "s1" and not join.emitted[-2]["terminal"]
+
+
+def test_without_terminal_feedback_no_step_is_made_terminal() -> None:
+    join = Join()
+    join.apply(("step", engine_step("s1", 0, None)))
+    join.apply(trajectory_feedback("t1", reward=2.0))
+    assert not join.latest()["s1"]["terminal"] and displaced_terminals(join.trajectory, 0) == []
+
+
 def test_scope_is_the_group_else_the_trajectory() -> None:
     record = {"prompt_group_id": None, "trajectory_id": "T"}
     assert scope_of(record) == ("T", "trajectory")
@@ -180,6 +228,7 @@ EVENTS = [
     step_feedback("f4", "s2", label="long", source="human", comment="too long", correction="shorter"),
     trajectory_feedback("t1", reward=1.0, final=False, at=1),
     trajectory_feedback("t2", reward=2.0, at=2),
+    trajectory_feedback("t3", terminal=True, source="complete_trajectory", at=3),
 ]
 
 

@@ -81,3 +81,10 @@ def test_labels_and_human_score() -> None:
 def test_invalid_feedback(changes: dict, reason: str) -> None:
     with pytest.raises(InvalidEvent, match=reason):
         feedback_fact({**feedback("f", "step", "s"), **changes})
+
+
+def test_terminal_is_for_trajectories_and_kept_only_when_set() -> None:
+    done = feedback_fact(feedback("t1", "trajectory", "T", terminal=True))
+    assert done["terminal"] is True and "terminal" not in fact("f1", reward=1.0)
+    with pytest.raises(InvalidEvent, match="terminal marks a trajectory complete"):
+        feedback_fact(feedback("f2", "step", "s1", terminal=True))

@@ -21,9 +21,10 @@ from tests.conftest import free_port
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
-        "scorer": "sk-compat-scorer-0123456789"}
+        "scorer": "sk-compat-scorer-0123456789", "trainer": "sk-compat-trainer-0123456789"}
 API_KEYS = ",".join(f"{name}:{KEYS[name]}:{kinds}" for name, kinds in
-                    (("agent", "steps|feedback"), ("reader", "read"), ("scorer", "feedback")))
+                    (("agent", "steps|feedback"), ("reader", "read"), ("scorer", "feedback"),
+                     ("trainer", "consume")))
 REWARD_FN = "tests.integration.compat.reward_fns:tokens_over_turns"
 
 
@@ -78,7 +79,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
          "--reverse-port", str(ports["reverse"]), "--upstream", f"http://127.0.0.1:{ports['engine']}",
          "--api-port", str(ports["api"]), "--kafka-port", str(ports["kafka"]),
          "--compat-port", str(ports["compat"]), "--capture-token-ids"],
-        env={**env, "CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN})
+        # The seed's rewards are trajectory outcomes: the readiness rule docs/compat.md gives for them.
+        env={**env, "CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN,
+             "CLAWR1_READY_RULE": "tokens,final_trajectory_reward"})
     running = Stack(api=f"http://127.0.0.1:{ports['api']}", compat=f"http://127.0.0.1:{ports['compat']}",
                     engine=f"http://127.0.0.1:{ports['engine']}")
     try:

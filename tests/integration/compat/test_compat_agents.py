@@ -10,14 +10,16 @@ from typing import Any
 
 import httpx
 import pytest
+from openai import OpenAI
 
+from consumer_sdk import PoolConsumer
 from examples import seed_blackbox_agent, seed_whitebox_agent
 from tests.integration.compat.conftest import KEYS, Stack, auth
 
 pytestmark = pytest.mark.integration
 
-STEP_COLUMNS = ("trajectory_id, step_index, prompt_group_id, policy_version, channel, terminal, reward, "
-                "trajectory_reward, trajectory_reward_status, prompt_token_ids, response_token_ids, "
+STEP_COLUMNS = ("trajectory_id, step_index, prompt_group_id, policy_version, channel, terminal, ready, "
+                "reward, trajectory_reward, trajectory_reward_status, prompt_token_ids, response_token_ids, "
                 "response_logprobs, tool_calls_json, token_provenance, metadata_json, source_kind")
 
 
@@ -50,6 +52,50 @@ def test_blackbox_agent_plain_and_streamed_with_tools(stack: Stack) -> None:
         assert [s["trajectory_reward"] for s in steps] == [episode.reward, episode.reward]
         assert json.loads(steps[0]["tool_calls_json"])[0]["function"]["name"] == "lookup"
         assert all(s["token_provenance"] == "engine" and s["response_token_ids"] for s in steps)
+
+
+def _episode(stack: Stack, group: str, reward: float, metadata: dict[str, Any]) -> str:
+    """init -> register -> two chat calls with the official SDK -> complete, as the seed's agents do."""
+    with httpx.Client(headers=auth("agent"), timeout=60) as http:
+        root = http.post(f"{stack.compat}/init_trajectory").json()["base_url"].rsplit("/", 2)[0]
+        base_url = f"{root}/{group}/v1"
+        http.post(f"{base_url}/register_trajectory", json={"metadata": metadata}).raise_for_status()
+        agent = OpenAI(base_url=base_url, api_key=KEYS["agent"])
+        messages: list[Any] = [{"role": "user", "content": "name a colour"}]
+        first = agent.chat.completions.create(model="m", messages=messages, max_tokens=8).choices[0].message
+        messages += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "another"}]
+        agent.chat.completions.create(model="m", messages=messages, max_tokens=8)
+        http.post(f"{base_url}/complete_trajectory", json={"reward": reward}).raise_for_status()
+    return root.rsplit("/", 1)[1]
+
+
+def test_complete_trajectory_makes_the_last_step_terminal_for_fetch_batch_and_to_verl(stack: Stack) -> None:
+    group = f"grp-{uuid.uuid4().hex[:8]}"
+    metadata = {"policy_version": 6, "ground_truth": "blue", "task": {"id": 7, "split": "train"}}
+    rewards = {_episode(stack, group, reward, metadata): reward for reward in (0.75, 0.25)}
+
+    rows = _steps(stack, f"prompt_group_id = '{group}'", lambda rows: len(rows) == 4 and sum(
+        r["terminal"] for r in rows) == 2 and all(r["trajectory_reward_status"] == "final" for r in rows))
+    for trajectory, reward in rewards.items():
+        steps = [r for r in rows if r["trajectory_id"] == trajectory]
+        assert [(s["step_index"], s["terminal"], s["ready"]) for s in steps] == [(0, 0, 1), (1, 1, 1)], rows
+        assert [s["trajectory_reward"] for s in steps] == [reward, reward]
+        for step in steps:  # the registration's metadata reaches every step
+            assert step["policy_version"] == 6
+            assert {k: json.loads(step["metadata_json"])[k] for k in metadata} == metadata
+
+    with PoolConsumer(stack.api, "trainer:compat", api_key=KEYS["trainer"]) as consumer:
+        batch = consumer.fetch_batch(1, n_rollouts=2, timeout=60)
+        verl = batch.to_verl(as_dataproto=False)
+    extra = verl["non_tensor_batch"]
+    assert set(extra["trajectory_uids"]) == set(rewards) and set(extra["uid"]) == {group}
+    assert list(extra["ground_truth"]) == ["blue"] * 4
+    scores, mask = verl["token_level_scores"], verl["response_mask"]
+    places = zip(extra["trajectory_uids"], extra["step_indices"], strict=True)
+    for row, (trajectory, index) in enumerate(places):
+        expected = rewards[trajectory] if index == 1 else 0.0  # the outcome sits on the terminal step
+        last = int(mask[row].sum()) - 1
+        assert scores[row][last] == pytest.approx(expected) and scores[row].sum() == pytest.approx(expected)
 
 
 def test_every_agent_api_is_captured_under_the_base_url(stack: Stack) -> None:

@@ -70,9 +70,13 @@ def test_complete_trajectory_reward_becomes_the_trajectory_reward(stack: Stack) 
     reply = _post(stack, f"/{trajectory}/p/v1/complete_trajectory", key="scorer", json={"reward": 0.5})
     assert reply.status_code == 200 and reply.json() == {"status": "ok"}, reply.text
     rows = stack.wait_rows(
-        f"SELECT trajectory_reward, trajectory_reward_status FROM steps WHERE trajectory_id = '{trajectory}'",
+        "SELECT trajectory_reward, trajectory_reward_status, terminal FROM steps "
+        f"WHERE trajectory_id = '{trajectory}'",
         lambda rows: bool(rows) and rows[0]["trajectory_reward_status"] == "final")
-    assert rows == [{"trajectory_reward": 0.5, "trajectory_reward_status": "final"}]
+    assert rows == [{"trajectory_reward": 0.5, "trajectory_reward_status": "final", "terminal": 1}]
+    feedback = stack.wait_rows("SELECT reward, terminal, source FROM feedback "
+                               f"WHERE target_kind = 'trajectory' AND target_id = '{trajectory}'", bool)
+    assert feedback == [{"reward": 0.5, "terminal": 1, "source": "complete_trajectory"}]
 
 
 def test_compute_reward_calls_the_configured_function(stack: Stack) -> None:

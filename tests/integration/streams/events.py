@@ -187,6 +187,7 @@ def feedback(
     label: str | None = None,
     comment: str | None = None,
     correction: str | None = None,
+    terminal: bool = False,
 ) -> dict[str, Any]:
     return decoded(
         "feedback",
@@ -203,6 +204,7 @@ def feedback(
             "comment": comment,
             "correction": correction,
             "received_at_ms": at,
+            "terminal": terminal,
         },
     )
 
