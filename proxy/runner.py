@@ -116,16 +116,27 @@ def _upstream_origin(upstream: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
+def reverse_upstream(settings: Settings) -> str:
+    """The reverse port's one origin: ``CLAWR1_UPSTREAM``'s first engine when it lists several (the
+    compat port's ``/generate`` round-robins over all of them; agent calls go to the first)."""
+    engines = [part.strip() for part in settings.upstream.split(",") if part.strip()]
+    if len(engines) > 1:
+        logger.info("CLAWR1_UPSTREAM lists %d engines: the reverse port relays to the first, %s",
+                    len(engines), engines[0])
+    return engines[0] if engines else ""
+
+
 def proxy_config(settings: Settings) -> ProxyConfig:
     """Validate the settings into mitmproxy modes; raises ProxyStartError with the fix."""
     host = settings.proxy_host
     modes: list[str] = []
     if settings.proxy_port:
         modes.append(f"regular@{host}:{settings.proxy_port}")
+    upstream = reverse_upstream(settings) if settings.reverse_port else ""
     if settings.reverse_port:
-        if not settings.upstream:
+        if not upstream:
             raise ProxyStartError("reverse_port is set but upstream is not: set CLAWR1_UPSTREAM (--upstream)")
-        modes.append(f"reverse:{_upstream_origin(settings.upstream)}@{host}:{settings.reverse_port}")
+        modes.append(f"reverse:{_upstream_origin(upstream)}@{host}:{settings.reverse_port}")
     if not modes:
         raise ProxyStartError("neither proxy_port nor reverse_port is set: nothing to listen on")
     auth = settings.proxy_auth or None
@@ -146,7 +157,7 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         upstream_ca=settings.role_setting(UPSTREAM_CA_ENV, "") or None,
         upstream_insecure=settings.role_setting(UPSTREAM_INSECURE_ENV, False),
         capture_token_ids=settings.capture_token_ids,
-        token_id_hosts=settings.token_id_hosts or _reverse_upstream_address(settings),
+        token_id_hosts=settings.token_id_hosts or _upstream_address(upstream),
         bootstrap=settings.bootstrap_servers,
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
@@ -155,11 +166,11 @@ def proxy_config(settings: Settings) -> ProxyConfig:
     )
 
 
-def _reverse_upstream_address(settings: Settings) -> str:
+def _upstream_address(upstream: str) -> str:
     """``host:port`` of the reverse-mode upstream (the default token-id host), empty without one."""
-    if not settings.reverse_port or not settings.upstream:
+    if not upstream:
         return ""
-    parts = urlsplit(settings.upstream)
+    parts = urlsplit(upstream)
     return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
