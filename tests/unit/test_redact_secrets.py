@@ -19,7 +19,10 @@ from proxy.record import CapturedCall, build_record
 from proxy.redact import (
     REDACTED,
     REDACTED_WITH_TOKEN_IDS,
+    SECRET_TOKEN,
+    _redact_value,
     is_secret_field,
+    might_hold_token,
     redact_headers,
     redact_text,
     redact_url,
@@ -153,6 +156,39 @@ def test_secret_shaped_tokens_are_replaced_in_plain_text(secret: Secret, before:
     text = f"my key is{before}{secret.placed}{after} do not share"
     assert secret.needle not in redact_text(text)
     assert redact_text(text).startswith("my key is") and redact_text(text).endswith("do not share")
+
+
+@settings(max_examples=300, deadline=None)
+@given(SHAPED, SEPARATORS, SEPARATORS, st.sampled_from([str, str.upper, str.lower, str.swapcase]))
+def test_the_prefilter_never_hides_a_token(secret: Secret, before: str, after: str, case: Any) -> None:
+    text = case(f"x{before}{secret.placed}{after}y")
+    if SECRET_TOKEN.search(text):
+        assert might_hold_token(text)
+
+
+JSON_VALUES = st.one_of(FILLER, SHAPED.flatmap(in_text), OPAQUE, st.integers(), st.text(max_size=20))
+JSON_KEYS = st.one_of(st.sampled_from(SECRET_FIELDS + ["content", "role", "max_tokens", "note"]),
+                      st.text(max_size=12))
+JSON_BODIES = st.recursive(JSON_VALUES, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(JSON_KEYS, inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(JSON_KEYS, JSON_BODIES, max_size=5), st.booleans())
+def test_json_bodies_are_redacted_as_by_a_full_walk(body: dict[str, Any], ascii_only: bool) -> None:
+    """The fast path (returning the text unchanged) is taken only when a full walk changes nothing,
+    whatever the escapes (``ensure_ascii`` writes non-ASCII, and could write anything, as \\u)."""
+    text = json.dumps(body, ensure_ascii=ascii_only)
+    assert json.loads(redact_text(text)) == _redact_value(body)
+
+
+def test_escaped_secrets_in_json_are_redacted() -> None:
+    token = "sk-" + "a1" * 12
+    spelled = "".join(f"\\u{ord(c):04x}" for c in token)  # every character as a \\u escape
+    assert token not in json.loads(redact_text('{"content": "' + spelled + '"}'))["content"]
+    after_newline = json.dumps({"content": "line\n" + token})  # raw text reads ...\\nsk-...
+    assert token not in redact_text(after_newline)
+    assert json.loads(redact_text('{"api\\u005fkey": "opaque"}')) == {"api_key": REDACTED}
 
 
 @pytest.mark.parametrize("name", SECRET_FIELDS + ["clientSecret", "AWS_SECRET_ACCESS_KEY", "new_password",
