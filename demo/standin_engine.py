@@ -560,6 +560,8 @@ class StandinEngine:
             return self._error(request.path, 400, "input must not be empty")
         model = self._model(body)
         conversation = [model, messages]
+        if body.get("previous_response_id"):  # a continuation answers (and is named) apart from a new input
+            conversation.append(body["previous_response_id"])
         reply = make_reply(conversation, 0, _tool_names(body.get("tools")),
                            not _ends_with_tool_result(messages), body.get("max_output_tokens"))
         tag = _digest(conversation).hex()[:24]

@@ -16,6 +16,8 @@ from mitmproxy.net import encoding as content_encoding
 from clawr1.conversation import conversation_key
 from proxy.apis import BY_NAME, Assembled
 from proxy.apis.base import error_text
+from proxy.apis.openai_responses import NAME as RESPONSES_API
+from proxy.chains import ResponseChains
 from proxy.hints import Hints
 from proxy.redact import redact_headers, redact_record, redact_url
 from proxy.sse import parse_stream
@@ -138,15 +140,21 @@ def _call_error(call: CapturedCall, agent_body: bytes, assembled: Assembled) -> 
     return assembled.error
 
 
-def build_record(call: CapturedCall, proxy_instance: str) -> tuple[str, dict[str, Any]]:
-    """The Kafka key (trajectory hint, else conversation root) and the record, secrets removed."""
+def build_record(call: CapturedCall, proxy_instance: str,
+                 chains: ResponseChains | None = None) -> tuple[str, dict[str, Any]]:
+    """The Kafka key (trajectory hint, else conversation root) and the record, secrets removed.
+    ``chains``: Responses calls continued by ``previous_response_id`` get their full prompt."""
     notes: list[str] = list(call.notes)
     request = _json_object(call.request_body)
     if request is None:
         notes.append("request body is not a JSON object")
-    messages = BY_NAME[call.api].request_messages(request or {})
+    chains = chains if call.api == RESPONSES_API else None
+    messages = (BY_NAME[call.api].request_messages(request or {}) if chains is None
+                else chains.prompt(request or {}, notes))
     agent_body = _decoded(call, notes)
     assembled, final_response = _assemble(call, agent_body, notes)
+    if chains is not None and assembled.response_id and assembled.choices:
+        chains.record(request or {}, assembled.response_id, assembled.choices[0].reply_messages)
     notes.extend(assembled.notes)
     notes.extend(_token_notes(assembled, call.injection))
     error = _call_error(call, agent_body, assembled)

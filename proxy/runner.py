@@ -44,6 +44,7 @@ from clawr1.topics import RAW_LLM
 from proxy.addons import build_addons
 from proxy.addons.auth import ProxyAuthHeader
 from proxy.addons.own_ports import StackPortsGuard, stack_ports
+from proxy.chains import ResponseChains
 from proxy.emitter import Emitter
 from proxy.record import CapturedCall, build_record
 from proxy.spool import SpoolBusyError
@@ -245,8 +246,10 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     config.confdir.mkdir(parents=True, exist_ok=True)
     codec = codec_for(config.registry_url)
 
+    chains = ResponseChains()  # the emitter's thread is its only user
+
     def prepare(call: CapturedCall) -> tuple[str, bytes]:
-        key, record = build_record(call, config.instance)
+        key, record = build_record(call, config.instance, chains)
         return key, codec.encode(RAW_LLM.schema, record)
 
     emitter: Emitter[CapturedCall] = Emitter(

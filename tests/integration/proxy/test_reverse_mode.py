@@ -22,6 +22,7 @@ from demo.standin_engine import (
     render_prompt,
     toy_logprob,
 )
+from proxy.chains import UNKNOWN_PARENT_NOTE
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
 pytestmark = pytest.mark.integration
@@ -186,6 +187,41 @@ def test_responses_api_plain_and_streamed(
         assert record["response_id"].startswith("resp_") and record["prompt_token_ids"] == []
         assert json.loads(record["messages_json"]) == messages
         assert record["conversation_key"] == conversation_key(messages)
+
+
+def test_responses_chained_by_previous_response_id_store_the_full_prompt_under_the_parents_key(
+    standin: Standin, proxy: EmbeddedProxy, events: TopicReader
+) -> None:
+    marker = uuid.uuid4().hex
+    _, agent = openai_pair(standin, proxy)
+    ask = {"model": DEFAULT_MODEL, "instructions": "Be brief."}  # instructions never carry over: resent
+    first = agent.responses.create(**ask, input=f"Explain {marker}")
+    second = agent.responses.create(**ask, input=f"More on {marker}", previous_response_id=first.id)
+    third = agent.responses.create(**ask, input=f"Last on {marker}", previous_response_id=second.id,
+                                   stream=True)
+    last_id = next(e.response.id for e in third if e.type == "response.completed")
+    agent.responses.create(model=DEFAULT_MODEL, input=f"Orphan {marker}", previous_response_id="resp_unseen")
+
+    by_input = {json.loads(e.record["request_body"])["input"].split()[0]: e
+                for e in events.wait_for(marked(marker), count=4)}
+    explain = [{"role": "user", "content": f"Explain {marker}"},
+               {"role": "assistant", "content": [{"type": "output_text", "text": first.output_text,
+                                                  "annotations": []}]}]
+    more = [{"role": "user", "content": f"More on {marker}"},
+            {"role": "assistant", "content": [{"type": "output_text", "text": second.output_text,
+                                               "annotations": []}]}]
+    system = {"role": "system", "content": "Be brief."}
+    expected = {"More": [system, *explain, {"role": "user", "content": f"More on {marker}"}],
+                "Last": [system, *explain, *more, {"role": "user", "content": f"Last on {marker}"}]}
+    for word, messages in expected.items():
+        record, key = by_input[word].record, by_input[word].key
+        assert json.loads(record["messages_json"]) == messages
+        assert record["conversation_key"] == key == by_input["Explain"].key  # the parent's partition
+        assert any(n.startswith("previous_response_id resp_") for n in record["capture_notes"])
+    assert by_input["Last"].record["response_id"] == last_id
+    orphan = by_input["Orphan"].record
+    assert json.loads(orphan["messages_json"]) == [{"role": "user", "content": f"Orphan {marker}"}]
+    assert any(n.startswith(f"{UNKNOWN_PARENT_NOTE}: resp_unseen") for n in orphan["capture_notes"])
 
 
 def test_anthropic_messages_plain_and_streamed(
