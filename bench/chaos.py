@@ -282,15 +282,19 @@ def corrupt_raw(stack: Stack, count: int = 5) -> Fault:
 def fill_spool(stack: Stack, seconds: float = 6.0) -> Fault:
     """The proxy's spool (a small tmpfs) is full for a while: calls still answered, captures held."""
     spool = stack.data_dir / "proxy-spool"
-    stats = os.statvfs(spool)
     filler = spool / "chaos-filler"
-    with filler.open("wb") as handle, contextlib.suppress(OSError):  # full: that is the point
-        handle.write(b"\0" * (stats.f_bavail * stats.f_frsize))
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):  # ENOSPC: that is the point
+        while True:
+            os.write(fd, b"\0" * 65536)
+    os.close(fd)
+    full = os.statvfs(spool).f_bavail == 0
     started = time.monotonic()
     time.sleep(seconds)
     filler.unlink()
     healthy = stack.wait_healthy(HEAL_TIMEOUT_S) + time.monotonic() - started - seconds
-    return Fault("spool disk full", healthy, f"{SPOOL_TMPFS} tmpfs full for {seconds:.0f}s")
+    return Fault("spool disk full", healthy, f"{SPOOL_TMPFS} tmpfs {'full' if full else 'NOT full'} "
+                 f"for {seconds:.0f}s")
 
 
 QUICK_FAULTS: list[tuple[str, Callable[[Stack], Fault]]] = [
@@ -382,6 +386,7 @@ def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], s
         "pool": pool,
         "drained_s": round(drained_s, 1),
         "stack_stayed_up": stack.up is not None and stack.up.poll() is None,
+        "restarts": {name: role["restarts"] for name, role in stack.roles().items()},
     }
 
 
