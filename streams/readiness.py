@@ -2,7 +2,9 @@
 
 The rule is a comma-separated list of requirement words (``CLAWR1_READY_RULE``); a step is ready
 when its status is trainable, it is not a superseded retry, and it meets every listed requirement.
-Default ``tokens,final_reward``.
+Default ``tokens,final_outcome``: a final reward of the step or of its trajectory, so both dense
+step rewards and the sparse outcomes of GRPO rollouts (the seed protocol's ``complete_trajectory``)
+make steps trainable without configuration.
 
 A refusal is the policy's own action, so a ``refused`` step is training data like an ``ok`` one; a
 ``truncated`` step lacks the end of its action and a ``failed`` one has none: never ready.
@@ -19,10 +21,11 @@ REQUIREMENTS = {
     "reward": "a step reward, provisional or final",
     "final_reward": "a final step reward",
     "final_trajectory_reward": "a final trajectory-level reward",
+    "final_outcome": "a final step reward or a final trajectory-level reward",
 }
 
 
-DEFAULT_RULE = "tokens,final_reward"
+DEFAULT_RULE = "tokens,final_outcome"
 TRAINABLE_STATUSES = frozenset({"ok", "refused"})
 
 
@@ -44,12 +47,15 @@ class ReadinessRule:
         if step["status"] not in TRAINABLE_STATUSES or step["link_status"] == "superseded":
             return False
         has_tokens = bool(step["prompt_token_ids"]) and bool(step["response_token_ids"])
+        final_step = step["reward"] is not None and step["reward_status"] == "final"
+        final_trajectory = (step["trajectory_reward"] is not None
+                            and step["trajectory_reward_status"] == "final")
         checks = {
             "tokens": has_tokens and step["token_provenance"] != "none",
             "engine_tokens": has_tokens and step["token_provenance"] == "engine",
             "reward": step["reward"] is not None,
-            "final_reward": step["reward"] is not None and step["reward_status"] == "final",
-            "final_trajectory_reward": step["trajectory_reward"] is not None
-            and step["trajectory_reward_status"] == "final",
+            "final_reward": final_step,
+            "final_trajectory_reward": final_trajectory,
+            "final_outcome": final_step or final_trajectory,
         }
         return all(checks[word] for word in self.requires)

@@ -126,7 +126,10 @@ def test_trajectory_reward_reaches_every_step_without_changing_step_rewards() ->
     assert (
         latest["s1"]["quality_labels"] == ["solved"] and latest["s1"]["trajectory_reward_status"] == "final"
     )
-    assert not latest["s1"]["ready"] and latest["s2"]["ready"]
+    # Ready by the default rule's trajectory outcome; only s2 has a final reward of its own.
+    assert latest["s1"]["ready"] and latest["s2"]["ready"]
+    step_rewards_only = ReadinessRule.parse("tokens,final_reward")
+    assert not step_rewards_only.is_ready(latest["s1"]) and step_rewards_only.is_ready(latest["s2"])
 
 
 def test_a_superseded_step_gets_no_trajectory_reward_and_is_never_ready() -> None:
@@ -157,7 +160,7 @@ def test_readiness_rule_is_configurable() -> None:
     join.apply(("step", engine_step("s1", 0, None)))
     join.apply(trajectory_feedback("t1", reward=1.0))
     record = join.latest()["s1"]
-    assert not RULE.is_ready(record)
+    assert not ReadinessRule.parse("tokens,final_reward").is_ready(record)
     assert ReadinessRule.parse("engine_tokens,final_trajectory_reward").is_ready(record)
     assert ReadinessRule.parse("").is_ready({**record, "token_provenance": "none"})
     assert not ReadinessRule.parse("").is_ready({**record, "status": "failed"})
@@ -244,3 +247,16 @@ def test_final_records_do_not_depend_on_arrival_order(order: list[tuple[str, Any
     seen: dict[tuple[str, int], dict[str, Any]] = {}
     for record in shuffled.emitted:  # equal versions of a step always carry equal content
         assert seen.setdefault((record["step_id"], record["version"]), record) == record
+
+
+def test_default_readiness_takes_a_final_step_or_trajectory_outcome() -> None:
+    """Dense step rewards and sparse trajectory outcomes both make a step trainable by default."""
+    rule = ReadinessRule()
+    base = {"status": "ok", "link_status": "linked", "prompt_token_ids": [1], "response_token_ids": [2],
+            "token_provenance": "engine", "reward": None, "reward_status": "pending",
+            "trajectory_reward": None, "trajectory_reward_status": "pending"}
+    assert not rule.is_ready(base)
+    assert rule.is_ready({**base, "reward": 1.0, "reward_status": "final"})
+    assert rule.is_ready({**base, "trajectory_reward": 0.5, "trajectory_reward_status": "final"})
+    assert not rule.is_ready({**base, "trajectory_reward": 0.5})
+    assert not rule.is_ready({**base, "reward": 1.0, "reward_status": "final", "link_status": "superseded"})

@@ -79,9 +79,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
          "--reverse-port", str(ports["reverse"]), "--upstream", f"http://127.0.0.1:{ports['engine']}",
          "--api-port", str(ports["api"]), "--kafka-port", str(ports["kafka"]),
          "--compat-port", str(ports["compat"]), "--capture-token-ids"],
-        # The seed's rewards are trajectory outcomes: the readiness rule docs/compat.md gives for them.
-        env={**env, "CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN,
-             "CLAWR1_READY_RULE": "tokens,final_trajectory_reward"})
+        # The default readiness rule: seed agents switch over without settings.
+        env={**env, "CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN})
     running = Stack(api=f"http://127.0.0.1:{ports['api']}", compat=f"http://127.0.0.1:{ports['compat']}",
                     engine=f"http://127.0.0.1:{ports['engine']}")
     try:
