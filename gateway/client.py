@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -92,29 +92,17 @@ class GatewayClient:
     def post(self, path: str, body: Any, idempotency_key: str | None = None) -> list[str]:
         """POST one request, retrying with the same Idempotency-Key; returns the accepted ids."""
         headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
-        retry_after, problem = "", ""
-        deadline = time.monotonic() + self.retry_for_s
-        attempt = 0
+        retries = Retries(self, path)
         while True:
-            if attempt:
-                time.sleep(min(self.retry_delay(attempt, retry_after), max(0.0, deadline - time.monotonic())))
-            attempt += 1
+            time.sleep(retries.delay())
+            reply: httpx.Response | httpx.TransportError
             try:
                 reply = self._http.post(path, json=body, headers=headers)
             except httpx.TransportError as exc:  # refused while the API restarts, or cut mid-request
-                retry_after, problem = "", f"{type(exc).__name__}: {exc}"
-            else:
-                if reply.status_code == 202:
-                    return [str(i) for i in reply.json()["ids"]]
-                if reply.status_code not in RETRY_STATUSES:
-                    raise GatewayError(reply.status_code, _body(reply),
-                                       f"{path} answered {reply.status_code}: {reply.text[:2000]}")
-                retry_after = reply.headers.get("Retry-After", "")
-                problem = f"{reply.status_code}: {reply.text[:500]}"
-            retries = attempt - 1
-            if retries == self.max_retries or time.monotonic() >= deadline:
-                raise GatewayError(None, None, f"{path} still failing after {retries} retries in "
-                                   f"{self.retry_for_s - (deadline - time.monotonic()):.1f}s ({problem})")
+                reply = exc
+            ids = retries.outcome(reply)
+            if ids is not None:
+                return ids
 
     def retry_delay(self, attempt: int, retry_after: str) -> float:
         """Exponential backoff, or longer when the gateway asked for it, never over max_backoff_s."""
@@ -123,6 +111,53 @@ class GatewayClient:
             return min(self.max_backoff_s, max(backoff, float(retry_after)))
         except ValueError:
             return backoff
+
+
+class RetryPolicy(Protocol):
+    max_retries: int | None
+    retry_for_s: float
+
+    def retry_delay(self, attempt: int, retry_after: str) -> float: ...
+
+
+class Retries:
+    """The retry budget of one request, shared by the sync and the async client: how long to wait
+    before the next attempt, and what an attempt's answer means (ids, retry, or give up)."""
+
+    def __init__(self, policy: RetryPolicy, path: str) -> None:
+        self.policy = policy
+        self.path = path
+        self.deadline = time.monotonic() + policy.retry_for_s
+        self.attempt = 0
+        self.retry_after = ""
+        self.problem = ""
+
+    def delay(self) -> float:
+        """Seconds to wait before the next attempt (0 before the first)."""
+        self.attempt += 1
+        if self.attempt == 1:
+            return 0.0
+        return min(self.policy.retry_delay(self.attempt - 1, self.retry_after),
+                   max(0.0, self.deadline - time.monotonic()))
+
+    def outcome(self, reply: httpx.Response | httpx.TransportError) -> list[str] | None:
+        """The accepted ids, or None to retry; ``GatewayError`` when refused or out of retries."""
+        if isinstance(reply, httpx.TransportError):
+            self.retry_after, self.problem = "", f"{type(reply).__name__}: {reply}"
+        elif reply.status_code == 202:
+            return [str(i) for i in reply.json()["ids"]]
+        elif reply.status_code not in RETRY_STATUSES:
+            raise GatewayError(reply.status_code, _body(reply),
+                               f"{self.path} answered {reply.status_code}: {reply.text[:2000]}")
+        else:
+            self.retry_after = reply.headers.get("Retry-After", "")
+            self.problem = f"{reply.status_code}: {reply.text[:500]}"
+        retries = self.attempt - 1
+        if retries == self.policy.max_retries or time.monotonic() >= self.deadline:
+            raise GatewayError(None, None, f"{self.path} still failing after {retries} retries in "
+                               f"{self.policy.retry_for_s - (self.deadline - time.monotonic()):.1f}s "
+                               f"({self.problem})")
+        return None
 
 
 def _body(reply: httpx.Response) -> Any:
