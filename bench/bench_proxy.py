@@ -9,7 +9,9 @@ this shared machine's load hits every target alike:
 - latency: sequential plain chat calls (keep-alive), p50/p99;
 - time to first chunk: sequential streamed chat calls, p50/p99 of first byte and of the whole stream;
 - throughput: ``--concurrency`` concurrent clients for ``--seconds`` per target (bounded loops);
-  calls/s and the proxy process's CPU ms per call.
+  calls/s and the proxy process's CPU ms per call;
+- record building: the emitter thread's work for one of these calls (``build_record``, redaction
+  included, and Avro encoding), in this process: CPU the proxy spends beside its event loop.
 
 Finally every call sent through a Claw-R1 proxy must be on its Kafka topic (nothing dropped).
 
@@ -239,6 +241,37 @@ def wait_captured(bootstrap: str, target: Target, timeout: float = 60.0) -> int:
     return size
 
 
+def record_cost_ms(calls: int = 300) -> dict[str, float]:
+    """Median ms of ``build_record`` (with redaction) and of Avro encoding, for one latency-phase call."""
+    from clawr1.topics import RAW_LLM
+    from proxy.hints import Hints
+    from proxy.record import CapturedCall, build_record
+    from schemas.codec import codec_for
+
+    reply = {"id": "chatcmpl-1", "object": "chat.completion", "model": "standin-1",
+             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                          "message": {"role": "assistant", "content": "All tests pass. " * 16}}],
+             "usage": {"prompt_tokens": 900, "completion_tokens": 64, "total_tokens": 964}}
+    call = CapturedCall(
+        flow_id="f", api="openai.chat", method="POST", url="http://127.0.0.1:1/v1/chat/completions",
+        upstream="http://127.0.0.1:1", request_headers=(("content-type", "application/json"),),
+        request_body=json.dumps(conversation(1)).encode(), hints=Hints(), streamed=False, status=200,
+        response_headers=(("content-type", "application/json"),), response_body=json.dumps(reply).encode(),
+        response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.1, finished=1.2,
+        captured_at=1.3)
+    codec = codec_for("")
+    build, encode = [], []
+    for _ in range(calls):
+        started = time.perf_counter()
+        _, record = build_record(call, "bench")
+        built = time.perf_counter()
+        codec.encode(RAW_LLM.schema, record)
+        build.append((built - started) * 1000)
+        encode.append((time.perf_counter() - built) * 1000)
+    return {"build_record_ms": round(statistics.median(build), 3),
+            "encode_ms": round(statistics.median(encode), 3)}
+
+
 def summary(target: Target, baselines: list[Target]) -> dict[str, Any]:
     p50, p99 = percentile(target.latency_ms, 50), percentile(target.latency_ms, 99)
     out: dict[str, Any] = {
@@ -357,6 +390,7 @@ def main() -> int:
         "targets": {t.name: summary(t, baselines[t.name]) for t in targets},
         "captured": captured,
         "latency_stdev_ms": {t.name: round(statistics.pstdev(t.latency_ms), 3) for t in targets},
+        "record_building": record_cost_ms(),
     }
     out = REPO / "bench" / "results" / "bench_proxy.json"
     out.parent.mkdir(parents=True, exist_ok=True)
