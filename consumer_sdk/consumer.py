@@ -70,7 +70,8 @@ class PoolConsumer:
     """Pull batches of curated steps for consumer group ``group`` from ``source``.
 
     ``source`` is the stack's API URL (``http(s)://``) or a ClickHouse DSN (``chdb:///path``,
-    ``clickhouse[+http|+https]://``); ``transport`` forces one reading (see ``consumer_sdk.source``).
+    ``clickhouse[+http|+https]://``); ``transport`` forces one reading (see ``consumer_sdk.source``), or is
+    an open ``Transport`` to read through (closed with the consumer).
     ``preset`` names saved filters; keyword ``filters`` (see :class:`Filters`) refine them.
     """
 
@@ -84,7 +85,7 @@ class PoolConsumer:
         members: int = 1,
         whole_groups: bool = False,
         with_text: bool = False,
-        transport: TransportKind | None = None,
+        transport: TransportKind | Transport | None = None,
         api_key: str | None = None,
         request_timeout: float = 30.0,
         **filters: Any,
@@ -95,7 +96,6 @@ class PoolConsumer:
         if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < members:
             raise UsageError(f"member must be an integer in [0, {members}), got {member!r}")
         explicit = Filters.from_kwargs(**filters)
-        parsed = parse_source(source, transport)
         self.group = group
         self.member = member
         self.members = members
@@ -105,8 +105,11 @@ class PoolConsumer:
         self._policy_version: int | None = None
         self._epoch: str | None = None
         self._in_flight: dict[str, tuple[str, int]] = {}
-        self._transport: Transport | None = open_transport(parsed, api_key=api_key,
-                                                           request_timeout=request_timeout)
+        self._transport: Transport | None = (
+            open_transport(parse_source(source, transport), api_key=api_key, request_timeout=request_timeout)
+            if transport is None or isinstance(transport, str)
+            else transport  # an open link (the dashboard's preview reads through its own pool store)
+        )
         try:
             self.filters: Filters = (
                 read_preset(self._transport, preset).merged(**filters) if preset is not None else explicit

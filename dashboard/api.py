@@ -12,17 +12,30 @@ event loop that also serves ingest.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from consumer_sdk import ConsumerError
+from dashboard.curation import (
+    MAX_CURATED_STEPS,
+    PREVIEW_MAX_STEPS,
+    CurateRequest,
+    curation_feedback,
+    preview_batch,
+)
 from dashboard.panels import Dashboard
+from gateway.app import INGESTS, encode_items, gateway_state, publish
+from gateway.auth import ANONYMOUS
+from gateway.models import FeedbackIn
 from pool.store import PoolError, PoolStore
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -62,6 +75,29 @@ class StepsPage(BaseModel):
     token_provenance: str | None = None
     ready: bool | None = None
     channel: str | None = None
+
+
+class PreviewQuery(BaseModel):
+    """Whose next batch to preview: a consumer group, its preset and how it polls."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group: str = Field(min_length=1, max_length=256)
+    preset: str | None = Field(None, min_length=1, max_length=128)
+    whole_groups: bool = True
+    max_steps: int = Field(PREVIEW_MAX_STEPS, ge=1, le=PREVIEW_MAX_STEPS)
+    max_groups: int | None = Field(None, ge=1, le=1000)
+    policy_version: int | None = Field(None, ge=0, le=2**63 - 1)
+
+
+LIVE_POLL_S = 1.0
+LIVE_KEEPALIVE_S = 15.0
+_FEEDBACK = next(ingest for ingest in INGESTS if ingest.kind == "feedback")
+
+
+def sse(event: str, data: Any) -> bytes:
+    """One Server-Sent Event."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 async def _read(fn: Callable[..., Any], *args: Any) -> Any:
@@ -127,5 +163,81 @@ def dashboard_router(store: PoolStore) -> APIRouter:
         if detail is None:
             raise HTTPException(404, f"no step with id {step_id!r}")
         return JSONResponse(detail, headers=_NO_STORE)
+
+    @router.post(
+        "/v1/dashboard/curate", status_code=202,
+        summary="Label, grade, exclude or annotate rows or a whole filter, as audited feedback",
+        responses={415: {"description": "not application/json"}, 422: {"description": "invalid curation"},
+                   503: {"description": "Kafka or the pool unavailable"}},
+    )
+    async def curate(request: Request, body: CurateRequest) -> JSONResponse:
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            raise HTTPException(415, "send the curation as application/json")  # no cross-site form posts
+        step_ids = body.step_ids
+        if body.filters is not None:
+            try:
+                filters = StepsPage(**body.filters).model_dump(exclude_none=True, exclude={"limit", "offset"})
+                step_ids = await _read(board.curate_ids, filters, MAX_CURATED_STEPS)
+            except (ValidationError, ValueError) as exc:
+                raise HTTPException(422, str(exc)) from exc
+        key = getattr(request.state, "api_key", None)
+        items = [FeedbackIn(**item) for item in curation_feedback(body, step_ids)]
+        state = gateway_state(request)
+        messages, ids = encode_items(state, _FEEDBACK, items, key.name if key else ANONYMOUS)
+        if messages:
+            await publish(state, messages)
+        return JSONResponse({"steps": len(step_ids), "accepted": len(ids), "ids": ids,
+                             "labels": body.labels_to_set()}, status_code=202, headers=_NO_STORE)
+
+    @router.get(
+        "/v1/dashboard/preview",
+        responses={**_POOL_DOWN, 422: {"description": "unknown preset or bad filters"}},
+        summary="The next poll of a consumer group (preset, whole groups), without committing it",
+    )
+    async def preview(query: Annotated[PreviewQuery, Query()]) -> JSONResponse:
+        try:
+            batch = await _read(preview_batch, store, query.group, query.preset, query.whole_groups,
+                                query.max_steps, query.max_groups, query.policy_version)
+        except ConsumerError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        return JSONResponse(batch, headers=_NO_STORE)
+
+    @router.get(
+        "/v1/dashboard/tree",
+        responses={404: {"description": "no such merge scope"}, **_POOL_DOWN},
+        summary="A merge scope's prefix tree, packed ribbon, attention-mask thumbnail and savings",
+    )
+    async def tree(scope_kind: Literal["prompt_group", "trajectory"],
+                   scope_id: Annotated[str, Query(min_length=1, max_length=512)]) -> JSONResponse:
+        found = await _read(board.tree, scope_kind, scope_id)
+        if found is None:
+            raise HTTPException(404, f"no {scope_kind} scope {scope_id!r} in the pool")
+        return JSONResponse(found, headers=_NO_STORE)
+
+    @router.get(
+        "/v1/dashboard/live", response_class=StreamingResponse,
+        summary="Server-Sent Events: a `pulse` whenever steps, feedback or commits change",
+    )
+    async def live(request: Request) -> StreamingResponse:
+        async def events() -> AsyncIterator[bytes]:
+            last: Any = None
+            quiet = 0.0
+            while not await request.is_disconnected():
+                try:
+                    pulse = await run_in_threadpool(board.pulse)
+                except PoolError as exc:
+                    yield sse("problem", {"message": f"the pool could not answer: {exc}"})
+                    pulse = last
+                if pulse != last:
+                    last, quiet = pulse, 0.0
+                    yield sse("pulse", pulse)
+                elif quiet >= LIVE_KEEPALIVE_S:
+                    quiet = 0.0
+                    yield b": keep-alive\n\n"
+                await asyncio.sleep(LIVE_POLL_S)
+                quiet += LIVE_POLL_S
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={**_NO_STORE, "X-Accel-Buffering": "no"})
 
     return router

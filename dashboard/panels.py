@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from dashboard import queries as q
+from dashboard.curation import scope_tree
 from pool.store import PoolStore
 
 CHANNELS: Mapping[str, str] = {
@@ -36,6 +37,8 @@ LIST_LIMIT = 20
 DEAD_LETTER_REASONS = 50
 STEPS_PER_TRAJECTORY_ROWS = 200
 TRAJECTORY_STEP_ROWS = 500
+TREE_NODES = 500
+TREE_STEPS = 64
 
 
 def json_safe(value: Any) -> Any:
@@ -259,7 +262,29 @@ class Dashboard:
         }
 
     def consumption(self) -> dict[str, Any]:
-        return {"groups": [consumer_group(row) for row in self._rows(q.CONSUMER_GROUPS_SQL)]}
+        return {"groups": [consumer_group(row) for row in self._rows(q.CONSUMER_GROUPS_SQL)],
+                "policy_drift": self._rows(q.POLICY_DRIFT_SQL)}
+
+    def pulse(self) -> dict[str, Any]:
+        """The few figures that move whenever anything lands in the pool (the live stream's trigger)."""
+        return json_safe(self._one(q.PULSE_SQL))
+
+    def curate_ids(self, filters: Mapping[str, Any], limit: int) -> list[str]:
+        """The steps a whole-filter curation reaches; ``ValueError`` when more than ``limit``."""
+        sql, params = q.curate_ids_sql(filters, limit)
+        ids = [row["step_id"] for row in self.store.query(sql, parameters=params)]
+        if len(ids) > limit:
+            raise ValueError(f"the filter matches more than {limit} steps: narrow it")
+        return ids
+
+    def tree(self, scope_kind: str, scope_id: str) -> dict[str, Any] | None:
+        """One merge scope: savings, its stored tree and its steps packed as a trainer would."""
+        found = self._rows(q.SCOPE_SAVINGS_SQL, scope_kind=scope_kind, scope_id=scope_id)
+        if not found:
+            return None
+        nodes = self._rows(q.SCOPE_NODES_SQL, scope_kind=scope_kind, scope_id=scope_id, limit=TREE_NODES)
+        steps = self._rows(q.SCOPE_STEPS_SQL, scope_kind=scope_kind, scope_id=scope_id, limit=TREE_STEPS)
+        return json_safe({"scope": found[0], **scope_tree(nodes, steps)})
 
     def steps(self, filters: Mapping[str, Any], limit: int, offset: int) -> dict[str, Any]:
         page_sql, page_params = q.steps_page_sql(filters, limit, offset)

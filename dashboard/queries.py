@@ -298,7 +298,8 @@ SELECT {STEP_ROW_COLUMNS},
        usage_prompt_tokens, usage_completion_tokens, prompt_messages, response_text, tool_calls_json,
        length(response_logprobs) AS logprob_count, arraySum(response_logprobs) AS logprob_sum,
        tokenizer, reward_components, reward_source, trajectory_reward, trajectory_reward_status,
-       feedback_json, error, metadata_json, toUnixTimestamp64Milli(updated_at_ms) AS updated_ms
+       feedback_json, error, metadata_json, toUnixTimestamp64Milli(updated_at_ms) AS updated_ms,
+       link_status, link_candidate_step_id, channel, response_token_ids, response_logprobs
 FROM steps
 WHERE step_id = {{step_id:String}}
 """
@@ -330,3 +331,59 @@ WHERE (scope_kind, scope_id) IN (
 ORDER BY scope_kind, scope_id
 """
 """The prefix-merge scopes whose tree holds the step."""
+
+# --- curation, tree view, live pulse -----------------------------------------------------------------
+
+
+def curate_ids_sql(filters: Mapping[str, Any], limit: int) -> tuple[str, dict[str, Any]]:
+    """The ids of the steps a whole-filter curation reaches (one more than ``limit``, to see an overflow)."""
+    where, params = steps_where(filters)
+    return f"SELECT step_id FROM steps {where}\nORDER BY step_id\nLIMIT {{limit:UInt32}}", {
+        **params, "limit": limit + 1}
+
+
+SCOPE_NODES_SQL = """
+SELECT node_id, parent_node_id, depth_start, token_ids, step_ids
+FROM prefix_nodes
+WHERE scope_kind = {scope_kind:String} AND scope_id = {scope_id:String}
+ORDER BY depth_start, node_id
+LIMIT {limit:UInt32}
+"""
+"""The nodes of a scope's tree, each at its newest version (a node keeps the version it last changed in)."""
+
+SCOPE_STEPS_SQL = """
+SELECT step_id, parent_step_id, prompt_token_ids, response_token_ids
+FROM steps
+WHERE if({scope_kind:String} = 'prompt_group', prompt_group_id = {scope_id:String},
+         trajectory_id = {scope_id:String} AND prompt_group_id IS NULL)
+  AND status = 'ok' AND token_provenance != 'none' AND link_status != 'superseded'
+ORDER BY trajectory_id, step_index, step_id
+LIMIT {limit:UInt32}
+"""
+"""The steps merged into a scope (``streams.join.scope_of`` and ``mergeable``)."""
+
+SCOPE_SAVINGS_SQL = """
+SELECT scope_kind, scope_id, total_tokens, tree_tokens, saved_tokens, savings_ratio, forks, num_nodes
+FROM prefix_savings
+WHERE scope_kind = {scope_kind:String} AND scope_id = {scope_id:String}
+"""
+
+PULSE_SQL = f"""
+SELECT (SELECT count() FROM steps) AS steps,
+       (SELECT toUnixTimestamp64Milli(max(updated_at_ms)) FROM steps) AS last_update_ms,
+       (SELECT count() FROM feedback) AS feedback,
+       (SELECT count() FROM {COMMITS_TABLE}) AS commits
+"""
+"""What changes when anything arrives: the live stream pushes a pulse when this row changes."""
+
+POLICY_DRIFT_SQL = f"""
+SELECT policy_version, count() AS steps, countIf(ready = 1) AS ready_steps,
+       countIf(step_id IN (SELECT step_id FROM {COMMITS_TABLE})) AS consumed,
+       toUnixTimestamp64Milli(min(created_at_ms)) AS first_ms,
+       toUnixTimestamp64Milli(max(created_at_ms)) AS last_ms
+FROM steps
+WHERE policy_version IS NOT NULL
+GROUP BY policy_version
+ORDER BY policy_version
+"""
+"""Per policy version: how much was collected, became ready and was consumed (by any group)."""

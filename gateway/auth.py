@@ -7,7 +7,7 @@
 - ``read``: analyst SQL and the dashboard's data;
 - ``consume``: the consumer SDK: SQL plus writing its own groups' commits and positions and its own
   presets (``owns_group``: ``<key name>`` or ``<key name>:...``);
-- ``curate``: the dashboard's curation writes (no route uses it yet).
+- ``curate``: the dashboard's curation writes (labels, exclusions, notes as feedback).
 
 An entry without kinds gets the ingest kinds only: reading or moving the pool is always granted by
 name. ``ROUTE_KINDS`` is the route x kind matrix; a mounted route missing from it is refused to
@@ -37,6 +37,10 @@ ROUTE_KINDS: dict[str, frozenset[str]] = {
     "/v1/dashboard/summary": frozenset({"read"}),
     "/v1/dashboard/steps": frozenset({"read"}),
     "/v1/dashboard/steps/{step_id}": frozenset({"read"}),
+    "/v1/dashboard/preview": frozenset({"read"}),
+    "/v1/dashboard/tree": frozenset({"read"}),
+    "/v1/dashboard/live": frozenset({"read"}),
+    "/v1/dashboard/curate": frozenset({"curate"}),
     # The compat port (compat/app.py): a route needs the kind of what it ends up writing. Agent calls
     # and registrations become captured steps, completion a trajectory reward; reward computation
     # serves both rollout workers and reward producers.

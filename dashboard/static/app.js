@@ -1,4 +1,5 @@
-// Claw-R1 dashboard: polls /v1/dashboard/summary and /v1/dashboard/steps and draws every panel.
+// Claw-R1 dashboard: draws every panel from /v1/dashboard/*, refreshed when /v1/dashboard/live pushes a
+// pulse (Server-Sent Events read through fetch, so an API key can ride along); curation posts feedback.
 // Plain DOM + inline SVG, no external code. Text from the pool is only ever set as textContent.
 "use strict";
 
@@ -17,8 +18,11 @@ const state = {
   offset: 0,
   total: 0,
   openStep: null,
-  timer: null,
   busy: false,
+  selected: new Set(),
+  live: null, // the AbortController of the live stream; null while paused
+  lagHistory: [], // [{t, groups: {name: behind_ready}}], newest last
+  previewTimer: null,
 };
 
 // ---------- small DOM helpers ----------
@@ -125,7 +129,7 @@ function table(rows, columns, onRow) {
     });
     return el("tr", { class: onRow ? "click" : "", onclick: onRow ? () => onRow(row) : null }, cells);
   });
-  return el("table", {}, el("thead", {}, head), el("tbody", {}, body));
+  return el("div", { class: "table-wrap" }, el("table", {}, el("thead", {}, head), el("tbody", {}, body)));
 }
 
 function stats(items) {
@@ -245,6 +249,17 @@ async function loadSteps() {
     state.total = page.total;
     renderFilters();
     mount("steps", table(page.steps, [
+      { label: "", value: (s) => {
+        const box = el("input", { type: "checkbox", class: "pick", "data-step": s.step_id,
+          title: "select for curation" });
+        box.checked = state.selected.has(s.step_id);
+        box.addEventListener("click", (e) => {
+          e.stopPropagation();
+          if (box.checked) state.selected.add(s.step_id); else state.selected.delete(s.step_id);
+          document.getElementById("selected-count").textContent = `${state.selected.size} selected`;
+        });
+        return box;
+      } },
       { label: "created", value: (s) => time(s.created_ms) },
       { label: "step", value: (s) => s.step_id },
       { label: "trajectory", value: (s) => el("a", { class: "link", onclick: (e) => {
@@ -320,6 +335,66 @@ function closeStep() {
   history.replaceState(null, "", location.pathname + location.search);
 }
 
+// Response tokens as a strip, each cell coloured by its logprob (darker = less likely).
+function heatStrip(ids, logprobs) {
+  if (!ids || !ids.length) return [];
+  const cells = ids.map((id, k) => {
+    const lp = logprobs && k < logprobs.length ? logprobs[k] : null;
+    const p = lp === null ? null : Math.exp(lp);
+    const style = p === null ? "background:#ddd" : `background:hsl(${Math.round(120 * p)},65%,${40 + 20 * p}%)`;
+    const text = id < 256 && id >= 32 ? `'${String.fromCharCode(id)}'` : `#${id}`;
+    return el("i", { style, title: `${text} logprob ${lp === null ? "—" : lp.toFixed(3)}` });
+  });
+  return [el("div", { class: "muted" }, "response tokens by probability (hover for id and logprob)"),
+    el("div", { class: "heat", id: "heat" }, cells)];
+}
+
+function curateStepForm(stepId) {
+  const exclude = el("input", { type: "checkbox", id: "step-exclude" });
+  const label = el("input", { id: "step-label", size: 12, placeholder: "label" });
+  const note = el("input", { id: "step-note", size: 20, placeholder: "note" });
+  const result = el("span", { class: "muted", id: "step-curate-result" });
+  const apply = el("button", { type: "button", id: "step-curate" }, "apply");
+  apply.addEventListener("click", async () => {
+    const body = { step_ids: [stepId] };
+    if (exclude.checked) body.exclude = true;
+    if (label.value.trim()) body.labels = [label.value.trim()];
+    if (note.value.trim()) body.note = note.value.trim();
+    result.textContent = await curate(body);
+  });
+  return el("div", { class: "inline-form curate-step" },
+    el("label", {}, exclude, " exclude from training"), label, note, apply, result);
+}
+
+async function curate(body) {
+  try {
+    const reply = await sendJson(`${API}/curate`, body);
+    return `curated ${reply.steps} step(s): ${reply.accepted} feedback record(s) sent`;
+  } catch (err) {
+    return `curation failed: ${err.message || err}`;
+  }
+}
+
+function curationFromForm() {
+  const body = {};
+  const labels = document.getElementById("curate-labels").value.split(",").map((l) => l.trim()).filter(Boolean);
+  if (labels.length) body.labels = labels;
+  const quality = document.getElementById("curate-quality").value;
+  if (quality) body.quality = quality;
+  if (document.getElementById("curate-untrainable").checked) body.trainable = false;
+  if (document.getElementById("curate-exclude").checked) body.exclude = true;
+  const note = document.getElementById("curate-note").value.trim();
+  if (note) body.note = note;
+  return body;
+}
+
+async function curateFromBar(target) {
+  const out = document.getElementById("curate-result");
+  out.textContent = await curate({ ...curationFromForm(), ...target });
+  state.selected.clear();
+  document.getElementById("selected-count").textContent = "0 selected";
+}
+
 function renderStep(detail) {
   const s = detail.step;
   const logprobMean = s.logprob_count ? s.logprob_sum / s.logprob_count : null;
@@ -331,7 +406,14 @@ function renderStep(detail) {
       ["step index", s.step_index], ["parent step", s.parent_step_id],
       ["prompt group", s.prompt_group_id ? `${s.prompt_group_id} (size ${s.prompt_group_size ?? "?"})` : null],
       ["prompt id", s.prompt_id], ["response id", s.response_id], ["version", s.version],
+      ["link status", tag(s.link_status, s.link_status === "superseded" ? "bad"
+        : s.link_status === "ambiguous" ? "warn" : "good")],
+      ["link candidate", s.link_candidate_step_id ? el("a", { class: "link",
+        onclick: () => openStep(s.link_candidate_step_id) }, s.link_candidate_step_id) : null],
+      ["data channel", s.channel],
     ]),
+    el("h4", {}, "curate this step"),
+    curateStepForm(s.step_id),
     el("h4", {}, "provenance"),
     kv([
       ["source", `${s.source_kind} · ${s.source_name} (${KIND_CHANNEL[s.source_kind] || "other"})`],
@@ -347,6 +429,7 @@ function renderStep(detail) {
       ["provenance", s.token_provenance], ["tokenizer", s.tokenizer],
       ["logprobs", s.logprob_count ? `${s.logprob_count}, mean ${num(logprobMean)}` : "none"],
     ]),
+    heatStrip(s.response_token_ids, s.response_logprobs),
     el("h4", {}, "reward and curation"),
     kv([
       ["reward", `${num(s.reward)} (${s.reward_status}${s.reward_source ? `, ${s.reward_source}` : ""})`],
@@ -573,11 +656,124 @@ function renderOptimization(o) {
     { label: "ratio", value: (s) => `${num(s.savings_ratio, 2)}×`, num: true },
     { label: "forks", value: (s) => num(s.forks), num: true },
     { label: "nodes", value: (s) => num(s.num_nodes), num: true },
-  ], (s) => setFilter(s.scope_kind === "prompt_group" ? { prompt_group_id: s.scope_id }
-    : { trajectory_id: s.scope_id })));
+  ], (s) => openTree(s.scope_kind, s.scope_id)));
+}
+
+// ---------- prefix tree view ----------
+
+async function openTree(kind, id) {
+  document.getElementById("tree").hidden = false;
+  document.getElementById("tree-title").textContent = `${kind} ${id}`;
+  try {
+    const params = new URLSearchParams({ scope_kind: kind, scope_id: id });
+    renderTree(await getJson(`${API}/tree?${params}`));
+  } catch (err) {
+    mount("tree-body", el("div", { class: "error" }, String(err.message || err)));
+  }
+}
+
+function renderTree(t) {
+  const p = t.packed;
+  const children = {};
+  const known = new Set(t.nodes.map((n) => n.node_id));
+  for (const n of t.nodes) (children[known.has(n.parent_node_id) ? n.parent_node_id : ""] ||= []).push(n);
+  const rows = [];
+  const walk = (parent, depth) => {
+    for (const n of children[parent] || []) {
+      rows.push(el("div", { class: "tree-node", style: `padding-left:${depth * 14}px`,
+        title: `tokens from ${n.depth_start}: ${n.head.join(" ")}…` },
+      `${depth ? "└ " : ""}${n.tokens} tokens @${n.depth_start}`,
+      n.step_ids.length ? el("span", { class: "muted" }, `  ends ${n.step_ids.join(", ")}`) : ""));
+      walk(n.node_id, depth + 1);
+    }
+  };
+  walk("", 0);
+  const most = Math.max(1, ...p.ribbon.map((r) => r.shared));
+  const ribbon = el("div", { class: "ribbon", id: "ribbon" }, p.ribbon.map((r) => el("i", {
+    style: `width:${(100 * (r.end - r.start)) / Math.max(1, p.num_tokens)}%;` +
+      `background:hsl(215,70%,${85 - (45 * r.shared) / most}%)`,
+    title: `tokens ${r.start}–${r.end - 1}: shared by ${r.shared} step(s)` })));
+  const n = p.mask.length;
+  const cell = n ? 240 / n : 0;
+  const mask = svg("svg", { width: 240, height: 240, id: "mask", viewBox: "0 0 240 240" },
+    p.mask.flatMap((row, i) => row.map((v, j) => (v > 0 ? svg("rect", { x: j * cell, y: i * cell,
+      width: cell, height: cell, fill: "#2f6fdd", "fill-opacity": Math.max(0.15, v) }) : null))));
+  mount("tree-body",
+    el("h4", {}, "savings"),
+    stats([["steps", num(p.steps)], ["sequence tokens", num(p.total_tokens)], ["packed tokens", num(p.tree_tokens)],
+      ["saved", num(p.saved_tokens)], ["ratio", `${num(p.savings_ratio, 2)}×`], ["forks", num(p.forks)]]),
+    el("h4", {}, "packed ribbon (darker = shared by more steps)"), ribbon,
+    el("h4", {}, "attention mask (packed, thumbnail)"), mask,
+    el("h4", {}, `tree (${t.nodes.length} nodes, as merged by the streams)`),
+    rows.length ? rows : empty("no nodes stored for this scope yet"));
+}
+
+function closeTree() {
+  document.getElementById("tree").hidden = true;
+}
+
+// ---------- trainer preview, drift and lag ----------
+
+async function loadPreview() {
+  const params = new URLSearchParams({
+    group: document.getElementById("preview-group").value.trim() || "preview",
+    whole_groups: document.getElementById("preview-whole").checked,
+  });
+  const preset = document.getElementById("preview-preset").value.trim();
+  if (preset) params.set("preset", preset);
+  const groups = document.getElementById("preview-groups").value;
+  if (groups && params.get("whole_groups") === "true") params.set("max_groups", groups);
+  const trainerVersion = document.getElementById("preview-version").value;
+  if (trainerVersion) params.set("policy_version", trainerVersion);
+  try {
+    const b = await getJson(`${API}/preview?${params}`);
+    mount("preview", stats([["steps", num(b.steps)], ["groups", num(b.groups)],
+      ["prompt tokens", num(b.prompt_tokens)], ["response tokens", num(b.response_tokens)],
+      ["packed tokens", num(b.packed.tree_tokens)], ["packing saves", `${num(b.packed.savings_ratio, 2)}×`]]),
+    table(b.rows, [
+      { label: "step", value: (r) => el("span", { class: "preview-step" }, r.step_id) },
+      { label: "group", value: (r) => r.prompt_group_id },
+      { label: "#", value: (r) => r.step_index, num: true },
+      { label: "policy", value: (r) => version(r.policy_version) },
+      { label: "reward", value: (r) => num(r.reward), num: true },
+      { label: "tokens p/r", value: (r) => `${r.prompt_tokens}/${r.response_tokens}`, num: true },
+      { label: "labels", value: (r) => r.quality_labels.join(", ") },
+    ], (r) => openStep(r.step_id)));
+  } catch (err) {
+    mount("preview", el("div", { class: "error" }, String(err.message || err)));
+  }
+}
+
+function renderDrift(rows) {
+  const series = [
+    { name: "consumed", color: color(1), values: rows.map((r) => r.consumed) },
+    { name: "ready, not consumed", color: color(0), values: rows.map((r) => Math.max(0, r.ready_steps - r.consumed)) },
+    { name: "not ready", color: "#c5cbd6", values: rows.map((r) => Math.max(0, r.steps - r.ready_steps)) },
+  ];
+  mount("drift", rows.length ? [columns(rows.map((r) => version(r.policy_version)), series), legend(series)]
+    : empty("no policy versions reported yet"));
+}
+
+function renderLag(groups) {
+  const now = Date.now();
+  state.lagHistory.push({ t: now, groups: Object.fromEntries(groups.map((g) => [g.group_name, g.behind_ready || 0])) });
+  state.lagHistory = state.lagHistory.filter((h) => now - h.t < 10 * 60 * 1000).slice(-120);
+  const names = groups.map((g) => g.group_name);
+  if (!names.length || state.lagHistory.length < 1) { mount("lag", empty("no consumer groups yet")); return; }
+  const max = Math.max(1, ...state.lagHistory.flatMap((h) => Object.values(h.groups)));
+  const w = 300, h = 90, n = state.lagHistory.length;
+  const x = (i) => (n === 1 ? w : (i * w) / (n - 1));
+  const lines = names.map((name, k) => svg("polyline", { fill: "none", stroke: color(k), "stroke-width": 2,
+    points: state.lagHistory.map((p, i) => `${x(i).toFixed(1)},${(h - ((p.groups[name] || 0) * h) / max).toFixed(1)}`)
+      .join(" ") }));
+  mount("lag", svg("svg", { width: "100%", height: h + 14, viewBox: `0 0 ${w} ${h + 14}`, preserveAspectRatio: "none" },
+    lines, svg("text", { x: 2, y: h + 12 }, `max ${max} ready steps behind`)),
+  legend(names.map((name, k) => ({ name: `${name}: ${state.lagHistory[n - 1].groups[name]}`, color: color(k) }))));
 }
 
 function renderConsumption(c) {
+  renderDrift(c.policy_drift);
+  renderLag(c.groups);
   mount("groups", table(c.groups, [
     { label: "group", value: (g) => g.group_name },
     { label: "epoch", value: (g) => g.epoch || "(initial)" },
@@ -609,30 +805,44 @@ function render() {
 
 // ---------- polling ----------
 
-// With CLAWR1_API_KEYS set, data needs a key allowed to read the pool: asked once, kept for the tab.
+// With CLAWR1_API_KEYS set, data needs a key allowed to read the pool (and to curate, for writes):
+// asked once, kept for the tab.
 const KEY_STORE = "clawr1.apiKey";
 
-async function getJson(url) {
-  const headers = { Accept: "application/json" };
+function authHeaders(extra) {
+  const headers = { Accept: "application/json", ...extra };
   const key = sessionStorage.getItem(KEY_STORE);
   if (key) headers.Authorization = `Bearer ${key}`;
-  const response = await fetch(url, { headers });
-  if ((response.status === 401 || response.status === 403) && !getJson.asking && !getJson.declined) {
-    getJson.asking = true;
-    const given = window.prompt("This Claw-R1 API needs a key allowed to read the pool (kind 'pool'):");
-    getJson.asking = false;
+  return headers;
+}
+
+async function request(url, init) {
+  const response = await fetch(url, { ...init, headers: authHeaders(init.headers) });
+  if ((response.status === 401 || response.status === 403) && !request.asking && !request.declined) {
+    request.asking = true;
+    const given = window.prompt(`This Claw-R1 API needs a key for ${url.split("?")[0]} (kind read, or curate):`);
+    request.asking = false;
     if (given) {
       sessionStorage.setItem(KEY_STORE, given.trim());
-      return getJson(url);
+      return request(url, init);
     }
-    getJson.declined = true; // no re-asking on every refresh; reload the page to try again
+    request.declined = true; // no re-asking on every refresh; reload the page to try again
   }
   if (!response.ok) {
     let reason = response.statusText;
     try { reason = JSON.stringify(await response.json()); } catch (_) { /* keep the status text */ }
     throw new Error(`${response.status} from ${url}: ${reason}`);
   }
-  return response.json();
+  return response;
+}
+
+async function getJson(url) {
+  return (await request(url, { method: "GET" })).json();
+}
+
+async function sendJson(url, body) {
+  const init = { method: "POST", body: JSON.stringify(body), headers: { "Content-Type": "application/json" } };
+  return (await request(url, init)).json();
 }
 
 function showError(err) {
@@ -661,16 +871,72 @@ async function refresh() {
   await loadSteps();
 }
 
-// The next refresh is planned when the last one has finished, so a slow pool never piles up requests.
-function schedule() {
-  clearTimeout(state.timer);
-  const every = Number(document.getElementById("interval").value);
-  state.timer = every ? setTimeout(async () => { await refresh(); schedule(); }, every) : null;
+// Live updates: /v1/dashboard/live pushes a `pulse` event whenever the pool changes; each pulse
+// refreshes the panels (at most one refresh in flight; a pulse during one triggers one more after it).
+function setLiveStatus(text) {
+  const badge = document.getElementById("live-status");
+  badge.textContent = text;
+  badge.className = `live-status ${text.split(" ")[0]}`;
+}
+
+let pending = false;
+async function onPulse() {
+  if (state.busy) { pending = true; return; }
+  await refresh();
+  if (document.getElementById("preview").childElementCount) await loadPreview();
+  if (pending) { pending = false; onPulse(); }
+}
+
+async function goLive() {
+  if (state.live) return;
+  const controller = new AbortController();
+  state.live = controller;
+  while (state.live === controller) {
+    try {
+      setLiveStatus("connecting");
+      const response = await request(`${API}/live`, { method: "GET", signal: controller.signal,
+        headers: { Accept: "text/event-stream" } });
+      setLiveStatus("live");
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value;
+        let cut;
+        while ((cut = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, cut);
+          buffer = buffer.slice(cut + 2);
+          if (block.startsWith("event: pulse")) onPulse();
+        }
+      }
+    } catch (err) {
+      if (controller.signal.aborted) return;
+      showError(err);
+    }
+    if (state.live !== controller) return;
+    setLiveStatus("reconnecting");
+    await new Promise((resolve) => setTimeout(resolve, 2000));
+  }
+}
+
+function pause() {
+  if (state.live) state.live.abort();
+  state.live = null;
+  setLiveStatus("paused");
 }
 
 function init() {
-  document.getElementById("refresh").addEventListener("click", async () => { await refresh(); schedule(); });
-  document.getElementById("interval").addEventListener("change", schedule);
+  document.getElementById("refresh").addEventListener("click", () => onPulse());
+  document.getElementById("live-mode").addEventListener("change",
+    (event) => (event.target.value === "live" ? goLive() : pause()));
+  document.getElementById("preview-form").addEventListener("submit", (e) => { e.preventDefault(); loadPreview(); });
+  document.getElementById("curate-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    curateFromBar({ step_ids: [...state.selected] });
+  });
+  document.getElementById("curate-filter").addEventListener("click", () => curateFromBar({ filters: state.filters }));
+  document.getElementById("tree-close").addEventListener("click", closeTree);
   document.getElementById("data-channel").addEventListener("change",
     (event) => setFilter({ channel: event.target.value || null }));
   document.getElementById("prev").addEventListener("click", () => {
@@ -678,7 +944,7 @@ function init() {
   });
   document.getElementById("next").addEventListener("click", () => { state.offset += PAGE_SIZE; loadSteps(); });
   document.getElementById("detail-close").addEventListener("click", closeStep);
-  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeStep(); });
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") { closeStep(); closeTree(); } });
   for (const button of document.querySelectorAll("#timeline-mode button")) {
     button.addEventListener("click", () => {
       state.timelineMode = button.dataset.mode;
@@ -688,7 +954,7 @@ function init() {
   }
   const linked = new URLSearchParams(location.hash.slice(1)).get("step");
   if (linked) openStep(linked);
-  refresh().then(schedule);
+  refresh().then(goLive);
 }
 
 init();
