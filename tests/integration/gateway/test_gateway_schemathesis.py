@@ -10,8 +10,6 @@ descriptions but JSON Schema cannot state them, so schema-valid data may rightly
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
@@ -51,9 +49,7 @@ def test_no_server_errors_and_spec_conformant_answers(operations: dict[str, sche
         reply = case.call_and_validate(timeout=30, excluded_checks=[positive_data_acceptance])
         statuses.append(reply.status_code)
 
-    started = time.monotonic()
     run()
     assert statuses and all(status < 500 for status in statuses)
     if mode is GenerationMode.POSITIVE and label != "GET /healthz":
         assert 202 in statuses, f"no generated valid request was accepted: {sorted(set(statuses))}"
-    assert time.monotonic() - started < 30
