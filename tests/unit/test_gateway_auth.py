@@ -112,3 +112,14 @@ def test_a_mounted_route_missing_from_the_matrix_is_refused_to_every_key() -> No
     assert client.get("/v1/unlisted").status_code == 401
     refused = client.get("/v1/unlisted", headers={"Authorization": "Bearer key-all"})
     assert refused.status_code == 403 and "a route in ROUTE_KINDS" in refused.json()["message"]
+
+
+def test_the_security_guide_names_every_keyed_route() -> None:
+    """docs/security.md's matrix is written by hand: a new route must show up there too."""
+    from pathlib import Path
+
+    from gateway.auth import ROUTE_KINDS
+
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    missing = [route for route in ROUTE_KINDS if route.rsplit("/", 1)[-1] not in guide]
+    assert not missing, f"docs/security.md's route x kind matrix lacks {missing}"
