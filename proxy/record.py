@@ -26,6 +26,8 @@ from proxy.token_ids import Injection, dump, strip_json
 Headers = tuple[tuple[str, str], ...]
 # Opens the note of a stream that ended without its finish (the steps' ``truncated`` status reads it).
 TRUNCATED_NOTE = "stream truncated"
+# mitmproxy's error text when the agent's side of the connection closes first.
+CLIENT_DISCONNECTED = "Client disconnected."
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,14 @@ def _call_error(call: CapturedCall, agent_body: bytes, assembled: Assembled) -> 
     return assembled.error
 
 
+def _left_after_the_end(call: CapturedCall, assembled: Assembled) -> bool:
+    """An agent that read a stream's last event may hang up before the upstream ends its body;
+    mitmproxy then reports the flow as a client disconnect, yet the agent saw the whole answer."""
+    return (call.streamed and call.error == CLIENT_DISCONNECTED and call.status is not None
+            and call.status < 400 and assembled.error is None and assembled.truncated is None
+            and bool(assembled.choices))
+
+
 def build_record(call: CapturedCall, proxy_instance: str,
                  chains: ResponseChains | None = None) -> tuple[str, dict[str, Any]]:
     """The Kafka key (trajectory hint, else conversation root) and the record, secrets removed.
@@ -158,6 +168,9 @@ def build_record(call: CapturedCall, proxy_instance: str,
     notes.extend(assembled.notes)
     notes.extend(_token_notes(assembled, call.injection))
     error = _call_error(call, agent_body, assembled)
+    if error is not None and _left_after_the_end(call, assembled):
+        notes.append(f"the client closed the connection after the complete response ({error})")
+        error = None
     if call.streamed and assembled.truncated and error is None:
         notes.append(f"{TRUNCATED_NOTE}: {assembled.truncated}")
     conv_key = conversation_key(messages)

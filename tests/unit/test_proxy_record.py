@@ -186,6 +186,10 @@ def test_upstream_errors_and_aborts_become_failed_calls() -> None:
     _, aborted = build_record(replace(CALL, engine_body=cut, error="Client disconnected."), "p")
     assert aborted["error"] == "Client disconnected." and aborted["choices"][0]["text"] == "Hey"
     codec_for().encode("raw_llm_call", aborted)
+    # The agent read the whole stream and hung up before the upstream closed it: not a failure.
+    _, finished = build_record(replace(CALL, error="Client disconnected."), "p")
+    assert finished["error"] is None and any("closed the connection after" in n
+                                             for n in finished["capture_notes"])
 
 
 def test_refused_and_cut_calls_become_refused_and_truncated_steps() -> None:
