@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from broker.launcher import KafkaBroker
@@ -21,6 +24,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    """Wait for ``url`` to answer 200, failing at once if the process meant to serve it exits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
 
 
 @pytest.fixture(scope="session")

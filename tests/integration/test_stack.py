@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_http
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 SECRET = "sk-test-secret-must-not-be-stored"
@@ -22,17 +22,6 @@ PROMPT = list(range(10, 60))
 GROUP = [[7, 8, 9], [7, 8, 1], [7, 2], [7, 8, 9, 4]]
 
 
-def _wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +55,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     )
     api = f"http://127.0.0.1:{ports['api']}"
     try:
-        _wait_http(f"http://127.0.0.1:{ports['engine']}/v1/models", 30, engine)
-        _wait_http(f"{api}/healthz", 240, up)
+        wait_http(f"http://127.0.0.1:{ports['engine']}/v1/models", 30, engine)
+        wait_http(f"{api}/healthz", 240, up)
         yield {"api": api, "reverse": f"http://127.0.0.1:{ports['reverse']}", "data": str(tmp_path / "data")}
         up.send_signal(signal.SIGINT)
         assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_http
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
@@ -55,17 +55,6 @@ def auth(name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[name]}"}
 
 
-def _wait(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
 
 
 @pytest.fixture(scope="package")
@@ -84,9 +73,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     running = Stack(api=f"http://127.0.0.1:{ports['api']}", compat=f"http://127.0.0.1:{ports['compat']}",
                     engine=f"http://127.0.0.1:{ports['engine']}")
     try:
-        _wait(f"{running.engine}/v1/models", 30, engine)
-        _wait(f"{running.api}/healthz", 240, up)
-        _wait(f"{running.compat}/openapi.json", 30, up)
+        wait_http(f"{running.engine}/v1/models", 30, engine)
+        wait_http(f"{running.api}/healthz", 240, up)
+        wait_http(f"{running.compat}/openapi.json", 30, up)
         yield running
         up.send_signal(signal.SIGINT)
         assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"

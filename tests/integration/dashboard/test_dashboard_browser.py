@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.test_stack import CLAWR1, _wait_http
+from tests.conftest import free_port, wait_http
+from tests.integration.test_stack import CLAWR1
 
 pytestmark = pytest.mark.integration
 CHROMIUM = "/usr/bin/chromium"
@@ -35,7 +35,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          "--reverse-port", str(free_port()), "--compat-port", str(free_port())], env=env)
     api = f"http://127.0.0.1:{api_port}"
     try:
-        _wait_http(f"{api}/healthz", 240, up)
+        wait_http(f"{api}/healthz", 240, up)
         yield api
         up.send_signal(signal.SIGINT)
         assert up.wait(120) == 0, "clawr1 up --demo did not stop cleanly on SIGINT"

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import free_port
-from tests.integration.test_stack import CLAWR1, _sql, _wait_http
+from tests.conftest import free_port, wait_http
+from tests.integration.test_stack import CLAWR1, _sql
 
 pytestmark = pytest.mark.integration
 SPEC = "rewards.rules:math_answer"
@@ -33,7 +33,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     api = f"http://127.0.0.1:{api_port}"
     try:
-        _wait_http(f"{api}/healthz", 240, up)
+        wait_http(f"{api}/healthz", 240, up)
         assert httpx.get(f"{api}/healthz").json()["parts"]["rewarder"] is True
         yield api
         up.send_signal(signal.SIGINT)
