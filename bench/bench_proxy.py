@@ -70,11 +70,13 @@ class Target:
     throughput_calls: int = 0
     throughput_s: float = 0.0
     cpu_s: float = 0.0
+    loop_cpu_s: float = 0.0
     latency_ms: list[float] = field(default_factory=list)
     first_chunk_ms: list[float] = field(default_factory=list)
     stream_ms: list[float] = field(default_factory=list)
     calls_per_s: float = 0.0
     cpu_ms_per_call: float | None = None
+    loop_cpu_ms_per_call: float | None = None
     errors: int = 0
 
 
@@ -97,11 +99,12 @@ def wait_port(port: int, timeout: float = 30.0) -> None:
 
 @contextmanager
 def process(
-    args: list[str], env: dict[str, str] | None = None, ready_line: str | None = None, port: int | None = None
+    args: list[str], env: dict[str, str] | None = None, ready_line: str | None = None,
+    port: int | None = None, cwd: Path = REPO,
 ) -> Iterator[subprocess.Popen[str]]:
     child = subprocess.Popen(
         args,
-        cwd=REPO,
+        cwd=cwd,
         env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -127,9 +130,16 @@ def process(
             child.wait()
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """CPU seconds of ``pid`` itself (the event loop that forwards traffic) and of it with every live
+    descendant (the proxy's emitter and extra proxy processes)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    total = own
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            total += cpu_seconds(int(child))[1]
+    return own, total
 
 
 def conversation(n: int) -> dict[str, Any]:
@@ -201,11 +211,14 @@ async def throughput_slice(target: Target, seconds: float, concurrency: int) -> 
                 done += 1
                 n += concurrency
 
-        cpu_before = cpu_seconds(target.pid) if target.pid else 0.0
+        cpu_before = cpu_seconds(target.pid) if target.pid else (0.0, 0.0)
         started = time.perf_counter()
         await asyncio.gather(*(worker(i) for i in range(concurrency)))
         target.throughput_s += time.perf_counter() - started
-        target.cpu_s += (cpu_seconds(target.pid) - cpu_before) if target.pid else 0.0
+        if target.pid:
+            own, total = cpu_seconds(target.pid)
+            target.loop_cpu_s += own - cpu_before[0]
+            target.cpu_s += total - cpu_before[1]
     target.sent += done
     target.throughput_calls += done
 
@@ -218,7 +231,9 @@ def run_throughput(targets: list[Target], seconds: float, rounds: int, concurren
     for target in targets:
         target.calls_per_s = target.throughput_calls / target.throughput_s
         if target.pid:
-            target.cpu_ms_per_call = round(target.cpu_s * 1000 / max(target.throughput_calls, 1), 3)
+            calls = max(target.throughput_calls, 1)
+            target.cpu_ms_per_call = round(target.cpu_s * 1000 / calls, 3)
+            target.loop_cpu_ms_per_call = round(target.loop_cpu_s * 1000 / calls, 3)
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
@@ -282,6 +297,7 @@ def summary(target: Target, baselines: list[Target]) -> dict[str, Any]:
         "stream_p50_ms": percentile(target.stream_ms, 50),
         "calls_per_s": round(target.calls_per_s, 1),
         "cpu_ms_per_call": target.cpu_ms_per_call,
+        "loop_cpu_ms_per_call": target.loop_cpu_ms_per_call,
         "errors": target.errors,
     }
     for base in baselines:
@@ -312,6 +328,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=4.0, help="throughput phase per target")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--processes", type=int, default=2,
+                        help="also run the proxy with this many processes on one port (1: skip)")
+    parser.add_argument("--before", type=Path,
+                        help="a checkout of an earlier proxy (e.g. git archive), run as clawr1_before")
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -349,7 +369,14 @@ def main() -> int:
         )
         targets.append(Target("bare_mitmdump", f"http://127.0.0.1:{bare_port}", bare.pid))
 
-        for name, token_ids in (("clawr1", False), ("clawr1_token_ids", True)):
+        proxies: list[tuple[str, bool, dict[str, str]]] = [("clawr1", False, {})]
+        if args.before:
+            proxies.append(("clawr1_before", False, {"PYTHONPATH": str(args.before.resolve())}))
+        proxies.append(("clawr1_token_ids", True, {}))
+        if args.processes > 1:
+            many = {"CLAWR1_PROXY_PROCESSES": str(args.processes)}
+            proxies.append((f"clawr1_{args.processes}proc", False, many))
+        for name, token_ids, extra in proxies:
             port, topic = free_port(), f"clawr1.bench.raw.llm.{uuid.uuid4().hex[:8]}"
             ensure_topics(bootstrap, [topic], PARTITIONS)
             env = {
@@ -359,9 +386,11 @@ def main() -> int:
                 "CLAWR1_REVERSE_PORT": str(port),
                 "CLAWR1_UPSTREAM": upstream,
                 "CLAWR1_CAPTURE_TOKEN_IDS": str(token_ids).lower(),
+                **extra,
             }
             child = stack.enter_context(
-                process([sys.executable, "-c", PROXY_MAIN, topic], env=env, ready_line="READY")
+                process([sys.executable, "-c", PROXY_MAIN, topic], env=env, ready_line="READY",
+                        cwd=Path(extra.get("PYTHONPATH", REPO)))
             )
             targets.append(Target(name, f"http://127.0.0.1:{port}", child.pid, topic))
 
@@ -378,9 +407,10 @@ def main() -> int:
         "direct": [],
         "direct_asking_ids": [direct],
         "bare_mitmdump": [direct],
-        "clawr1": [direct, bare_target],
         "clawr1_token_ids": [direct, bare_target, by_name["direct_asking_ids"]],
     }
+    for name in by_name:  # the other Claw-R1 proxies: against direct, bare mitmdump and one process
+        baselines.setdefault(name, [direct, bare_target, *([by_name["clawr1"]] if name != "clawr1" else [])])
     result = {
         "bench": "proxy",
         "calls_per_target": args.calls,

@@ -20,6 +20,8 @@ import ssl
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -38,18 +40,16 @@ from mitmproxy.addons import (
 from mitmproxy.certs import CertStore
 from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
+from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
 from clawr1.settings import Settings
 from clawr1.topics import RAW_LLM
 from proxy.addons import build_addons
 from proxy.addons.auth import ProxyAuthHeader
 from proxy.addons.own_ports import StackPortsGuard, stack_ports
-from proxy.chains import ResponseChains
-from proxy.emitter import Emitter
-from proxy.record import CapturedCall, build_record
-from proxy.spool import SpoolBusyError
+from proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
+from proxy.record import CapturedCall
 from proxy.token_ids import TokenIdPolicy
-from schemas.codec import codec_for
 
 logger = logging.getLogger("clawr1.proxy")
 CA_BASENAME = "mitmproxy"
@@ -58,12 +58,17 @@ CA_KEY_SIZE = 2048
 UPSTREAM_CA_ENV = "CLAWR1_UPSTREAM_CA_FILE"
 UPSTREAM_INSECURE_ENV = "CLAWR1_UPSTREAM_INSECURE"
 INSTANCE_ENV = "CLAWR1_PROXY_INSTANCE"
+PROCESSES_ENV = "CLAWR1_PROXY_PROCESSES"
 DRAIN_S = 10.0
 SWITCH_INTERVAL_S = 0.001
 
 
 class ProxyStartError(RuntimeError):
     """The proxy cannot start as configured; the message says what to change."""
+
+
+class ProxyFailedError(RuntimeError):
+    """One of the proxy's processes died while serving: the whole proxy stops, to be restarted."""
 
 
 @dataclass(frozen=True)
@@ -238,45 +243,134 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
                       drain_s: float = DRAIN_S) -> None:
     """Run until ``stop`` is set (or the task is cancelled); ``ready`` is called once all modes listen.
 
-    On the way out, captured calls get ``drain_s`` to reach Kafka; the rest stay spooled for the next
-    start. Raises ProxyStartError when the configuration is unsafe or a port cannot be bound.
+    Records are built and delivered by an emitter process (``proxy.emitter_process``). With
+    ``CLAWR1_PROXY_PROCESSES`` > 1, more proxy processes serve the same ports (SO_REUSEPORT: the
+    kernel spreads connections over them), all feeding that one emitter. On the way out, captured calls
+    get ``drain_s`` to reach Kafka; the rest stay spooled for the next start. Raises ProxyStartError
+    when the configuration is unsafe or a port cannot be bound, ProxyFailedError when one of its
+    processes dies.
     """
     config = proxy_config(settings)
     _quiet_mitmproxy()
     config.confdir.mkdir(parents=True, exist_ok=True)
-    codec = codec_for(config.registry_url)
-
-    chains = ResponseChains()  # the emitter's thread is its only user
-
-    def prepare(call: CapturedCall) -> tuple[str, bytes]:
-        key, record = build_record(call, config.instance, chains)
-        return key, codec.encode(RAW_LLM.schema, record)
-
-    emitter: Emitter[CapturedCall] = Emitter(
-        bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, prepare=prepare,
-        partitions=config.partitions,
-    )
+    processes = settings.role_setting(PROCESSES_ENV, 1)
+    if processes < 1:
+        raise ProxyStartError(f"{PROCESSES_ENV} must be at least 1, got {processes}")
+    emitter = EmitterProcess(EmitterConfig(
+        bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, partitions=config.partitions,
+        registry_url=config.registry_url, instance=config.instance, drain_s=drain_s), senders=processes)
     try:
-        emitter.start()
-    except SpoolBusyError as exc:
-        raise ProxyStartError(f"{exc}: another proxy runs with data dir {settings.data_dir}") from exc
+        await asyncio.to_thread(emitter.start)
+    except EmitterStartError as exc:
+        raise ProxyStartError(f"{exc} (data dir {settings.data_dir})") from exc
+    sender = CallSender(emitter.writers[0])
+    fronts: list[BaseProcess] = []
+    alive_writer: Connection | None = None
     try:
-        await _run_master(config, emitter, ready, stop or asyncio.Event())
+        if processes > 1:
+            ca_cert_path(settings)  # one CA, made before the processes that share it start
+            _listen_with_reuse_port()
+            # A front's end of this pipe reads end of file once this process is gone: it then stops too.
+            alive, alive_writer = SPAWN.Pipe(duplex=False)
+            fronts = await asyncio.to_thread(_start_fronts, settings, emitter.writers[1:], alive)
+            alive.close()
+        await _run_master(config, sender.submit, ready, stop or asyncio.Event(),
+                          [emitter.sentinel, *(front.sentinel for front in fronts)])
     finally:
-        await asyncio.to_thread(emitter.close, drain_s)
+        await asyncio.to_thread(_stop_processes, sender, fronts, emitter, drain_s)
+        if alive_writer is not None:
+            alive_writer.close()
 
 
-async def _run_master(config: ProxyConfig, emitter: Emitter[CapturedCall], ready: Callable[[], None] | None,
-                      stop: asyncio.Event) -> None:
-    readiness: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+def _stop_processes(sender: CallSender, fronts: list[BaseProcess], emitter: EmitterProcess,
+                    drain_s: float) -> None:
+    for front in fronts:
+        front.terminate()
+    sender.close(stop_emitter=True)
+    for front in fronts:
+        front.join(10.0)
+        if front.is_alive():
+            front.kill()
+    emitter.join(drain_s + 10.0)
+
+
+def _listen_with_reuse_port() -> None:
+    """mitmproxy 11 has no option for SO_REUSEPORT: its TCP listener is replaced by one that sets it,
+    in this process only (never with one process, so a second proxy on a taken port still fails)."""
+
+    async def listen(self: AsyncioServerInstance[Any], host: str, port: int) -> list[asyncio.Server]:
+        return [await asyncio.start_server(self.handle_stream, host, port, reuse_port=True)]
+
+    AsyncioServerInstance.listen = listen  # type: ignore[method-assign,assignment]
+
+
+def _start_fronts(settings: Settings, writers: list[Connection], alive: Connection) -> list[BaseProcess]:
+    """Start one more proxy process per writer; returns once each listens, raises if one cannot."""
+    fronts: list[BaseProcess] = []
     try:
-        master = _make_master(config, emitter.submit, readiness)
+        for index, writer in enumerate(writers, start=1):
+            status, status_writer = SPAWN.Pipe(duplex=False)
+            front = SPAWN.Process(target=_front_main, args=(settings, writer, status_writer, alive),
+                                  name=f"clawr1-proxy-{index}")
+            front.start()
+            fronts.append(front)
+            writer.close()
+            status_writer.close()
+            try:
+                error = status.recv() if status.poll(120.0) else "did not listen in time"
+            except EOFError:
+                error = f"exited with {front.exitcode} while starting"
+            if error is not None:
+                raise ProxyStartError(f"proxy process {index}: {error}")
+    except BaseException:
+        for front in fronts:
+            front.kill()
+        raise
+    return fronts
+
+
+def _front_main(settings: Settings, writer: Connection, status: Connection, alive: Connection) -> None:
+    """One more proxy process: the same modes on the same ports, its calls sent to the emitter; it
+    stops with the first process (``alive`` ends)."""
+    config = proxy_config(settings)
+    _quiet_mitmproxy()
+    _listen_with_reuse_port()
+    sender = CallSender(writer)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await _run_master(config, sender.submit, lambda: status.send(None), stop, [alive.fileno()])
+
+    try:
+        asyncio.run(main())
+    except ProxyStartError as exc:
+        status.send(str(exc))
+    except ProxyFailedError:
+        logger.error("the first proxy process is gone; this one stops too")
+    finally:
+        sender.close()
+
+
+async def _run_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
+                      ready: Callable[[], None] | None, stop: asyncio.Event, watch: list[int]) -> None:
+    """Serve until ``stop``; raises ProxyFailedError when a process in ``watch`` (sentinels) ends."""
+    loop = asyncio.get_running_loop()
+    readiness: asyncio.Future[list[str]] = loop.create_future()
+    try:
+        master = _make_master(config, submit, readiness)
     except OptionsError as exc:
         raise ProxyStartError(f"mitmproxy refused the configuration: {exc}") from exc
+    died = asyncio.Event()
+    for sentinel in watch:
+        loop.add_reader(sentinel, died.set)
     run = asyncio.create_task(master.run(), name="mitmproxy")
     stopped = asyncio.create_task(stop.wait())
+    lost = asyncio.create_task(died.wait())
     try:
-        await asyncio.wait([run, readiness], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([run, readiness, lost], return_when=asyncio.FIRST_COMPLETED)
         if not readiness.done():
             raise ProxyStartError("mitmproxy stopped while starting")
         if failures := readiness.result():
@@ -284,9 +378,14 @@ async def _run_master(config: ProxyConfig, emitter: Emitter[CapturedCall], ready
         logger.info("capture proxy listening: %s", ", ".join(config.modes))
         if ready is not None:
             ready()
-        await asyncio.wait([run, stopped], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([run, stopped, lost], return_when=asyncio.FIRST_COMPLETED)
+        if died.is_set() and not stop.is_set():
+            raise ProxyFailedError("a proxy process (emitter or another proxy process) exited; stopping")
     finally:
+        for sentinel in watch:
+            loop.remove_reader(sentinel)
         stopped.cancel()
+        lost.cancel()
         await master.addons.get("proxyserver").servers.update([])
         master.shutdown()
         await asyncio.gather(run, return_exceptions=True)
@@ -317,12 +416,15 @@ def run_proxy(settings: Settings, ready: Callable[[], None] | None = None, *, to
             loop.add_signal_handler(sig, stop.set)
         await serve_proxy(settings, started, stop=stop, topic=topic, drain_s=drain_s)
 
-    # The emitter thread builds records in Python; a short switch interval lets the event loop, which
-    # forwards agent traffic, take the GIL back within a millisecond instead of five.
+    # The sender thread pickles calls for the emitter; a short switch interval lets the event loop,
+    # which forwards agent traffic, take the GIL back within a millisecond instead of five.
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     try:
         asyncio.run(main())
     except ProxyStartError as exc:
         print(f"clawr1 proxy: {exc}", file=sys.stderr)
         return 2
+    except ProxyFailedError as exc:
+        print(f"clawr1 proxy: {exc}", file=sys.stderr)
+        return 1
     return 0
