@@ -32,6 +32,10 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from consumer_sdk.batch import StepBatch
 from consumer_sdk.errors import ConsumerClosed, UsageError
 from consumer_sdk.filters import Filters, filter_sql, to_epoch_ms
@@ -40,10 +44,14 @@ from consumer_sdk.queries import (
     LATEST_FLOOR_SQL,
     POSITION_SQL,
     Scope,
+    newest_matching,
+    queue_page_end_sql,
+    ready_steps_sql,
     rollout_groups_sql,
     select_list,
     steps_sql,
     trajectories_sql,
+    version_columns,
     whole_groups_sql,
 )
 from consumer_sdk.source import TransportKind, parse_source
@@ -64,6 +72,20 @@ def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise UsageError(f"{name} must be a positive integer, got {value!r}")
     return value
+
+
+def _token_counts(table: pa.Table) -> pa.ChunkedArray:
+    return pc.add(pc.list_value_length(table.column("prompt_token_ids")),
+                  pc.list_value_length(table.column("response_token_ids")))
+
+
+def _within(table: pa.Table, max_steps: int, max_tokens: int | None) -> pa.Table:
+    """The longest prefix within ``max_steps`` and ``max_tokens`` (at least one step)."""
+    table = table.slice(0, max_steps)
+    if max_tokens is None or not table.num_rows:
+        return table
+    running = np.cumsum(_token_counts(table).to_numpy())
+    return table.slice(0, max(1, int(np.searchsorted(running, max_tokens, side="right"))))
 
 
 class PoolConsumer:
@@ -102,6 +124,7 @@ class PoolConsumer:
         self.whole_groups = bool(whole_groups)
         self.consumer_id = uuid.uuid4().hex
         self._select = select_list(with_text)
+        self._columns = version_columns(with_text)
         self._policy_version: int | None = None
         self._epoch: str | None = None
         self._in_flight: dict[str, tuple[str, int]] = {}
@@ -217,9 +240,37 @@ class PoolConsumer:
             sql, scope_params = whole_groups_sql(
                 self._select, clauses, scope, max_steps, max_tokens, max_groups
             )
+        elif self.filters.ready is True:
+            return self._deliver(StepBatch(self._ready_steps(clauses, params, scope, max_steps, max_tokens)),
+                                 scope.epoch)
         else:
             sql, scope_params = steps_sql(self._select, clauses, scope, max_steps, max_tokens)
         return self._deliver(StepBatch(self._link().query(sql, {**params, **scope_params})), scope.epoch)
+
+    def _ready_steps(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
+                     max_tokens: int | None) -> pa.Table:
+        """Pages of the ready queue (see ``ready_steps_sql``) until the batch is full or the queue ends;
+        usually one page, one query."""
+        pages: list[pa.Table] = []
+        rows = tokens = 0
+        after: tuple[int, str] | None = None
+        while True:
+            sql, page_params = ready_steps_sql(self._columns, clauses, scope, max_steps, after)
+            page = newest_matching(self._link().query(sql, {**params, **page_params}))
+            if pages:  # a step with entries on two pages is delivered once
+                taken = pa.array([s for p in pages for s in p.column("step_id").to_pylist()], pa.string())
+                page = page.filter(pc.invert(pc.is_in(page.column("step_id"), value_set=taken)))
+            pages.append(page)
+            rows += page.num_rows
+            tokens += int(pc.sum(_token_counts(page)).as_py() or 0)
+            if rows >= max_steps or (max_tokens is not None and tokens >= max_tokens):
+                break
+            sql, end_params = queue_page_end_sql(scope, max_steps, after)
+            end = self._link().query(sql, end_params).to_pylist()[0]
+            if int(end["entries"]) < max_steps:
+                break
+            after = (int(end["at_ms"]), str(end["step_id"]))
+        return _within(pa.concat_tables(pages), max_steps, max_tokens)
 
     def _fetch_groups(self, filters: Filters, batch_size: int, n_rollouts: int | None) -> StepBatch:
         scope = self._scope()

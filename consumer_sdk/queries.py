@@ -1,6 +1,11 @@
 """The SQL a consumer runs, built as text with ``{name:Type}`` placeholders plus the values they bind.
 
-One poll is one query, so it costs one round trip over the API and reads a single snapshot:
+A poll of ready steps (the default ``ready=True``) reads the pool's ready queue (``ready_queue``,
+every ready step version keyed by readiness time) from the group's floor by primary key, skipping
+committed and in-flight steps, then the newest version of just those steps straight from
+``step_versions``: no ``FINAL`` over the pool. One query per page, usually one page per poll
+(see :func:`ready_steps_sql`). Other polls (``ready=False``/``None``), ``whole_groups`` and
+``fetch_batch`` read the ``steps`` view in one query each, a single snapshot:
 
 * a step is eligible when it matches the filters, its current version landed at or after the
   group's floor, it is not in the group's committed set for the current epoch, not in flight in
@@ -18,7 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
+from pool.migrations import READY_QUEUE, STEP_FIELDS
 
 STEPS_VIEW = "steps"
 
@@ -29,6 +38,12 @@ TEXT_COLUMNS: tuple[str, ...] = ("prompt_messages", "response_text", "tool_calls
 def select_list(with_text: bool) -> str:
     """Every column of the steps view (so new step fields reach ``Step.metadata`` on their own)."""
     return "*" if with_text else f"* EXCEPT ({', '.join(TEXT_COLUMNS)})"
+
+
+def version_columns(with_text: bool) -> str:
+    """The ``steps`` view's columns, named, for reading ``step_versions`` itself."""
+    names = [*STEP_FIELDS, "ingested_at"]
+    return ", ".join(n for n in names if with_text or n not in TEXT_COLUMNS)
 
 
 _TOKENS = "length(prompt_token_ids) + length(response_token_ids)"
@@ -106,6 +121,76 @@ def steps_sql(
     sql = (f"SELECT * EXCEPT (_tokens, _cum, _rn) FROM ({windowed}) "
            f"WHERE _rn = 1 OR _cum <= {{c_max_tokens:UInt64}} ORDER BY {_ORDER}")
     return sql, params
+
+
+def _queue_window(scope: Scope, after: bool) -> str:
+    """The next ``c_scan`` ready-queue entries of the group: read by primary key from the floor (or past
+    the previous page's last entry), committed, in-flight and other members' steps left out."""
+    clauses = [
+        f"ingested_at >= {_AFTER_FLOOR}",
+        _NOT_COMMITTED,
+        _NOT_IN_FLIGHT,
+        *_partition("step_id", scope),
+    ]
+    if after:
+        past = "fromUnixTimestamp64Milli({c_after_ms:Int64}, 'UTC')"
+        clauses += [f"ingested_at >= {past}", f"ingested_at > {past} OR step_id > {{c_after_id:String}}"]
+    return (f"SELECT ingested_at, step_id, trajectory_id FROM {READY_QUEUE} WHERE {_and(clauses)} "
+            f"ORDER BY {_ORDER} LIMIT {{c_scan:UInt64}}")
+
+
+def _page_params(scope: Scope, scan: int, after: tuple[int, str] | None) -> dict[str, Any]:
+    params = {**scope.params(), "c_scan": scan}
+    if after is not None:
+        params.update(c_after_ms=after[0], c_after_id=after[1])
+    return params
+
+
+def ready_steps_sql(
+    columns: str, filter_clauses: list[str], scope: Scope, scan: int, after: tuple[int, str] | None
+) -> tuple[str, dict[str, Any]]:
+    """One page of a ready poll: every stored version of the steps in the next ``scan`` queue entries,
+    each with ``_match`` (it passes the filters and the floor).
+
+    The queue holds every ready version, so a step may sit there several times; the caller keeps each
+    step's newest version (the one ``FINAL`` would keep: highest ``version``, then the latest written)
+    and delivers it, once, when it matches (:func:`newest_matching`). Steps are read by their primary key
+    ``(trajectory_id, step_id)``, so only their granules are touched, and the wide columns only for their
+    rows. A page can come back short (stale entries, filtered steps): :func:`queue_page_end_sql` says
+    whether the queue goes on.
+    """
+    window = _queue_window(scope, after is not None)
+    match = _and([*filter_clauses, f"ingested_at >= {_AFTER_FLOOR}"])
+    sql = (
+        f"SELECT {columns}, toUInt8(ifNull({match}, 0)) AS _match FROM step_versions "
+        f"WHERE (trajectory_id, step_id) IN (SELECT trajectory_id, step_id FROM ({window}))"
+    )
+    return sql, _page_params(scope, scan, after)
+
+
+def newest_matching(page: pa.Table) -> pa.Table:
+    """The newest version of each step of a :func:`ready_steps_sql` page, where it matches, in readiness
+    order ``(ingested_at, step_id)``, without ``_match``. Sorting a page is far cheaper in Arrow than
+    sorting its wide rows in the query."""
+    if not page.num_rows:
+        return page.drop_columns(["_match"])
+    newest_first = [("step_id", "ascending"), ("version", "descending"), ("ingested_at", "descending")]
+    ordered = page.sort_by(newest_first)
+    ids = ordered.column("step_id").to_numpy(zero_copy_only=False)
+    first = np.ones(len(ids), dtype=bool)
+    first[1:] = ids[1:] != ids[:-1]
+    keep = first & ordered.column("_match").to_numpy(zero_copy_only=False).astype(bool)
+    return ordered.filter(pa.array(keep)).drop_columns(["_match"]).sort_by(
+        [("ingested_at", "ascending"), ("step_id", "ascending")])
+
+
+def queue_page_end_sql(scope: Scope, scan: int, after: tuple[int, str] | None) -> tuple[str, dict[str, Any]]:
+    """How many entries the page's window held and its last one (``at_ms``, ``step_id``): where the next
+    page starts when this one held ``scan`` entries."""
+    window = _queue_window(scope, after is not None)
+    sql = (f"SELECT count() AS entries, toUnixTimestamp64Milli(max(ingested_at)) AS at_ms, "
+           f"argMax(step_id, ({_ORDER})) AS step_id FROM ({window})")
+    return sql, _page_params(scope, scan, after)
 
 
 def whole_groups_sql(

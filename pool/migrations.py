@@ -32,6 +32,9 @@ DEDUP_WINDOW = 10_000
 TOKEN_CODEC = "CODEC(ZSTD(1))"
 TEXT_CODEC = "CODEC(ZSTD(1))"
 
+READY_QUEUE = "ready_queue"
+"""Keys of every ready step version, ordered by ``(ingested_at, step_id)``: what consumers poll."""
+
 _SINK_TABLE_SETTINGS = f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
 # Columns mirror schemas/step.avsc field by field; see docs/pool.md for the type mapping.
@@ -266,6 +269,26 @@ FROM step_versions FINAL;
 ALTER TABLE feedback_log ADD COLUMN IF NOT EXISTS terminal UInt8 DEFAULT 0 AFTER received_at_ms;
 CREATE OR REPLACE VIEW feedback AS SELECT * EXCEPT (source_topic, source_partition, source_offset)
 FROM feedback_log FINAL;
+"""),
+    # Consumers poll ready steps in the order they became ready without reading `step_versions FINAL`:
+    # every ready version written also lands here (the sink is unchanged: a materialized view feeds it),
+    # sorted by readiness time, so a poll reads the next keys by primary key and then only the newest
+    # version of those steps (consumer_sdk/queries.py). Append-only; a step may have several entries.
+    # The backfill copies the ready versions of older pools once (what is already here is skipped).
+    ("0009_ready_queue", f"""
+CREATE TABLE IF NOT EXISTS {READY_QUEUE} (
+    ingested_at DateTime64(3, 'UTC'),
+    step_id String,
+    trajectory_id String,
+    version Int64
+) ENGINE = ReplacingMergeTree
+ORDER BY (ingested_at, step_id);
+CREATE MATERIALIZED VIEW IF NOT EXISTS {READY_QUEUE}_feed TO {READY_QUEUE} AS
+SELECT ingested_at, step_id, trajectory_id, version FROM step_versions WHERE ready = 1;
+INSERT INTO {READY_QUEUE} (ingested_at, step_id, trajectory_id, version)
+SELECT ingested_at, step_id, trajectory_id, version FROM step_versions
+WHERE ready = 1
+  AND (ingested_at, step_id, version) NOT IN (SELECT ingested_at, step_id, version FROM {READY_QUEUE});
 """),
 ]
 

@@ -28,6 +28,10 @@ def test_every_statement_is_rerunnable() -> None:
     for migration_id, sql in all_migrations():
         for statement in split_statements(sql):
             head = " ".join(statement.split()[:8]).upper()
+            if head.startswith("INSERT INTO"):
+                # A backfill copies only the rows not already there, so repeating it adds nothing.
+                assert "NOT IN (SELECT" in " ".join(statement.split()).upper(), (migration_id, head)
+                continue
             assert "IF NOT EXISTS" in head or "OR REPLACE" in head, (migration_id, head)
 
 

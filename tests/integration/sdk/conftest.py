@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from pool.api import pool_router
 from pool.consumer_tables import CONSUMER_WRITABLE_TABLES
+from pool.migrations import READY_QUEUE
 from pool.store import PoolStore, quote_identifier
 from sinks.rows import STEPS_ROUTE, Origin
 from tests.integration.pool.records import step as step_record
@@ -88,8 +89,8 @@ def module_pool(pool_dsn: str) -> Iterator[Pool]:
 
 @pytest.fixture
 def pool(module_pool: Pool) -> Pool:
-    """The module's pool, emptied of steps, commits, positions and presets before the test."""
-    for table in sorted({STEPS_ROUTE.table, *CONSUMER_WRITABLE_TABLES}):
+    """The module's pool, emptied of steps (and their ready queue), commits, positions and presets."""
+    for table in sorted({STEPS_ROUTE.table, READY_QUEUE, *CONSUMER_WRITABLE_TABLES}):
         module_pool.store.command(f"TRUNCATE TABLE {quote_identifier(table)}")
     return module_pool
 
