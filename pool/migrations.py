@@ -35,6 +35,10 @@ TEXT_CODEC = "CODEC(ZSTD(1))"
 READY_QUEUE = "ready_queue"
 """Keys of every ready step version, ordered by ``(ingested_at, step_id)``: what consumers poll."""
 
+STEP_LOOKUP = "step_lookup"
+"""32-bit hashes of every step_id, prompt_id and response_id, each with the trajectory holding it."""
+_ID_HASH = "toUInt32(cityHash64({id}) % 4294967296)"
+
 _SINK_TABLE_SETTINGS = f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
 # Columns mirror schemas/step.avsc field by field; see docs/pool.md for the type mapping.
@@ -290,7 +294,40 @@ SELECT ingested_at, step_id, trajectory_id, version FROM step_versions
 WHERE ready = 1
   AND (ingested_at, step_id, version) NOT IN (SELECT ingested_at, step_id, version FROM {READY_QUEUE});
 """),
+    # Lookups by step_id, prompt_id or response_id without scanning skip indexes over the whole pool: a
+    # 32-bit hash of each id points at the step's trajectory_id, and the step is then read by primary
+    # key (the query is ID_LOOKUP_SQL; docs/pool.md shows it). The hash is short on purpose: sorted, its
+    # gaps compress to about a byte, and a rare collision only adds a trajectory the query then filters
+    # out by the exact id. Fed by a materialized view; the backfill copies older pools' ids once.
+    ("0010_step_lookup", f"""
+CREATE TABLE IF NOT EXISTS {STEP_LOOKUP} (
+    id_hash UInt32 CODEC(Delta, ZSTD(1)),
+    trajectory_id String CODEC(ZSTD(1))
+) ENGINE = ReplacingMergeTree
+ORDER BY (id_hash, trajectory_id);
+CREATE MATERIALIZED VIEW IF NOT EXISTS {STEP_LOOKUP}_feed TO {STEP_LOOKUP} AS
+SELECT {_ID_HASH.format(id="id")} AS id_hash, trajectory_id
+FROM step_versions ARRAY JOIN [step_id, prompt_id, response_id] AS id;
+INSERT INTO {STEP_LOOKUP} (id_hash, trajectory_id)
+SELECT DISTINCT {_ID_HASH.format(id="id")} AS id_hash, trajectory_id
+FROM step_versions ARRAY JOIN [step_id, prompt_id, response_id] AS id
+WHERE (id_hash, trajectory_id) NOT IN (SELECT id_hash, trajectory_id FROM {STEP_LOOKUP});
+"""),
 ]
+
+ID_COLUMNS: tuple[str, ...] = ("step_id", "prompt_id", "response_id")
+
+
+def id_lookup_sql(column: str) -> str:
+    """The steps (newest versions, all columns) whose ``column`` equals the ``{{id:String}}`` parameter:
+    the lookup table narrows the read to the trajectories holding that id, then the ``steps`` view is
+    read by primary key. Analysts, the dashboard and the SDK use this rather than ``WHERE step_id = ...``
+    on the view, which checks a skip index in every granule of the pool."""
+    if column not in ID_COLUMNS:
+        raise ValueError(f"ids are looked up by one of {ID_COLUMNS}, not {column!r}")
+    hashed = _ID_HASH.format(id="{id:String}")
+    return (f"SELECT * FROM steps WHERE trajectory_id IN (SELECT trajectory_id FROM {STEP_LOOKUP} "
+            f"WHERE id_hash = {hashed}) AND {column} = {{id:String}}")
 
 
 def all_migrations() -> list[tuple[str, str]]:
