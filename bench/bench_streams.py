@@ -6,15 +6,22 @@ per call from a reward model, i.e. every call becomes a normalized step, joined 
 merged into its trajectory's prefix tree.
 
 - throughput: all events are produced first; one worker (a subprocess, as ``clawr1 worker`` runs
-  it) then processes them; events/s = input events / (last step's final version - worker ready).
+  it) then processes them; events/s = input events / (last step's final version - worker ready),
+  and the worker's CPU per step (comparable on a busy machine, where wall-clock rates are not).
 - baseline: a confluent-kafka consumer reading the same raw topics from the start (events/s).
+- messages: what every topic of the run (raw, internal, outputs, changelogs) holds once the worker
+  is done, from the offsets, per step.
+- scale-out (``--workers N``): the same black-box load on N workers of one group.
+- trajectory length (``--lengths 10,200``): white-box steps (512 + 128 tokens, reward inline) in
+  trajectories of each length: CPU per step should not grow with length.
 - latency: with the worker warm, calls are produced at a fixed rate; ingest -> first normalized
   version of the step on ``clawr1.steps`` (p50/p99), beside the same calls' raw-topic hop.
 
-    .venv/bin/python bench/bench_streams.py [--bootstrap HOST:PORT] [--calls 2000] [--rate 50]
+    .venv/bin/python bench/bench_streams.py [--bootstrap HOST:PORT] [--calls 2000] [--workers 2]
+        [--lengths 10,200] [--rate 50] [--seconds 10] [--profile worker.prof]
 
 Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
-Results: bench/results/bench_streams.json.
+Each phase prints a JSON line as it ends; all of them: bench/results/bench_streams.json.
 """
 
 from __future__ import annotations
@@ -95,14 +102,16 @@ def reward_for(step_id: str) -> dict[str, Any]:
 class Worker:
     """``python -m streams.worker`` with its own topics and app id."""
 
-    def __init__(self, bootstrap: str, suffix: str, workdir: Path) -> None:
+    def __init__(self, bootstrap: str, suffix: str, workdir: Path, profile: str = "") -> None:
+        workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / "worker.log"
         env = {**os.environ, "CLAWR1_KAFKA_BOOTSTRAP": bootstrap, "CLAWR1_DATA_DIR": str(workdir),
                "CLAWR1_TOPIC_SUFFIX": suffix, "CLAWR1_STREAMS_APP_ID": "bench" + suffix,
                "CLAWR1_TOPIC_PARTITIONS": str(PARTITIONS)}
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "streams.worker"], cwd=REPO, env=env,
-                                            stdout=log, stderr=subprocess.STDOUT)
+            profiler = ["-m", "cProfile", "-o", profile] if profile else []
+            self.process = subprocess.Popen([sys.executable, *profiler, "-m", "streams.worker"], cwd=REPO,
+                                            env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120) -> float:
         deadline = time.monotonic() + timeout
@@ -157,10 +166,9 @@ def wait_for_final_steps(bootstrap: str, topics: StreamTopics, expected: int, ti
         consumer.close()
 
 
-def kafka_consume_rate(bootstrap: str, topics: StreamTopics, expected: int) -> float:
+def kafka_consume_rate(bootstrap: str, names: list[str], expected: int) -> float:
     """confluent-kafka reading the raw topics from the beginning (partitions assigned, no group join)."""
     consumer = make_consumer(bootstrap, "bench-baseline-" + uuid.uuid4().hex[:8])
-    names = [topics.raw_llm, topics.raw_feedback]
     metadata = consumer.list_topics(timeout=10).topics
     consumer.assign([TopicPartition(name, p, OFFSET_BEGINNING)
                      for name in names for p in metadata[name].partitions])
@@ -216,37 +224,122 @@ def latency(bootstrap: str, topics: StreamTopics, rate: float, seconds: float) -
             "kafka_hop_p50_ms": statistics.median(hop), "kafka_hop_p99_ms": percentile(hop, 0.99)}
 
 
-def run(bootstrap: str, calls_wanted: int, rate: float, seconds: float) -> dict[str, Any]:
+def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
+    """``n`` white-box steps (512 + 128 tokens, a final reward each) in trajectories of ``length`` steps."""
+    return [{"step_id": f"{tag}-{i}", "trajectory_id": f"{tag}-t{i // length}", "step_index": i % length,
+             "prompt_token_ids": [(i * 31 + k) % 32_000 for k in range(512)],
+             "response_token_ids": [(i * 17 + k) % 32_000 for k in range(128)],
+             "response_logprobs": [-0.5] * 128, "reward": 1.0, "received_at_ms": 1, "agent": "bench"}
+            for i in range(n)]
+
+
+def messages_written(bootstrap: str, suffix: str, app_id: str) -> dict[str, int]:
+    """Messages in every topic of this run (raw, internal, output, changelogs), from the offsets,
+    once they stopped growing (the worker also finishes work no final version waits for)."""
+    consumer = make_consumer(bootstrap, "bench-offsets-" + uuid.uuid4().hex[:8])
+
+    def counts() -> dict[str, int]:
+        found = {}
+        for name, meta in consumer.list_topics(timeout=10).topics.items():
+            if name.endswith(suffix) or name.startswith(app_id + "-"):
+                found[name.replace(suffix, "").replace(app_id + "-", "")] = sum(
+                    consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
+                    for p in meta.partitions)
+        return dict(sorted(found.items()))
+
+    try:
+        previous, current = {}, counts()
+        while current != previous:
+            time.sleep(3)
+            previous, current = current, counts()
+        return current
+    finally:
+        consumer.close()
+
+
+def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
+               profile: str = "") -> dict[str, Any]:
+    """A fresh worker group (``workers`` processes) works through ``load`` produced beforehand.
+
+    ``blackbox``: proxy-captured conversations of ``TURNS`` calls plus a reward per call;
+    ``whitebox``: white-box steps (reward inline) in trajectories of ``length`` steps.
+    """
     suffix = "." + uuid.uuid4().hex[:8]
     topics = StreamTopics().with_suffix(suffix)
     ensure_topics(bootstrap, topics.all_names(), PARTITIONS)
-    calls = [c for n in range(max(1, calls_wanted // TURNS)) for c in conversation("tp", n)]
-    produce(bootstrap, topics, calls)
-    events = 2 * len(calls)
-    baseline = kafka_consume_rate(bootstrap, topics, events)
+    if load == "blackbox":
+        calls = [c for i in range(max(1, n // TURNS)) for c in conversation("tp", i)]
+        produce(bootstrap, topics, calls)
+        steps, events, names = len(calls), 2 * len(calls), [topics.raw_llm, topics.raw_feedback]
+    else:
+        producer = make_producer(bootstrap)
+        for record in whitebox_steps("wb", n, length):
+            producer.produce(topics.raw_steps, key=record["trajectory_id"].encode(),
+                             value=CODEC.encode("whitebox_step", record))
+            producer.poll(0)
+        assert producer.flush(60) == 0
+        steps, events, names = n, n, [topics.raw_steps]
+    baseline = kafka_consume_rate(bootstrap, names, events)
+    with tempfile.TemporaryDirectory() as workdir:
+        group = [Worker(bootstrap, suffix, Path(workdir) / str(i), profile if i == 0 else "")
+                 for i in range(workers)]
+        try:
+            ready = max(worker.wait_ready() for worker in group)
+            cpu_at_ready = sum(worker.cpu_seconds() for worker in group)
+            done = wait_for_final_steps(bootstrap, topics, steps, timeout=900)
+            cpu = sum(worker.cpu_seconds() for worker in group) - cpu_at_ready
+            written = messages_written(bootstrap, suffix, "bench" + suffix)
+        finally:
+            for worker in group:
+                worker.stop()
+    rate = events / (done - ready)
+    return {"load": load, "steps": steps, "events": events, "trajectory_length": length if load == "whitebox"
+            else TURNS, "workers": workers, "partitions": PARTITIONS,
+            "worker_events_per_s": round(rate, 1), "steps_per_s": round(steps / (done - ready), 1),
+            "worker_cpu_s": round(cpu, 2), "worker_cpu_ms_per_step": round(1000 * cpu / steps, 3),
+            "kafka_consume_events_per_s": round(baseline, 1), "worker_vs_kafka": round(rate / baseline, 4),
+            "kafka_messages_per_step": round(sum(written.values()) / steps, 2), "messages": written,
+            "machine_load_1min": round(os.getloadavg()[0], 2)}
+
+
+def latency_run(bootstrap: str, rate: float, seconds: float) -> dict[str, Any]:
+    suffix = "." + uuid.uuid4().hex[:8]
+    topics = StreamTopics().with_suffix(suffix)
+    ensure_topics(bootstrap, topics.all_names(), PARTITIONS)
     with tempfile.TemporaryDirectory() as workdir:
         worker = Worker(bootstrap, suffix, Path(workdir))
         try:
-            ready = worker.wait_ready()
-            cpu_at_ready = worker.cpu_seconds()
-            done = wait_for_final_steps(bootstrap, topics, len(calls), timeout=600)
-            cpu = worker.cpu_seconds() - cpu_at_ready
-            worker_rate = events / (done - ready)
+            worker.wait_ready()
             lat = latency(bootstrap, topics, rate, seconds)
         finally:
             worker.stop()
-    return {
-        "load": {"calls": len(calls), "rewards": len(calls), "turns_per_conversation": TURNS,
-                 "first_prompt_tokens": FIRST_PROMPT, "partitions": PARTITIONS},
-        "throughput": {"worker_events_per_s": round(worker_rate, 1),
-                       "steps_per_s": round(len(calls) / (done - ready), 1),
-                       "worker_cpu_s": round(cpu, 2), "events_per_worker_cpu_s": round(events / cpu, 1),
-                       "kafka_consume_events_per_s": round(baseline, 1),
-                       "worker_vs_kafka": round(worker_rate / baseline, 4),
-                       "machine_load_1min": round(os.getloadavg()[0], 2)},
-        "latency": {k: round(v, 2) if isinstance(v, float) else v for k, v in lat.items()}
-        | {"e2e_vs_kafka_hop_p50": round(lat["e2e_p50_ms"] / lat["kafka_hop_p50_ms"], 2)},
-    }
+    return {k: round(v, 2) if isinstance(v, float) else v for k, v in lat.items()} | {
+        "e2e_vs_kafka_hop_p50": round(lat["e2e_p50_ms"] / lat["kafka_hop_p50_ms"], 2)}
+
+
+def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+
+    def phase(name: str, value: Any) -> None:  # each phase is printed as it ends: a run may be cut short
+        result[name] = value
+        print(json.dumps({name: value}), flush=True)
+
+    phase("blackbox", throughput(bootstrap, "blackbox", args.calls, TURNS, 1, args.profile))
+    if args.workers > 1:
+        scaled = throughput(bootstrap, "blackbox", args.calls, TURNS, args.workers)
+        phase("scale_out", {**scaled, "vs_one_worker": round(
+            scaled["worker_events_per_s"] / result["blackbox"]["worker_events_per_s"], 3)})
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    by_length = []
+    for length in lengths:
+        by_length.append(throughput(bootstrap, "whitebox", args.whitebox, length, 1))
+        phase("whitebox_by_trajectory_length", by_length)
+    if len(by_length) > 1:
+        phase("whitebox_cpu_per_step_longest_vs_shortest", round(
+            by_length[-1]["worker_cpu_ms_per_step"] / by_length[0]["worker_cpu_ms_per_step"], 3))
+    if args.seconds > 0:
+        phase("latency", latency_run(bootstrap, args.rate, args.seconds))
+    return result
 
 
 def main() -> None:
@@ -255,6 +348,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=50.0, help="calls/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
+    parser.add_argument("--profile", default="", help="run the worker under cProfile, stats to this file")
+    parser.add_argument("--workers", type=int, default=2, help="also run the black-box load on this many")
+    parser.add_argument("--whitebox", type=int, default=2000, help="white-box steps per trajectory length")
+    parser.add_argument("--lengths", default="10,200", help="white-box trajectory lengths to compare")
     args = parser.parse_args()
     broker = None
     bootstrap = args.bootstrap
@@ -263,14 +360,13 @@ def main() -> None:
         broker.start()
         bootstrap = broker.bootstrap
     try:
-        result = run(bootstrap, args.calls, args.rate, args.seconds)
+        result = run(bootstrap, args)
     finally:
         if broker is not None:
             broker.stop()
     out = REPO / "bench" / "results" / "bench_streams.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
