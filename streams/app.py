@@ -4,15 +4,18 @@ Flow (every arrow a Kafka topic, every box one agent; tables in brackets)::
 
     raw.llm ----> ingest_llm    [links: per raw key] --+--> internal.trajectories (key trajectory)
     raw.events -> ingest_events [links]               -+--> internal.targets (key step / response id)
-    raw.steps --> ingest_steps                        -+
+    raw.steps --> ingest_steps (joins in place when keyed by its trajectory) -+
     raw.feedback -> ingest_feedback --> internal.targets, or internal.trajectories (trajectory rewards)
     internal.targets --> resolve_targets [targets: per target id] --> internal.trajectories
-    internal.trajectories --> join [join_steps, join_trajectories] --> steps, internal.scopes
+    internal.trajectories --> join [join_steps, join_trajectories] --> steps, and trajectory scopes
+                              merged in place [scopes, scope_steps]; prompt groups --> internal.scopes
     internal.scopes --> merge_prefixes [scopes, scope_steps] --> prefix_nodes
     any agent --> dlq (events it cannot use, with the reason; feedback no single step takes)
 
 Co-partitioning: all topics and changelogs have ``config.partitions`` partitions and every key is
 hashed with murmur2, so a table key always lives in the partition of the events that touch it.
+That is also what lets a hop be skipped: a white-box step keyed by its trajectory is already in its
+join's partition, and a trajectory's merge scope (keyed by the trajectory id) is in the join's.
 Delivery is at-least-once: outputs are deterministic (ids, versions, dead letters), and every
 agent re-publishes what a re-delivered event produced, so a crash between a table write and an
 output loses nothing and duplicates nothing the pool keeps.
@@ -26,6 +29,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 import faust
+from faust.streams import current_event
 from faust.types import EventT
 
 from clawr1.conversation import conversation_key
@@ -41,6 +45,7 @@ from streams.join import (
     apply_step_fact,
     apply_supersede,
     build_step,
+    displaced_terminals,
     effective_parent,
     mergeable,
     scope_of,
@@ -90,8 +95,11 @@ class StreamsApp:
             topic_disable_leader=True,
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
-            # Batch a few ms of sends per request: each agent emits several small messages per event.
+            # Batch a few ms of sends per request, compressed: table changelogs and step records repeat
+            # field names and token ids, and lz4 costs less CPU than sending them as they are.
             producer_linger=0.005,
+            producer_compression_type="lz4",
+            producer_max_batch_size=1 << 20,
             broker_session_timeout=config.session_timeout_s,
             broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
             web_enabled=config.web_port > 0,
@@ -213,11 +221,24 @@ class StreamsApp:
 
     async def _on_whitebox_step(self, event: EventT) -> None:
         _, record = self.codec.decode(event.value, expect="whitebox_step")
-        await self._publish_fact(step_from_whitebox(record, self.retokenizer))
+        fact = step_from_whitebox(record, self.retokenizer)
+        trajectory_id = fact.step["trajectory_id"]
+        if _text(event.key) == trajectory_id:
+            # Keyed by its trajectory (as the gateway keys them): this partition is the join's own,
+            # so the step joins here instead of taking a hop through the trajectories topic.
+            trajectory = TrajectoryState.from_json(self.join_trajectories.get(trajectory_id))
+            await self._on_step_fact(trajectory_id, trajectory, fact)
+            await self._publish_targets(fact)
+        else:
+            await self._publish_fact(fact)
 
     async def _publish_fact(self, fact: StepFact) -> None:
+        await self._send(self.trajectories_topic, fact.step["trajectory_id"], messages.step_message(fact))
+        await self._publish_targets(fact)
+
+    async def _publish_targets(self, fact: StepFact) -> None:
+        """Index the step under its step id and response id, where feedback by either meets it."""
         step = fact.step
-        await self._send(self.trajectories_topic, step["trajectory_id"], messages.step_message(fact))
         for target_id in sorted({step["step_id"], step["response_id"]}):
             await self._publish_target(target_id, step["step_id"],
                                        Target(step["trajectory_id"], step["created_at_ms"]))
@@ -293,6 +314,8 @@ class StreamsApp:
         if new:
             self.join_steps[trajectory_id + _SEP + step_id] = state.to_json()
             self.join_trajectories[trajectory_id] = trajectory.to_json()
+        for displaced in displaced_terminals(trajectory, fact.step["step_index"]):  # they lost the mark
+            await self._emit(self._step_state(trajectory_id, displaced), trajectory, to_scope=False)
         # A re-delivered fact publishes again all it produced: a crash may have lost that, not the state.
         for step, step_before in zip([state, *children], before, strict=True):
             changed = step_before != _scope_signature(step, trajectory)
@@ -309,7 +332,21 @@ class StreamsApp:
             scope_step = ScopeStep(scope_id, scope_kind, record["step_id"], record["prompt_token_ids"],
                                    record["response_token_ids"], record["parent_step_id"],
                                    record["created_at_ms"])
-            await self._send(self.scopes_topic, scope_id, scope_step.encode())
+            if scope_id == record["trajectory_id"]:
+                # A trajectory's scope lives in the trajectory's partition, this one: merge here.
+                await self._merge_here(scope_step)
+            else:
+                await self._send(self.scopes_topic, scope_id, scope_step.encode())
+
+    async def _merge_here(self, step: ScopeStep) -> None:
+        """Merge without a hop; a failure is the prefix stage's dead letter, as on the scopes topic."""
+        try:
+            await self._merge(step)
+        except Exception as exc:  # noqa: BLE001 - the step itself was published; only its merge failed
+            event = current_event()
+            assert event is not None  # merges run inside an agent, on the event that emitted the step
+            log.exception("prefix merge of %s failed", step.step_id)
+            await self._dead_letter(event, "prefix", f"{type(exc).__name__}: {exc}")
 
     # ------------------------------------------------------------------ prefix trees
     def _scope_tree(self, scope_id: str, state: ScopeState) -> PrefixTree:
@@ -325,7 +362,9 @@ class StreamsApp:
         return rebuild(state, tokens_of)
 
     async def _on_scope_step(self, event: EventT) -> None:
-        step = ScopeStep.decode(event.value)
+        await self._merge(ScopeStep.decode(event.value))
+
+    async def _merge(self, step: ScopeStep) -> None:
         state = ScopeState.from_json(self.scopes.get(step.scope_id))
         tree = self._scope_tree(step.scope_id, state)
         merge = merge_step(state, tree, step, self.bounds)
