@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
 from pool.migrations import READY_QUEUE, STEP_FIELDS
@@ -170,18 +171,25 @@ def ready_steps_sql(
 
 def newest_matching(page: pa.Table) -> pa.Table:
     """The newest version of each step of a :func:`ready_steps_sql` page, where it matches, in readiness
-    order ``(ingested_at, step_id)``, without ``_match``. Sorting a page is far cheaper in Arrow than
-    sorting its wide rows in the query."""
-    if not page.num_rows:
-        return page.drop_columns(["_match"])
-    newest_first = [("step_id", "ascending"), ("version", "descending"), ("ingested_at", "descending")]
-    ordered = page.sort_by(newest_first)
-    ids = ordered.column("step_id").to_numpy(zero_copy_only=False)
+    order ``(ingested_at, step_id)``, without ``_match``. Ordered on the narrow key columns, then the
+    wide rows are taken once (not at all when the page is already just that), which is far cheaper than
+    sorting wide rows in the query."""
+    keys = page.select(["step_id", "version", "ingested_at"])
+    newest_first = pc.sort_indices(
+        keys, sort_keys=[("step_id", "ascending"), ("version", "descending"), ("ingested_at", "descending")]
+    ).to_numpy()
+    ids = keys.column("step_id").to_numpy(zero_copy_only=False)[newest_first]
     first = np.ones(len(ids), dtype=bool)
     first[1:] = ids[1:] != ids[:-1]
-    keep = first & ordered.column("_match").to_numpy(zero_copy_only=False).astype(bool)
-    return ordered.filter(pa.array(keep)).drop_columns(["_match"]).sort_by(
-        [("ingested_at", "ascending"), ("step_id", "ascending")])
+    match = page.column("_match").to_numpy(zero_copy_only=False).astype(bool)[newest_first]
+    chosen = newest_first[first & match]
+    in_order = pc.sort_indices(keys.take(chosen), sort_keys=[("ingested_at", "ascending"),
+                                                             ("step_id", "ascending")]).to_numpy()
+    rows = chosen[in_order]
+    page = page.drop_columns(["_match"])
+    if len(rows) == page.num_rows and bool(np.all(rows == np.arange(len(rows)))):
+        return page
+    return page.take(pa.array(rows))
 
 
 def queue_page_end_sql(scope: Scope, scan: int, after: tuple[int, str] | None) -> tuple[str, dict[str, Any]]:
