@@ -6,6 +6,8 @@ round trip of same-size messages on the same broker, in the same run.
   msgs/s = N / (last consumed - first produced).
 - white-box: N steps of 512 prompt + 128 response token ids posted to the gateway in batches, timed from
   the first POST until ``count()`` of them in ``steps`` equals N; steps/s and the ratio to the baseline.
+- the same with trajectories of ``--long`` steps (default 200): per-step cost against length.
+- messages: for each white-box run, the messages every topic of the stack gained (offsets), per step.
 - black-box: M chat calls with the official openai SDK through the proxy's reverse port in front of the
   stand-in engine, timed from the first call until all M steps are queryable.
 - freshness: steps posted one batch at a time at fixed rates (default 25%, 50% and 80% of the measured
@@ -16,6 +18,7 @@ The whole stack is the real one (``clawr1 up``: broker, API with sink, stream wo
 private data dir and free ports, torn down at the end.
 
     .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 200] [--batch 500] [--seconds 10]
+        [--long 200]
 
 Results: bench/results/bench_pipeline.json.
 """
@@ -41,6 +44,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from confluent_kafka import TopicPartition  # noqa: E402
+
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from gateway.client import GatewayClient  # noqa: E402
 from schemas.codec import codec_for  # noqa: E402
@@ -60,9 +65,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def step(run: str, n: int) -> dict[str, Any]:
-    """One white-box step; trajectories of 10 steps so linking and trees see realistic shapes."""
-    return {"trajectory_id": f"{run}-t{n // 10}", "step_index": n % 10,
+def step(run: str, n: int, length: int = 10) -> dict[str, Any]:
+    """One white-box step; trajectories of ``length`` steps so linking and trees see realistic shapes."""
+    return {"trajectory_id": f"{run}-t{n // length}", "step_index": n % length,
             "prompt_token_ids": [(n * 31 + i) % 32_000 for i in range(PROMPT_TOKENS)],
             "response_token_ids": [(n * 17 + i) % 32_000 for i in range(RESPONSE_TOKENS)],
             "response_logprobs": [-0.5] * RESPONSE_TOKENS, "agent": "bench"}
@@ -156,16 +161,43 @@ def kafka_round_trip(bootstrap: str, n: int, size: int) -> float:
     return n / elapsed
 
 
-def whitebox_throughput(stack: Stack, n: int, batch: int) -> dict[str, Any]:
+def topic_counts(bootstrap: str) -> dict[str, int]:
+    """Messages in each of the stack's topics (raw, internal, outputs, changelogs), from the offsets,
+    once they stopped growing."""
+    consumer = make_consumer(bootstrap, "bench-offsets-" + uuid.uuid4().hex[:8])
+
+    def counts() -> dict[str, int]:
+        return {name: sum(consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
+                          for p in meta.partitions)
+                for name, meta in consumer.list_topics(timeout=10).topics.items()
+                if not name.startswith(("__", "bench."))}
+
+    try:
+        previous, current = {}, counts()
+        while current != previous:
+            time.sleep(3)
+            previous, current = current, counts()
+        return current
+    finally:
+        consumer.close()
+
+
+def whitebox_throughput(stack: Stack, n: int, batch: int, length: int = 10) -> dict[str, Any]:
+    """Steps/s posted -> queryable, and the Kafka messages each step cost (all topics, from offsets)."""
     run = "bw" + uuid.uuid4().hex[:8]
-    steps = [step(run, i) for i in range(n)]
+    steps = [step(run, i, length) for i in range(n)]
+    before = topic_counts(stack.bootstrap)
     with GatewayClient(stack.api, batch_size=batch, timeout_s=120) as client:
         started = time.monotonic()
         client.submit_steps(steps)
         accepted = time.monotonic()
     done = stack.wait_count(f"trajectory_id LIKE '{run}-%'", n, timeout=600)
-    return {"steps": n, "batch": batch, "accept_s": round(accepted - started, 3),
-            "queryable_s": round(done - started, 3), "steps_per_s": round(n / (done - started), 1)}
+    after = topic_counts(stack.bootstrap)
+    per_topic = {name: after[name] - before.get(name, 0) for name in sorted(after)
+                 if after[name] != before.get(name, 0)}
+    return {"steps": n, "batch": batch, "trajectory_length": length, "accept_s": round(accepted - started, 3),
+            "queryable_s": round(done - started, 3), "steps_per_s": round(n / (done - started), 1),
+            "kafka_messages_per_step": round(sum(per_topic.values()) / n, 2), "messages": per_topic}
 
 
 def blackbox_throughput(stack: Stack, calls: int) -> dict[str, Any]:
@@ -213,6 +245,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--long", type=int, default=200,
+                        help="also post steps in trajectories this long (0: skip) and compare")
     args = parser.parse_args()
     size = len(codec_for().encode("whitebox_step", {
         **step("size", 1), "step_id": "s" * 32, "source_name": "anonymous", "received_at_ms": 0,
@@ -224,6 +258,7 @@ def main() -> int:
             # Enough messages that the consumer's first fetch wait does not dominate the baseline.
             baseline = kafka_round_trip(stack.bootstrap, max(args.steps, 20_000), size)
             white = whitebox_throughput(stack, args.steps, args.batch)
+            long = whitebox_throughput(stack, args.steps, args.batch, args.long) if args.long else None
             black = blackbox_throughput(stack, args.calls)
             capacity = white["steps_per_s"]
             rates = sorted({round(capacity * f, 1) for f in (0.25, 0.5, 0.8)} | {100.0})
@@ -234,6 +269,9 @@ def main() -> int:
         "message_bytes": size,
         "kafka_round_trip_msgs_per_s": round(baseline, 1),
         "whitebox": {**white, "ratio_to_kafka": round(white["steps_per_s"] / baseline, 4)},
+        "whitebox_long_trajectories": long and {
+            **long, "ratio_to_kafka": round(long["steps_per_s"] / baseline, 4),
+            "steps_per_s_vs_10_step_trajectories": round(long["steps_per_s"] / white["steps_per_s"], 3)},
         "blackbox": {**black, "ratio_to_kafka": round(black["calls_per_s"] / baseline, 4)},
         "freshness": fresh,
     }
