@@ -8,6 +8,10 @@ response tokens with logprobs). Then, in the same run and on the same rows:
 * ``sdk_direct`` / ``sdk_api``: a trainer loop over ``PoolConsumer``: ``poll(max_steps=B)``,
   ``to_numpy()`` (padded ids, masks, logprobs) and ``commit()`` until the group is drained.
 
+``--history H`` first writes H older ready steps and starts every reader after them (the consumer seeks
+to the time the measured steps began, the plain SELECT filters on ``ingested_at``): a long-running pool
+whose trainers read only what is new.
+
 The plain SELECT is the floor of reading those bytes at all; the ratio ``sdk / plain`` (same
 transport) is what offsets, curation and padding cost. The API is served by hypercorn in this
 process, as ``clawr1 up`` serves the embedded pool to other processes.
@@ -43,7 +47,8 @@ from tests.integration.sdk.serving import served  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_sdk.json"
 VOCAB = 151_936
-SELECT = "SELECT * EXCEPT (prompt_messages, response_text, tool_calls_json) FROM steps WHERE ready = 1"
+SELECT = ("SELECT * EXCEPT (prompt_messages, response_text, tool_calls_json) FROM steps WHERE ready = 1 "
+          "AND ingested_at >= fromUnixTimestamp64Milli({floor:Int64}, 'UTC')")
 SEED_COLUMNS = [
     "step_id", "version", "trajectory_id", "step_index", "prompt_id", "response_id", "source_kind",
     "token_provenance", "prompt_token_ids", "response_token_ids", "response_logprobs", "reward",
@@ -51,16 +56,18 @@ SEED_COLUMNS = [
 ]
 
 
-def seed(store: PoolStore, steps: int, prompt_len: int, response_len: int, seed: int = 0) -> None:
-    """Ready steps written straight into the pool's step table, in inserts of 2,000 rows."""
+def seed(store: PoolStore, steps: int, prompt_len: int, response_len: int, seed: int = 0,
+         first: int = 0) -> None:
+    """Ready steps ``first`` .. ``first + steps - 1`` written straight into the pool's step table, in
+    inserts of 2,000 rows."""
     rng = np.random.default_rng(seed)
-    for start in range(0, steps, 2000):
+    for start in range(first, first + steps, 2000):
         rows = [
             [f"s{i:08d}", 1, f"t{i // 8}", i % 8, f"p{i // 8}", f"r{i}", "whitebox_agent", "engine",
              rng.integers(0, VOCAB, prompt_len).tolist(), rng.integers(0, VOCAB, response_len).tolist(),
              (-rng.random(response_len)).tolist(), float(rng.random()), "final", 1,
              1_760_000_000_000, 1_760_000_000_000]
-            for i in range(start, min(start + 2000, steps))
+            for i in range(start, min(start + 2000, first + steps))
         ]
         store.insert("step_versions", rows, SEED_COLUMNS)
 
@@ -84,24 +91,27 @@ def timed(fn: Callable[[], tuple[int, int]], repeats: int) -> dict[str, float]:
     return best
 
 
-def plain_direct(dsn: str) -> tuple[int, int]:
+def plain_direct(dsn: str, floor_ms: int) -> tuple[int, int]:
     with PoolStore(dsn) as store:
-        table = store.query_arrow(SELECT)
+        table = store.query_arrow(SELECT, parameters={"floor": floor_ms})
     return table.num_rows, tokens_of(table)
 
 
-def plain_api(url: str) -> tuple[int, int]:
+def plain_api(url: str, floor_ms: int) -> tuple[int, int]:
     with httpx.Client(base_url=url, timeout=120) as client:
-        response = client.post("/v1/sql", json={"query": SELECT, "format": "ArrowStream"})
+        body = {"query": SELECT, "format": "ArrowStream", "parameters": {"floor": floor_ms}}
+        response = client.post("/v1/sql", json=body)
         response.raise_for_status()
     table = pa.ipc.open_stream(response.content).read_all()
     return table.num_rows, tokens_of(table)
 
 
-def trainer_loop(source: str, group: str, batch_steps: int) -> tuple[int, int]:
+def trainer_loop(source: str, group: str, batch_steps: int, floor_ms: int) -> tuple[int, int]:
     """What a trainer does per batch: poll, pad to arrays, commit. Returns steps and tokens received."""
     steps = tokens = 0
     with PoolConsumer(source, group) as consumer:
+        if floor_ms:
+            consumer.seek(floor_ms)
         while batch := consumer.poll(max_steps=batch_steps):
             arrays = batch.to_numpy()
             steps += len(batch)
@@ -118,21 +128,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             store.migrate()
             started = time.perf_counter()
+            floor_ms = 0
+            if args.history:
+                seed(store, args.history, args.prompt_tokens, args.response_tokens, seed=1, first=args.steps)
+                time.sleep(0.01)
+                floor_ms = int(time.time() * 1000)
             seed(store, args.steps, args.prompt_tokens, args.response_tokens)
             seed_s = time.perf_counter() - started
             app = FastAPI()
-            limits = SqlLimits(max_execution_time=600, max_result_rows=max(100_000, args.steps + 1),
+            limits = SqlLimits(max_execution_time=600,
+                               max_result_rows=max(100_000, args.steps + args.history + 1),
                                max_result_bytes=8 * 1024**3)
             app.include_router(pool_router(api_store, AnalystSql(dsn, api_store.database, limits)))
             with served(app) as url:
                 groups = iter(range(1_000_000))  # a fresh consumer group per run: each run drains all
 
                 def loop(source: str) -> Callable[[], tuple[int, int]]:
-                    return lambda: trainer_loop(source, f"bench-{next(groups)}", args.batch)
+                    return lambda: trainer_loop(source, f"bench-{next(groups)}", args.batch, floor_ms)
 
                 results = {
-                    "plain_direct": timed(lambda: plain_direct(dsn), args.repeats),
-                    "plain_api": timed(lambda: plain_api(url), args.repeats),
+                    "plain_direct": timed(lambda: plain_direct(dsn, floor_ms), args.repeats),
+                    "plain_api": timed(lambda: plain_api(url, floor_ms), args.repeats),
                     "sdk_direct": timed(loop(dsn), args.repeats),
                     "sdk_api": timed(loop(url), args.repeats),
                 }
@@ -149,7 +165,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "sdk_api_vs_sdk_direct": rate["sdk_api"] / rate["sdk_direct"],
     }
     return {
-        "config": {"steps": args.steps, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
+        "config": {"steps": args.steps, "history": args.history, "batch": args.batch,
+                   "prompt_tokens": args.prompt_tokens,
                    "response_tokens": args.response_tokens, "repeats": args.repeats, "seed_seconds": seed_s},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
         "results": results,
@@ -161,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="consumer SDK throughput against a plain SELECT")
     parser.add_argument("--steps", type=int, default=20_000)
     parser.add_argument("--batch", type=int, default=512, help="max_steps per poll")
+    parser.add_argument("--history", type=int, default=0, help="older ready steps that every reader skips")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--response-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per figure")
