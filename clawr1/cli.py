@@ -108,6 +108,18 @@ def _ready_marker(settings: Settings, part: str) -> Callable[[], None]:
     return lambda: readiness.mark_ready(settings.data_dir.resolve(), part)
 
 
+def _or_exit(command: str, start: Callable[[], None]) -> int:
+    """0 once ``start`` ran; 2, with the reason on stderr, when it cannot (a metrics port is taken)."""
+    from clawr1.metrics import MetricsPortError
+
+    try:
+        start()
+    except MetricsPortError as exc:
+        print(f"clawr1 {command}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _cmd_kafka(settings: Settings) -> int:
     from broker.launcher import run_foreground
 
@@ -119,12 +131,16 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     import asyncio
 
     from clawr1 import readiness
+    from clawr1.metrics import LagSampler, PoolRowsSampler, sample_interval
     from dashboard.api import dashboard_page_router, dashboard_router
     from gateway.app import create_app
+    from gateway.metrics import RequestMetrics, metrics_router
     from gateway.server import serve
     from pool.api import pool_router
     from pool.sql import AnalystSql, SqlLimits
     from pool.store import PoolStore
+    from sinks.config import SinkConfig
+    from sinks.pool_sink import routes_for
     from sinks.runner import run_sink
 
     data_dir = settings.data_dir.resolve()
@@ -152,10 +168,19 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     app = create_app(
         settings,
-        routers=[pool_router(store, analyst), dashboard_router(store)],
+        routers=[pool_router(store, analyst), dashboard_router(store), metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,
     )
+    app.add_middleware(RequestMetrics, app_name="api")
+    interval = sample_interval(settings)
+    samplers = [PoolRowsSampler(store.query, interval)]
+    if with_sink:
+        sink_config = SinkConfig.from_settings(settings)
+        samplers.append(LagSampler(settings.bootstrap_servers,
+                                   {sink_config.group_id: list(routes_for(sink_config))}, interval))
+    for sampler in samplers:
+        sampler.start()
     servers = [(app, settings.api_port)]
     if settings.compat_port:
         from compat.app import create_compat_app
@@ -173,6 +198,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         asyncio.run(main())
     finally:
         stop.set()
+        for sampler in samplers:
+            sampler.stop()
         if with_sink:
             sink.join(30)
         sink_store.close()
@@ -210,13 +237,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":
+        from clawr1.metrics import WORKER_METRICS_PORT_ENV, serve_role_metrics
+        from streams.config import StreamConfig
         from streams.worker import run_worker
 
-        return run_worker(settings, ready=_ready_marker(settings, "worker"))
+        config = StreamConfig.from_settings(settings)
+        t = config.topics  # what the worker's agents read (Faust's group is its app id)
+        read = [t.raw_llm, t.raw_events, t.raw_steps, t.raw_feedback, t.targets, t.trajectories, t.scopes]
+        served = _or_exit("worker", lambda: serve_role_metrics(
+            settings, WORKER_METRICS_PORT_ENV, {config.app_id: read}))
+        return served or run_worker(settings, ready=_ready_marker(settings, "worker"), config=config)
     if args.command == "rewarder":
-        from rewards.worker import run_rewarder
+        from clawr1.metrics import REWARDER_METRICS_PORT_ENV, serve_role_metrics
+        from rewards.worker import RewarderConfig, run_rewarder
 
-        return run_rewarder(settings, ready=_ready_marker(settings, "rewarder"))
+        rewarder = RewarderConfig.from_settings(settings)
+        served = _or_exit("rewarder", lambda: serve_role_metrics(
+            settings, REWARDER_METRICS_PORT_ENV, {rewarder.group_id: [rewarder.steps_topic]}))
+        return served or run_rewarder(settings, ready=_ready_marker(settings, "rewarder"))
     if args.command == "proxy":
         from proxy.runner import run_proxy
 

@@ -52,6 +52,7 @@ from gateway.app import INGESTS, GatewayState, authorizer, encode_items, publish
 from gateway.errors import ApiError
 from gateway.hosts import LoopbackHostMiddleware
 from gateway.limits import BodyLimitMiddleware
+from gateway.metrics import RequestMetrics
 from gateway.models import Channel
 from rewards import RewardFn, RewardFnError, compute_reward, load_reward_fn
 
@@ -261,4 +262,5 @@ def create_compat_app(settings: Settings, gateway: GatewayState) -> FastAPI:
     if not gateway.keys.enabled:
         app.add_middleware(LoopbackHostMiddleware)
     _routes(app, compat, authorizer(gateway.keys))
+    app.add_middleware(RequestMetrics, app_name="compat")  # served on the API port's /metrics
     return app

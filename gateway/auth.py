@@ -41,6 +41,8 @@ ROUTE_KINDS: dict[str, frozenset[str]] = {
     "/v1/dashboard/tree": frozenset({"read"}),
     "/v1/dashboard/live": frozenset({"read"}),
     "/v1/dashboard/curate": frozenset({"curate"}),
+    # Prometheus metrics of the API process (gateway/metrics.py): traffic and pool sizes, read-only.
+    "/metrics": frozenset({"read"}),
     # The compat port (compat/app.py): a route needs the kind of what it ends up writing. Agent calls
     # and registrations become captured steps, completion a trajectory reward; reward computation
     # serves both rollout workers and reward producers.

@@ -22,6 +22,7 @@ from typing import Any, Generic, TypeVar
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from clawr1.kafka_io import ensure_topics, make_producer
+from clawr1.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
 from proxy.spool import Spool, encode_frame
 
 logger = logging.getLogger("clawr1.proxy.emitter")
@@ -193,6 +194,7 @@ class Emitter(Generic[T]):
         if err is None:
             self._spool.ack(seq)
             self.stats.delivered += 1
+            PROXY_RECORDS_DELIVERED.inc()
         elif err.code() in _UNDELIVERABLE:
             self._reject(seq, err)
         else:
@@ -209,6 +211,7 @@ class Emitter(Generic[T]):
             handle.write(encode_frame(record.key, record.value))
         self._spool.ack(seq)
         self.stats.rejected += 1
+        PROXY_RECORDS_REJECTED.inc()
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():

@@ -44,6 +44,9 @@ class EmitterConfig:
     registry_url: str
     instance: str
     drain_s: float
+    # Where the emitter serves the proxy's metrics (``clawr1.metrics``); port 0 = off.
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
 
 
 class EmitterStartError(RuntimeError):
@@ -129,6 +132,14 @@ class EmitterProcess:
 
 def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Connection) -> None:
     # Imported here: the parent only needs the pipes, the child the whole record pipeline.
+    from clawr1.metrics import (
+        PROXY_CALLS_CAPTURED,
+        PROXY_CALLS_FAILED,
+        PROXY_METRICS_PORT_ENV,
+        PROXY_SPOOL_DEPTH,
+        MetricsPortError,
+        serve_metrics,
+    )
     from clawr1.topics import RAW_LLM
     from proxy.chains import ResponseChains
     from proxy.emitter import Emitter
@@ -142,13 +153,35 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
     chains = ResponseChains()  # every proxy process's calls meet here, in one thread
 
     def prepare(call: CapturedCall) -> tuple[str, bytes]:
-        key, record = build_record(call, config.instance, chains)
-        return key, codec.encode(RAW_LLM.schema, record)
+        try:
+            key, record = build_record(call, config.instance, chains)
+            return key, codec.encode(RAW_LLM.schema, record)
+        except Exception:
+            PROXY_CALLS_FAILED.labels(api=call.api, reason="record_error").inc()
+            raise
+
+    def count(call: CapturedCall) -> None:
+        PROXY_CALLS_CAPTURED.labels(api=call.api).inc()
+        if call.error is not None:
+            PROXY_CALLS_FAILED.labels(api=call.api, reason="upstream_error").inc()
+        elif call.status is not None and call.status >= 400:
+            PROXY_CALLS_FAILED.labels(api=call.api, reason="http_error").inc()
 
     emitter: Emitter[CapturedCall] = Emitter(
         bootstrap=config.bootstrap, topic=config.topic, spool_dir=config.spool_dir, prepare=prepare,
         partitions=config.partitions)
-    _start_waiting_for_lock(emitter.start, SpoolBusyError, status)
+    PROXY_SPOOL_DEPTH.set_function(lambda: emitter.pending)
+    serving = False
+
+    def start() -> None:
+        # Every proxy process hands its calls to this one process: its counters are the proxy's.
+        nonlocal serving
+        if not serving:
+            serving = serve_metrics(config.metrics_port, config.metrics_host, PROXY_METRICS_PORT_ENV)
+        emitter.start()
+
+    # An orphaned emitter (its proxy was killed) holds the spool and the metrics port for a moment.
+    _start_waiting_for_lock(start, (SpoolBusyError, MetricsPortError), status)
     drain_s = ORPHAN_DRAIN_S
     open_readers = list(readers)
     while open_readers:
@@ -163,11 +196,13 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
                 drain_s = config.drain_s
                 open_readers.remove(reader)
             else:
+                count(item)
                 emitter.submit(item)
     emitter.close(drain_s)
 
 
-def _start_waiting_for_lock(start: Callable[[], None], busy: type[Exception], status: Connection) -> None:
+def _start_waiting_for_lock(start: Callable[[], None], busy: tuple[type[Exception], ...],
+                            status: Connection) -> None:
     """Open the spool, waiting up to LOCK_WAIT_S for an orphaned emitter to let it go; report on
     ``status`` (None: started) and exit on failure."""
     deadline = time.monotonic() + LOCK_WAIT_S

@@ -42,6 +42,7 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
+from clawr1.metrics import METRICS_HOST_ENV, PROXY_METRICS_PORT_ENV
 from clawr1.settings import Settings
 from clawr1.topics import RAW_LLM
 from proxy.addons import build_addons
@@ -88,6 +89,9 @@ class ProxyConfig:
     instance: str
     # Ports of the stack's own services: the explicit proxy never relays to them on this host.
     stack_ports: frozenset[int] = frozenset()
+    # The proxy's Prometheus metrics, served by its emitter process; 0 = off.
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
 
 
 def confdir(settings: Settings) -> Path:
@@ -169,6 +173,8 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         registry_url=settings.schema_registry_url,
         instance=settings.role_setting(INSTANCE_ENV, "") or _default_instance(settings),
         stack_ports=stack_ports(settings),
+        metrics_port=settings.role_setting(PROXY_METRICS_PORT_ENV, 0),
+        metrics_host=settings.role_setting(METRICS_HOST_ENV, "127.0.0.1"),
     )
 
 
@@ -258,7 +264,8 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
         raise ProxyStartError(f"{PROCESSES_ENV} must be at least 1, got {processes}")
     emitter = EmitterProcess(EmitterConfig(
         bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, partitions=config.partitions,
-        registry_url=config.registry_url, instance=config.instance, drain_s=drain_s), senders=processes)
+        registry_url=config.registry_url, instance=config.instance, drain_s=drain_s,
+        metrics_port=config.metrics_port, metrics_host=config.metrics_host), senders=processes)
     try:
         await asyncio.to_thread(emitter.start)
     except EmitterStartError as exc:

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from clawr1 import topics
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
 from clawr1.settings import Settings
 from gateway.records import deterministic_id
 from rewards.loader import RewardFn, RewardFnError, compute_reward, load_reward_fn
@@ -225,10 +226,12 @@ class Rewarder:
         # The streams or the sink may dead-letter the same message for their own reason: a separate id.
         record["dlq_id"] = f"{SOURCE}:{self.config.name}@{record['dlq_id']}"
         self.dead_letters += 1
+        REWARDER_DEAD_LETTERS.labels(stage=stage).inc()
         return _Out(self.config.dlq_topic, message.topic(), self.codec.encode("dead_letter", record))
 
     def handle(self, message: Message) -> _Out | None:
         """What one step message produces: a feedback, a dead letter, or nothing."""
+        REWARDER_STEPS.inc()
         try:
             _, step = self.codec.decode(message.value(), expect="step")
         except CodecError as exc:
@@ -250,6 +253,7 @@ class Rewarder:
         record = feedback_of(self.config.name, kind, target_id, feedback_id, result.score, result.extra,
                              int(step["created_at_ms"]))
         self.scored += 1
+        REWARDER_FEEDBACK.inc()
         return _Out(self.config.feedback_topic, target_id, self.codec.encode("feedback", record))
 
     def process(self, messages: Iterable[Message], pool: ThreadPoolExecutor) -> list[_Out]:

@@ -19,6 +19,14 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from clawr1.kafka_io import ensure_topics, make_consumer
+from clawr1.metrics import (
+    INGEST_TO_POOL_SECONDS,
+    SINK_BATCH_MESSAGES,
+    SINK_DEAD_LETTERS,
+    SINK_FLUSH_SECONDS,
+    SINK_MESSAGES_IN,
+    SINK_ROWS_OUT,
+)
 from pool.store import PoolDataError, PoolError, PoolStore
 from schemas.codec import AvroCodec, DecodeError
 from sinks.batch import Batch, TableRows
@@ -67,6 +75,21 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+_CREATED_AT = STEPS_ROUTE.columns.index("created_at_ms")
+
+
+def _observe_flush(batch: Batch, seconds: float) -> None:
+    """Metrics of one committed batch; ingest->pool latency runs from each step row's created_at."""
+    SINK_BATCH_MESSAGES.observe(batch.messages)
+    SINK_FLUSH_SECONDS.observe(seconds)
+    for table, rows in batch.tables.items():
+        SINK_ROWS_OUT.labels(table=table).inc(len(rows.rows))
+    steps = batch.tables.get(STEPS_ROUTE.table)
+    now = now_ms()
+    for row in steps.rows if steps is not None else ():
+        INGEST_TO_POOL_SECONDS.observe(max(0, now - row[_CREATED_AT]) / 1000)
+
+
 class PoolSink:
     """One consumer-group member: poll, convert, batch, insert, then commit."""
 
@@ -96,17 +119,19 @@ class PoolSink:
             _, record = self.codec.decode(origin.value, expect=route.schema)
             row = route.to_row(record, origin, stamp)
         except DecodeError as exc:
-            self._dead_letter(origin, f"undecodable {route.schema!r} message: {exc}", stamp)
+            self._dead_letter(origin, "undecodable", f"undecodable {route.schema!r} message: {exc}", stamp)
         except (RowError, KeyError, TypeError) as exc:
-            self._dead_letter(origin, f"invalid {route.schema!r} record: {exc}", stamp)
+            self._dead_letter(origin, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
         else:
             self._batch.add(route.table, tuple(route.columns), row, origin)
         self._batch.consumed(origin)
         self.stats.messages += 1
+        SINK_MESSAGES_IN.labels(topic=origin.topic).inc()
 
-    def _dead_letter(self, origin: Origin, reason: str, stamp: int) -> None:
+    def _dead_letter(self, origin: Origin, cause: str, reason: str, stamp: int) -> None:
         log.warning("dead letter %s:%s:%s: %s", origin.topic, origin.partition, origin.offset, reason)
         self.stats.dead_letters += 1
+        SINK_DEAD_LETTERS.labels(reason=cause).inc()
         self._batch.add(_DEAD_LETTER_TABLE, DEAD_LETTER_COLUMNS, sink_dead_letter_row(origin, reason, stamp),
                         origin)
 
@@ -132,6 +157,7 @@ class PoolSink:
                                              f"{block_token}/dead", stop):
                     return False
                 self.stats.dead_letters += 1
+                SINK_DEAD_LETTERS.labels(reason="rejected").inc()
         return True
 
     def _insert_retrying(self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]],
@@ -156,6 +182,7 @@ class PoolSink:
         batch = self._batch
         if not batch.messages:
             return True
+        started = time.monotonic()
         for table, rows in batch.tables.items():
             if rows.rows and not self._insert_rows(table, rows, batch.dedup_token(table), stop):
                 return False
@@ -166,6 +193,7 @@ class PoolSink:
         for table, rows in batch.tables.items():
             self.stats.rows[table] = self.stats.rows.get(table, 0) + len(rows.rows)
         self.stats.flushes += 1
+        _observe_flush(batch, time.monotonic() - started)
         self._batch = Batch()
         return True
 

@@ -17,6 +17,7 @@ import pytest
 from clawr1.settings import Settings
 from consumer_sdk import PoolConsumer, PoolRequestError, save_preset
 from dashboard.api import dashboard_page_router, dashboard_router
+from gateway.metrics import metrics_router
 from pool.api import pool_router
 from pool.store import PoolStore, quote_identifier
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
@@ -58,6 +59,7 @@ MATRIX = [
     Call("GET", "/v1/dashboard/steps", None, frozenset({"read"}), 200),
     Call("GET", "/v1/dashboard/steps/no-such-step", None, frozenset({"read"}), 404,
          "/v1/dashboard/steps/{step_id}"),
+    Call("GET", "/metrics", None, frozenset({"read"}), 200),
 ]
 PUBLIC = {"/healthz": "/healthz", "/dashboard": "/dashboard",
           "/dashboard/assets/app.js": "/dashboard/assets/{name}"}  # path -> its template
@@ -80,7 +82,7 @@ def api(kafka_bootstrap: str, pool: Pool) -> Iterator[LiveGateway]:
     store = PoolStore(pool.dsn)
     try:
         with running_gateway(kafka_bootstrap, settings=Settings(api_keys=SPEC),
-                             routers=[pool_router(store), dashboard_router(store)],
+                             routers=[pool_router(store), dashboard_router(store), metrics_router()],
                              public_routers=[dashboard_page_router()]) as live:
             yield live
     finally:

@@ -1,0 +1,199 @@
+"""Every Prometheus metric the roles export, in one place so names never drift between the code, the
+Grafana dashboard (docs/grafana-clawr1.json) and the docs.
+
+Each role registers into the process's default registry and serves it: the API process on its
+``GET /metrics`` route (gateway, pool, sink and compat share that process), the other roles on a
+port of their own (``serve_metrics``; ``CLAWR1_*_METRICS_PORT``, 0 = off). Consumer-group lag and pool
+row counts are sampled by background threads (``LagSampler``, ``PoolRowsSampler``), so a scrape never
+waits on Kafka or the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics import MetricWrapperBase
+
+from clawr1.settings import Settings
+
+log = logging.getLogger("clawr1.metrics")
+
+METRICS_HOST_ENV = "CLAWR1_METRICS_HOST"
+SAMPLE_INTERVAL_ENV = "CLAWR1_METRICS_SAMPLE_S"
+PROXY_METRICS_PORT_ENV = "CLAWR1_PROXY_METRICS_PORT"
+WORKER_METRICS_PORT_ENV = "CLAWR1_WORKER_METRICS_PORT"
+REWARDER_METRICS_PORT_ENV = "CLAWR1_REWARDER_METRICS_PORT"
+DEFAULT_SAMPLE_S = 10.0
+
+# -- proxy (served by its emitter process, which every proxy process hands its calls to) -------------
+PROXY_CALLS_CAPTURED = Counter("clawr1_proxy_calls_captured", "LLM calls the proxy captured", ["api"])
+PROXY_CALLS_FAILED = Counter(
+    "clawr1_proxy_calls_failed",
+    "captured calls that failed: upstream_error (no answer), http_error (status >= 400), record_error "
+    "(no record could be built from it)", ["api", "reason"])
+PROXY_RECORDS_DELIVERED = Counter("clawr1_proxy_records_delivered", "records Kafka confirmed")
+PROXY_RECORDS_REJECTED = Counter("clawr1_proxy_records_rejected", "records Kafka refused for good")
+PROXY_SPOOL_DEPTH = Gauge("clawr1_proxy_spool_depth", "records spooled and not yet confirmed by Kafka")
+
+# -- stream worker -----------------------------------------------------------------------------------
+STREAM_EVENTS_IN = Counter("clawr1_stream_events_in", "events an agent of the stream worker read", ["agent"])
+STREAM_EVENTS_OUT = Counter("clawr1_stream_events_out", "messages the stream worker sent, by topic",
+                            ["topic"])
+STREAM_DEAD_LETTERS = Counter("clawr1_stream_dead_letters", "events the stream worker dead-lettered",
+                              ["stage"])
+
+# -- pool sink (in the API process) ------------------------------------------------------------------
+SINK_MESSAGES_IN = Counter("clawr1_sink_messages_in", "messages the sink consumed", ["topic"])
+SINK_ROWS_OUT = Counter("clawr1_sink_rows_out", "rows the sink inserted and committed", ["table"])
+SINK_DEAD_LETTERS = Counter(
+    "clawr1_sink_dead_letters",
+    "messages the sink stored as dead letters: undecodable, invalid (no row), rejected (by the table)",
+    ["reason"])
+SINK_BATCH_MESSAGES = Histogram("clawr1_sink_batch_messages", "messages per flushed sink batch",
+                                buckets=(1, 5, 10, 50, 100, 500, 1000, 5000, 10000))
+SINK_FLUSH_SECONDS = Histogram("clawr1_sink_flush_seconds", "time to insert and commit one sink batch",
+                               buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+INGEST_TO_POOL_SECONDS = Histogram(
+    "clawr1_ingest_to_pool_seconds", "from a step's created_at to its row being in the pool",
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800))
+
+# -- rewarder ----------------------------------------------------------------------------------------
+REWARDER_STEPS = Counter("clawr1_rewarder_steps", "step messages the rewarder read")
+REWARDER_FEEDBACK = Counter("clawr1_rewarder_feedback", "rewards the rewarder produced")
+REWARDER_DEAD_LETTERS = Counter("clawr1_rewarder_dead_letters", "steps the rewarder dead-lettered",
+                                ["stage"])
+
+# -- API process and every consumer ------------------------------------------------------------------
+HTTP_REQUESTS = Counter("clawr1_http_requests", "requests answered, by app (api, compat), route and status",
+                        ["app", "route", "status"])
+POOL_ROWS = Gauge("clawr1_pool_rows", "rows stored per pool table (active parts, sampled)", ["table"])
+CONSUMER_LAG = Gauge("clawr1_consumer_lag", "messages not yet committed by a consumer group (sampled)",
+                     ["group", "topic"])
+
+ALL_METRICS: tuple[MetricWrapperBase, ...] = tuple(
+    value for value in list(globals().values()) if isinstance(value, MetricWrapperBase))
+
+_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+
+
+def exposed_names() -> frozenset[str]:
+    """Every series name the roles can expose (a counter's ``_total``, a histogram's parts)."""
+    return frozenset(f"{metric._name}{suffix}" for metric in ALL_METRICS  # noqa: SLF001
+                     for suffix in _SUFFIXES[metric._type])  # noqa: SLF001
+
+
+class MetricsPortError(RuntimeError):
+    """The metrics port cannot be bound; the message names the setting to change."""
+
+
+def serve_metrics(port: int, host: str, setting: str) -> bool:
+    """Serve the default registry on ``host:port`` from a daemon thread; False when ``port`` is 0 (off).
+    Raises MetricsPortError at start (port taken), so a role fails before serving, never mid-run."""
+    if not port:
+        return False
+    try:
+        start_http_server(port, addr=host)
+    except OSError as exc:
+        raise MetricsPortError(f"cannot serve metrics on {host}:{port} ({exc.strerror}): set {setting} "
+                               "to a free port, or 0 to turn it off") from exc
+    return True
+
+
+def sample_interval(settings: Settings) -> float:
+    return settings.role_setting(SAMPLE_INTERVAL_ENV, DEFAULT_SAMPLE_S)
+
+
+def serve_role_metrics(settings: Settings, port_env: str, groups: Mapping[str, Iterable[str]]) -> None:
+    """A role's own metrics port (``port_env``; 0 = off) and, when served, its groups' lag sampler."""
+    host = settings.role_setting(METRICS_HOST_ENV, "127.0.0.1")
+    if serve_metrics(settings.role_setting(port_env, 0), host, port_env):
+        LagSampler(settings.bootstrap_servers, groups, sample_interval(settings)).start()
+
+
+class _Sampler:
+    """Runs ``sample`` every ``interval_s`` on a daemon thread; a failed sample is logged, never raised."""
+
+    def __init__(self, name: str, sample: Callable[[], None], interval_s: float) -> None:
+        self._sample = sample
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self._sample()
+            except Exception as exc:  # noqa: BLE001 - metrics must never stop a role
+                log.warning("%s: sample failed: %s", self._thread.name, exc)
+            if self._stop.wait(self._interval_s):
+                return
+
+
+class LagSampler(_Sampler):
+    """Consumer-group lag per topic: high watermark minus the group's committed offset, summed over
+    partitions (a partition the group never committed counts from its low watermark). Reads offsets
+    with a consumer that never joins the group, so it moves nothing."""
+
+    def __init__(self, bootstrap: str, groups: Mapping[str, Iterable[str]],
+                 interval_s: float = DEFAULT_SAMPLE_S) -> None:
+        super().__init__("clawr1-lag-sampler", self._sample_all, interval_s)
+        self._bootstrap = bootstrap
+        self._groups = {group: list(topics) for group, topics in groups.items()}
+        self._consumers: dict[str, Consumer] = {}
+
+    def _consumer(self, group: str) -> Consumer:
+        if group not in self._consumers:
+            self._consumers[group] = Consumer({"bootstrap.servers": self._bootstrap, "group.id": group,
+                                               "enable.auto.commit": False})
+        return self._consumers[group]
+
+    def _sample_all(self) -> None:
+        for group, topics in self._groups.items():
+            for topic, lag in self.lag(group, topics).items():
+                CONSUMER_LAG.labels(group=group, topic=topic).set(lag)
+
+    def lag(self, group: str, topics: list[str]) -> dict[str, int]:
+        consumer = self._consumer(group)
+        partitions: list[TopicPartition] = []
+        for topic in topics:
+            described = consumer.list_topics(topic, timeout=5.0).topics.get(topic)
+            if described is None or described.error is not None:
+                continue
+            partitions += [TopicPartition(topic, p) for p in described.partitions]
+        lag: dict[str, int] = {}
+        try:
+            committed = consumer.committed(partitions, timeout=5.0) if partitions else []
+        except KafkaException as exc:
+            log.warning("lag of %s: %s", group, exc)
+            return lag
+        for tp in committed:
+            low, high = consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)
+            lag[tp.topic] = lag.get(tp.topic, 0) + max(0, high - (tp.offset if tp.offset >= 0 else low))
+        return lag
+
+
+class PoolRowsSampler(_Sampler):
+    """Rows per pool table from the active parts' counters: cheap (no scan) on chDB and a server."""
+
+    QUERY = ("SELECT table, sum(rows) AS rows FROM system.parts "
+             "WHERE database = currentDatabase() AND active GROUP BY table")
+
+    def __init__(self, query: Callable[[str], list[dict[str, Any]]],
+                 interval_s: float = DEFAULT_SAMPLE_S) -> None:
+        super().__init__("clawr1-pool-rows-sampler", self._sample_rows, interval_s)
+        self._query = query
+
+    def _sample_rows(self) -> None:
+        for row in self._query(self.QUERY):
+            POOL_ROWS.labels(table=row["table"]).set(row["rows"])
