@@ -3,7 +3,7 @@ read by primary key (a handful of granules of step_versions), through a query th
 
 from __future__ import annotations
 
-from pool.migrations import ID_COLUMNS, STEP_LOOKUP, id_lookup_sql
+from pool.migrations import ID_COLUMNS, POOL_MIGRATIONS, STEP_LOOKUP, id_lookup_sql, split_statements
 from pool.sql import AnalystSql
 from pool.store import PoolStore
 from tests.integration.pool.test_pool_indexes import granules
@@ -55,3 +55,18 @@ def test_the_lookup_query_passes_the_analyst_guard(pool_store: PoolStore) -> Non
             analyst.check(id_lookup_sql(column))
     finally:
         analyst.close()
+
+
+def test_the_migration_backfills_older_pools_once(pool_store: PoolStore) -> None:
+    """Ids written before the lookup table existed are copied in; running the backfill again adds nothing."""
+    store = pool_store
+    store.command(GENERATE.replace(f"numbers({STEPS})", "numbers(100)"))
+    store.command(f"TRUNCATE TABLE {STEP_LOOKUP}")  # as in a pool made before the lookup table
+    migration = dict(POOL_MIGRATIONS)["0010_step_lookup"]
+    backfill = [s for s in split_statements(migration) if s.startswith("INSERT")]
+    for _ in range(2):
+        for statement in backfill:
+            store.command(statement)
+        assert store.query(f"SELECT count() AS n FROM {STEP_LOOKUP}")[0]["n"] == 100 * 2 + 100 // 4
+    rows = store.query(id_lookup_sql("response_id"), parameters={"id": "response-42"})
+    assert [r["step_id"] for r in rows] == ["step-42"]
