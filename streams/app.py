@@ -33,6 +33,7 @@ from faust.streams import current_event
 from faust.types import EventT
 
 from clawr1.conversation import conversation_key
+from clawr1.metrics import STREAM_DEAD_LETTERS, STREAM_EVENTS_IN, STREAM_EVENTS_OUT
 from prefix_tree import PrefixTree
 from schemas.codec import DecodeError, codec_for
 from streams import messages
@@ -134,7 +135,7 @@ class StreamsApp:
             ("merge_prefixes", self.scopes_topic, self._on_scope_step, "prefix"),
         ]
         for name, topic, handler, stage in agents:
-            self.app.agent(topic, name=name)(self._agent_body(handler, stage))
+            self.app.agent(topic, name=name)(self._agent_body(name, handler, stage))
 
     # ------------------------------------------------------------------ plumbing
     def _topic(self, name: str) -> faust.TopicT:
@@ -145,10 +146,13 @@ class StreamsApp:
         """JSON keys and values (Faust's table default); values are the states' ``to_json`` dicts."""
         return self.app.Table(name, default=None, partitions=self.config.partitions)
 
-    def _agent_body(self, handler: Callable[[EventT], Awaitable[None]],
+    def _agent_body(self, name: str, handler: Callable[[EventT], Awaitable[None]],
                     stage: str) -> Callable[[faust.StreamT], Awaitable[None]]:
+        events_in = STREAM_EVENTS_IN.labels(agent=name)
+
         async def body(stream: faust.StreamT) -> None:
             async for event in stream.events():
+                events_in.inc()
                 await self._guarded(event, handler, stage)
 
         return body
@@ -182,9 +186,12 @@ class StreamsApp:
         record = dead_letter(reason, stage, origin["topic"], origin["partition"], origin["offset"],
                              _unb64(origin["key"]), _unb64(origin["value"]), origin["timestamp_ms"])
         await self.out_dlq.send(key=origin["topic"].encode(), value=self.codec.encode("dead_letter", record))
+        STREAM_DEAD_LETTERS.labels(stage=stage).inc()
+        STREAM_EVENTS_OUT.labels(topic=self.out_dlq.get_topic_name()).inc()
 
     async def _send(self, topic: faust.TopicT, key: str, value: bytes) -> None:
         await topic.send(key=key.encode(), value=value)
+        STREAM_EVENTS_OUT.labels(topic=topic.get_topic_name()).inc()
 
     # ------------------------------------------------------------------ ingest
     async def _on_llm_call(self, event: EventT) -> None:

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -28,9 +28,12 @@ GROUP = [[7, 8, 9], [7, 8, 1], [7, 2], [7, 8, 9, 4]]
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """One stack for the module; each test uses its own ids."""
     tmp_path = tmp_path_factory.mktemp("stack")
-    ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse")}
+    ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "proxy_metrics",
+                                            "worker_metrics")}
     kafka_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+    env |= {"CLAWR1_PROXY_METRICS_PORT": str(ports["proxy_metrics"]),
+            "CLAWR1_WORKER_METRICS_PORT": str(ports["worker_metrics"]), "CLAWR1_METRICS_SAMPLE_S": "1"}
     engine = subprocess.Popen([*CLAWR1, "standin-engine", "--port", str(ports["engine"])], env=env)
     up = subprocess.Popen(
         [
@@ -57,7 +60,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     try:
         wait_http(f"http://127.0.0.1:{ports['engine']}/v1/models", 30, engine)
         wait_http(f"{api}/healthz", 240, up)
-        yield {"api": api, "reverse": f"http://127.0.0.1:{ports['reverse']}", "data": str(tmp_path / "data")}
+        yield {"api": api, "reverse": f"http://127.0.0.1:{ports['reverse']}", "data": str(tmp_path / "data"),
+               "proxy_metrics": f"http://127.0.0.1:{ports['proxy_metrics']}/metrics",
+               "worker_metrics": f"http://127.0.0.1:{ports['worker_metrics']}/metrics"}
         up.send_signal(signal.SIGINT)
         assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
     finally:
@@ -65,6 +70,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def scrape(url: str) -> dict[str, float]:
+    """A role's metrics as ``name{label="value",...}`` -> value (labels sorted), parsed as Prometheus does."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reply = httpx.get(url, timeout=10)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain"), reply.text
+    families = text_string_to_metric_families(reply.text)
+    return {sample.name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}":
+            sample.value for family in families for sample in family.samples}
+
+
+def total(metrics: dict[str, float], name: str, **labels: str) -> float:
+    """The sum of ``name``'s series that carry ``labels``."""
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(value for key, value in metrics.items()
+               if key.split("{", 1)[0] == name and all(w in key for w in wanted))
+
+
+def wait_for(url: str, check: Callable[[dict[str, float]], bool], timeout: float = 60.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while not check(metrics := scrape(url)):
+        assert time.monotonic() < deadline, f"{url} never met the check: {metrics}"
+        time.sleep(0.5)
+    return metrics
 
 
 def _sql(api: str, query: str) -> list[dict[str, object]]:
@@ -196,3 +227,41 @@ def test_status_reports_health_and_the_pool(stack: dict[str, str]) -> None:
     assert "health: 200" in out.stdout
     summary = json.loads(out.stdout.split("pool:", 1)[1])
     assert int(summary["steps"]) >= 1
+
+
+def test_every_role_exports_metrics_that_move_under_load(stack: dict[str, str]) -> None:
+    from openai import OpenAI
+
+    urls = {"proxy": stack["proxy_metrics"], "worker": stack["worker_metrics"],
+            "api": f"{stack['api']}/metrics"}
+    before = {role: scrape(url) for role, url in urls.items()}
+    OpenAI(base_url=f"{stack['reverse']}/v1", api_key=SECRET).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "count me"}])
+    step = {"trajectory_id": "metrics-1", "step_index": 0, "prompt_token_ids": [1, 2],
+            "response_token_ids": [3], "terminal": True}
+    assert httpx.post(f"{stack['api']}/v1/steps", json=step).status_code == 202
+
+    def moved(role: str, *counters: tuple[str, dict[str, str]],
+              zero_lag: tuple[str, str] | None = None) -> dict[str, float]:
+        """Scrape ``role`` until every counter grew (and the group's lag on a topic is 0)."""
+        lag_key = zero_lag and f'clawr1_consumer_lag{{group="{zero_lag[0]}",topic="{zero_lag[1]}"}}'
+        return wait_for(urls[role], lambda m: all(
+            total(m, name, **labels) > total(before[role], name, **labels) for name, labels in counters)
+            and (lag_key is None or m.get(lag_key) == 0))
+
+    proxy = moved("proxy", ("clawr1_proxy_calls_captured_total", {"api": "openai.chat"}),
+                  ("clawr1_proxy_records_delivered_total", {}))
+    assert "clawr1_proxy_spool_depth{}" in proxy
+    worker = moved("worker", ("clawr1_stream_events_in_total", {"agent": "ingest_llm"}),
+                   ("clawr1_stream_events_in_total", {"agent": "ingest_steps"}),
+                   ("clawr1_stream_events_out_total", {"topic": "clawr1.steps"}),
+                   zero_lag=("clawr1-streams", "clawr1.raw.steps"))
+    assert 'clawr1_consumer_lag{group="clawr1-streams",topic="clawr1.raw.llm"}' in worker
+    api = moved("api", ("clawr1_http_requests_total", {"app": "api", "route": "/v1/steps", "status": "202"}),
+                ("clawr1_http_requests_total", {"app": "api", "route": "/metrics", "status": "200"}),
+                ("clawr1_sink_messages_in_total", {"topic": "clawr1.steps"}),
+                ("clawr1_sink_rows_out_total", {"table": "step_versions"}),
+                ("clawr1_sink_batch_messages_count", {}), ("clawr1_sink_flush_seconds_count", {}),
+                ("clawr1_ingest_to_pool_seconds_count", {}),
+                zero_lag=("clawr1-pool-sink", "clawr1.steps"))
+    assert total(api, "clawr1_pool_rows", table="step_versions") > 0
