@@ -126,8 +126,9 @@ EXPECTED_STEPS: dict[str, tuple] = {
            False, "ok", True, []),
     "c2": (4, "traj-c1", 1, "c1", None, None, "engine", 0.6, "final", "reward_model:rm-a", 5.0, "final",
            False, "ok", True, []),
+    # ready without a reward of its own: its trajectory's final outcome (the default readiness rule)
     "c3": (2, "traj-c1", 2, "c2", None, None, "engine", None, "pending", None, 5.0, "final", True, "ok",
-           False, []),
+           True, []),
     "g:0": (2, "tr-2:0", 0, None, "g", 2, "retokenized", 1.0, "final", "human:alice", None, "pending", False,
             "ok", True, ["good"]),
     "g:1": (2, "tr-2:1", 0, None, "g", 2, "retokenized", 0.0, "final", "rule:fmt", None, "pending", False,
