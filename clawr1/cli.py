@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":
-        from clawr1.metrics import WORKER_METRICS_PORT_ENV, serve_role_metrics
+        from clawr1.metrics import serve_role_metrics
         from streams.config import StreamConfig
         from streams.worker import run_worker
 
@@ -245,24 +245,30 @@ def main(argv: list[str] | None = None) -> int:
         t = config.topics  # what the worker's agents read (Faust's group is its app id)
         read = [t.raw_llm, t.raw_events, t.raw_steps, t.raw_feedback, t.targets, t.trajectories, t.scopes]
         served = _or_exit("worker", lambda: serve_role_metrics(
-            settings, WORKER_METRICS_PORT_ENV, {config.app_id: read}))
+            settings, "worker_metrics_port", {config.app_id: read}))
         return served or run_worker(settings, ready=_ready_marker(settings, "worker"), config=config)
     if args.command == "rewarder":
-        from clawr1.metrics import REWARDER_METRICS_PORT_ENV, serve_role_metrics
+        from clawr1.metrics import serve_role_metrics
         from rewards.worker import RewarderConfig, run_rewarder
 
         rewarder = RewarderConfig.from_settings(settings)
         served = _or_exit("rewarder", lambda: serve_role_metrics(
-            settings, REWARDER_METRICS_PORT_ENV, {rewarder.group_id: [rewarder.steps_topic]}))
+            settings, "rewarder_metrics_port", {rewarder.group_id: [rewarder.steps_topic]}))
         return served or run_rewarder(settings, ready=_ready_marker(settings, "rewarder"))
     if args.command == "proxy":
         from proxy.runner import run_proxy
 
         return run_proxy(settings, ready=_ready_marker(settings, "proxy"))
     if args.command == "sink":
+        from clawr1.metrics import serve_role_metrics
+        from sinks.config import SinkConfig
+        from sinks.pool_sink import routes_for
         from sinks.runner import run_sink_process
 
-        return run_sink_process(settings)
+        sink = SinkConfig.from_settings(settings)
+        served = _or_exit("sink", lambda: serve_role_metrics(
+            settings, "sink_metrics_port", {sink.group_id: list(routes_for(sink))}))
+        return served or run_sink_process(settings)
     if args.command == "ca":
         from proxy.runner import ca_cert_path
 

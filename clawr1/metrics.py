@@ -3,7 +3,8 @@ Grafana dashboard (docs/grafana-clawr1.json) and the docs.
 
 Each role registers into the process's default registry and serves it: the API process on its
 ``GET /metrics`` route (gateway, pool, sink and compat share that process), the other roles on a
-port of their own (``serve_metrics``; ``CLAWR1_*_METRICS_PORT``, 0 = off). Consumer-group lag and pool
+port of their own (``serve_metrics``; ``CLAWR1_<ROLE>_METRICS_PORT``, 0 = off; a standalone
+``clawr1 sink`` too). Consumer-group lag and pool
 row counts are sampled by background threads (``LagSampler``, ``PoolRowsSampler``), so a scrape never
 waits on Kafka or the pool.
 """
@@ -19,15 +20,11 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
-from clawr1.settings import Settings
+from clawr1.settings import Settings, env_names
 
 log = logging.getLogger("clawr1.metrics")
 
-METRICS_HOST_ENV = "CLAWR1_METRICS_HOST"
 SAMPLE_INTERVAL_ENV = "CLAWR1_METRICS_SAMPLE_S"
-PROXY_METRICS_PORT_ENV = "CLAWR1_PROXY_METRICS_PORT"
-WORKER_METRICS_PORT_ENV = "CLAWR1_WORKER_METRICS_PORT"
-REWARDER_METRICS_PORT_ENV = "CLAWR1_REWARDER_METRICS_PORT"
 DEFAULT_SAMPLE_S = 10.0
 
 # -- proxy (served by its emitter process, which every proxy process hands its calls to) -------------
@@ -108,10 +105,11 @@ def sample_interval(settings: Settings) -> float:
     return settings.role_setting(SAMPLE_INTERVAL_ENV, DEFAULT_SAMPLE_S)
 
 
-def serve_role_metrics(settings: Settings, port_env: str, groups: Mapping[str, Iterable[str]]) -> None:
-    """A role's own metrics port (``port_env``; 0 = off) and, when served, its groups' lag sampler."""
-    host = settings.role_setting(METRICS_HOST_ENV, "127.0.0.1")
-    if serve_metrics(settings.role_setting(port_env, 0), host, port_env):
+def serve_role_metrics(settings: Settings, port_field: str, groups: Mapping[str, Iterable[str]]) -> None:
+    """A role's own metrics port (the setting ``port_field``; 0 = off) and, when served, its groups'
+    lag sampler."""
+    setting = env_names()[port_field]
+    if serve_metrics(getattr(settings, port_field), settings.metrics_host, setting):
         LagSampler(settings.bootstrap_servers, groups, sample_interval(settings)).start()
 
 

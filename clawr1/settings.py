@@ -56,6 +56,13 @@ class Settings:
     max_batch_steps: int = 1000
     tokenizer: str = ""
     topic_partitions: int = 4
+    # Prometheus metrics (clawr1/metrics.py): the API process serves GET /metrics; the other roles
+    # serve a port each on metrics_host (0 = off).
+    metrics_host: str = "127.0.0.1"
+    proxy_metrics_port: int = 0
+    worker_metrics_port: int = 0
+    sink_metrics_port: int = 0
+    rewarder_metrics_port: int = 0
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property

@@ -135,7 +135,6 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
     from clawr1.metrics import (
         PROXY_CALLS_CAPTURED,
         PROXY_CALLS_FAILED,
-        PROXY_METRICS_PORT_ENV,
         PROXY_SPOOL_DEPTH,
         MetricsPortError,
         serve_metrics,
@@ -177,7 +176,7 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         # Every proxy process hands its calls to this one process: its counters are the proxy's.
         nonlocal serving
         if not serving:
-            serving = serve_metrics(config.metrics_port, config.metrics_host, PROXY_METRICS_PORT_ENV)
+            serving = serve_metrics(config.metrics_port, config.metrics_host, "CLAWR1_PROXY_METRICS_PORT")
         emitter.start()
 
     # An orphaned emitter (its proxy was killed) holds the spool and the metrics port for a moment.

@@ -42,7 +42,6 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
-from clawr1.metrics import METRICS_HOST_ENV, PROXY_METRICS_PORT_ENV
 from clawr1.settings import Settings
 from clawr1.topics import RAW_LLM
 from proxy.addons import build_addons
@@ -173,8 +172,8 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         registry_url=settings.schema_registry_url,
         instance=settings.role_setting(INSTANCE_ENV, "") or _default_instance(settings),
         stack_ports=stack_ports(settings),
-        metrics_port=settings.role_setting(PROXY_METRICS_PORT_ENV, 0),
-        metrics_host=settings.role_setting(METRICS_HOST_ENV, "127.0.0.1"),
+        metrics_port=settings.proxy_metrics_port,
+        metrics_host=settings.metrics_host,
     )
 
 

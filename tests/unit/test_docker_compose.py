@@ -13,7 +13,7 @@ from clawr1.cli import _build_parser
 from clawr1.settings import env_names
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
-THIRD_PARTY = {"kafka", "clickhouse"}
+THIRD_PARTY = {"kafka", "clickhouse", "prometheus", "grafana"}
 
 
 def _services() -> dict[str, Any]:

@@ -13,18 +13,24 @@ import httpx
 import pytest
 
 from tests.conftest import free_port, wait_http
-from tests.integration.test_stack import CLAWR1, _sql
+from tests.integration.test_stack import CLAWR1, _sql, scrape, total
 
 pytestmark = pytest.mark.integration
 SPEC = "rewards.rules:math_answer"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def rewarder_metrics() -> str:
+    return f"http://127.0.0.1:{free_port()}/metrics"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, rewarder_metrics: str) -> Iterator[str]:
     data = tmp_path_factory.mktemp("reward-stack") / "data"
     api_port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
     env["CLAWR1_REWARD_FN"] = SPEC
+    env["CLAWR1_REWARDER_METRICS_PORT"] = rewarder_metrics.split(":")[2].split("/")[0]
     up = subprocess.Popen(
         [*CLAWR1, "up", "--data-dir", str(data), "--api-port", str(api_port),
          "--kafka-port", str(free_port()), "--proxy-port", str(free_port()),
@@ -55,7 +61,8 @@ def _rows(api: str, query: str, want: int, timeout: float = 120.0) -> list[dict[
     raise AssertionError(f"{query!r} gave {rows}, wanted {want} rows")
 
 
-def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str) -> None:
+def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str, rewarder_metrics: str) -> None:
+    before = scrape(rewarder_metrics)
     steps = [
         {"trajectory_id": "rw-right", "step_index": 0, "prompt_token_ids": [1, 2], "response_token_ids": [3],
          "response_text": "let me think", "metadata": {"ground_truth": "12"}},
@@ -88,3 +95,12 @@ def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str) -> Non
     letters = _rows(stack, "SELECT stage, reason FROM dead_letters WHERE stage = 'reward'", 1)
     assert len(letters) == 1 and "rw-broken" in str(letters[0]["reason"])
     assert "no ground truth" in str(letters[0]["reason"])
+    after = scrape(rewarder_metrics)  # counted before the rewarder produced: the pool saw them later
+
+    def grew(name: str, **labels: str) -> float:
+        return total(after, name, **labels) - total(before, name, **labels)
+
+    assert grew("clawr1_rewarder_steps_total") >= 4
+    assert grew("clawr1_rewarder_feedback_total") == 2
+    assert grew("clawr1_rewarder_dead_letters_total", stage="reward") == 1
+    assert 'clawr1_consumer_lag{group="clawr1-rewarder",topic="clawr1.steps"}' in after
