@@ -20,6 +20,7 @@ import io
 import json
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any
@@ -64,6 +65,9 @@ SYNTAX_ERROR_CODE = 62
 NO_JSON_ERROR_CODE = 36
 """parseQueryToJSON's answer for statements it cannot express (DESCRIBE, EXISTS, SHOW CREATE, INSERT...)."""
 MAX_QUERY_CHARS = 256 * 1024
+# Accepted texts remembered: a trainer's SDK repeats a handful of query texts (values are bound
+# parameters), and the guard's two engine round trips cost more than a small poll itself.
+GUARD_CACHE_ENTRIES = 1024
 CHUNK_BYTES = 256 * 1024
 _PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PARSE_SCOPE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuerySingleLine)\(.*", re.DOTALL)
@@ -177,6 +181,7 @@ class AnalystSql:
         self._idle: list[Client] = []
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
+        self._accepted: OrderedDict[str, Checked] = OrderedDict()
 
     def stream(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
                max_rows: int | None = None) -> SqlStream:
@@ -233,6 +238,20 @@ class AnalystSql:
             client.close()
 
     def _guard(self, client: Client, text: str) -> Checked:
+        """The guard's verdict on ``text``; an accepted text is remembered (the verdict depends only on
+        the text, the pool database and the engine's function catalogue, all fixed for this object)."""
+        with self._lock:
+            if (known := self._accepted.get(text)) is not None:
+                self._accepted.move_to_end(text)
+                return known
+        checked = self._parse_and_check(client, text)
+        with self._lock:
+            self._accepted[text] = checked
+            if len(self._accepted) > GUARD_CACHE_ENTRIES:
+                self._accepted.popitem(last=False)
+        return checked
+
+    def _parse_and_check(self, client: Client, text: str) -> Checked:
         catalogue = self._catalogue or self._load_catalogue(client)
         if self.database is None:
             self.database = str(client.query("SELECT currentDatabase()").result_rows[0][0])

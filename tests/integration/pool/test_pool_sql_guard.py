@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pool.sql import AnalystSql, SqlError, SqlLimits
+from pool.sql import AnalystSql, SqlError, SqlLimits, WriteRefused
 from pool.sql_guard import TABLE_FUNCTIONS
 from pool.store import PoolStore
 from tests.integration.pool.test_pool_api import api_url  # noqa: F401  (the live-HTTP fixture)
@@ -345,3 +345,24 @@ def test_server_user_profile_matches_the_api_limits_and_parses(pool_store: PoolS
     granted = [s.upper() for s in body if s.upper().startswith("GRANT")]
     assert granted and all(g.startswith("GRANT SELECT ON ") for g in granted)
     assert not any(word in g for g in granted for word in ("FILE", "URL", "REMOTE", "SOURCES", "*.*"))
+
+
+def test_an_accepted_text_is_checked_by_the_engine_once(pool_store: PoolStore,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK repeats its query texts: the second time the remembered verdict answers, while a new
+    text (and every refused one) still goes through the engine's parser."""
+    guard = AnalystSql(pool_store.dsn, pool_store.database)
+    try:
+        first = guard.check("SELECT count() FROM steps WHERE step_id = {id:String}")
+        with pytest.raises(WriteRefused):
+            guard.check("SELECT file('/etc/passwd')")
+
+        def engine_parse(client: object, text: str) -> object:
+            raise AssertionError(f"parsed again: {text}")
+
+        monkeypatch.setattr(guard, "_parse_and_check", engine_parse)
+        assert guard.check("SELECT count() FROM steps WHERE step_id = {id:String}") == first
+        with pytest.raises(AssertionError, match="parsed again"):
+            guard.check("SELECT file('/etc/passwd')")
+    finally:
+        guard.close()
