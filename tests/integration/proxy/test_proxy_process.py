@@ -99,3 +99,23 @@ def test_a_busy_port_fails_fast_with_the_reason(tmp_path: Path, kafka_bootstrap:
         )
     assert result.returncode == 2
     assert "could not listen" in result.stderr and f"127.0.0.1:{port}" in result.stderr, result.stderr
+
+
+def test_a_busy_metrics_port_fails_at_start_naming_its_setting(tmp_path: Path, kafka_bootstrap: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        settings = Settings(data_dir=tmp_path, kafka_bootstrap=kafka_bootstrap, proxy_port=free_port(),
+                            proxy_metrics_port=port)
+        result = subprocess.run(
+            [sys.executable, "-m", "tests.integration.proxy.proxy_process", "clawr1.test.unused", "1"],
+            cwd=REPO_ROOT,
+            env={**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO_ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2
+    assert f"metrics on 127.0.0.1:{port}" in result.stderr, result.stderr
+    assert "set CLAWR1_PROXY_METRICS_PORT to a free port" in result.stderr, result.stderr
