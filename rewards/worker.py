@@ -183,6 +183,7 @@ def feedback_of(name: str, kind: str, target_id: str, feedback_id: str, score: f
         "comment": comment,
         "correction": None,
         "received_at_ms": scored_at_ms,
+        "terminal": False,  # a score completes nothing: the agent or the compat port says when it ends
     }
 
 

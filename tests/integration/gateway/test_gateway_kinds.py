@@ -41,6 +41,8 @@ class Call:
     success: int
     template: str = ""
     """The route's path template in /openapi.json, when ``path`` fills one in."""
+    stream: bool = False
+    """An endless response (Server-Sent Events): only its status and a refusal's body are read."""
 
 
 STEP = {"trajectory_id": "t-kinds", "step_index": 0, "prompt_token_ids": [1], "response_token_ids": [2]}
@@ -59,6 +61,13 @@ MATRIX = [
     Call("GET", "/v1/dashboard/steps", None, frozenset({"read"}), 200),
     Call("GET", "/v1/dashboard/steps/no-such-step", None, frozenset({"read"}), 404,
          "/v1/dashboard/steps/{step_id}"),
+    Call("GET", "/v1/dashboard/preview?group=kinds-preview", None, frozenset({"read"}), 200,
+         "/v1/dashboard/preview"),
+    Call("GET", "/v1/dashboard/tree?scope_kind=trajectory&scope_id=no-such", None, frozenset({"read"}), 404,
+         "/v1/dashboard/tree"),
+    Call("GET", "/v1/dashboard/live", None, frozenset({"read"}), 200, stream=True),
+    Call("POST", "/v1/dashboard/curate", {"step_ids": ["s-kinds"], "note": "checked"}, frozenset({"curate"}),
+         202),
     Call("GET", "/metrics", None, frozenset({"read"}), 200),
 ]
 PUBLIC = {"/healthz": "/healthz", "/dashboard": "/dashboard",
@@ -91,7 +100,12 @@ def api(kafka_bootstrap: str, pool: Pool) -> Iterator[LiveGateway]:
 
 def call(api: LiveGateway, route: Call, key: str | None) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return api.http.request(route.method, route.path, json=route.body, headers=headers)
+    if not route.stream:
+        return api.http.request(route.method, route.path, json=route.body, headers=headers)
+    with api.http.stream(route.method, route.path, json=route.body, headers=headers) as reply:
+        if reply.status_code != route.success:
+            reply.read()
+        return reply
 
 
 @pytest.mark.parametrize("kind", list(KEYS))
