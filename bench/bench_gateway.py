@@ -20,7 +20,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from confluent_kafka import TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import free_port, percentile  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.settings import Settings  # noqa: E402
@@ -60,12 +60,6 @@ class Phase:
     refused: int | None = None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def make_step(n: int) -> dict[str, Any]:
     """A realistic step: a 512-token prompt, a 128-token response with logprobs."""
     return {
@@ -75,11 +69,6 @@ def make_step(n: int) -> dict[str, Any]:
         "response_logprobs": [-0.01 * (i % 50) for i in range(RESPONSE_TOKENS)],
         "reward": 1.0, "policy_version": 3, "model": "bench-model", "metadata": {"n": n},
     }
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def baseline(bootstrap: str, topic: str, count: int) -> Phase:

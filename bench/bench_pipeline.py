@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,23 +45,13 @@ sys.path.insert(0, str(REPO))
 
 from confluent_kafka import TopicPartition  # noqa: E402
 
+from bench.common import free_port, percentile  # noqa: E402
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from gateway.client import GatewayClient  # noqa: E402
 from schemas.codec import codec_for  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
 RESULTS = REPO / "bench" / "results" / "bench_pipeline.json"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def step(run: str, n: int, length: int = 10) -> dict[str, Any]:

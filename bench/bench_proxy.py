@@ -47,6 +47,7 @@ from confluent_kafka import TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import free_port  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.kafka_io import ensure_topics, make_consumer  # noqa: E402
 
@@ -78,12 +79,6 @@ class Target:
     cpu_ms_per_call: float | None = None
     loop_cpu_ms_per_call: float | None = None
     errors: int = 0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:

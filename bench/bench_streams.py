@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import free_port, percentile  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.conversation import conversation_key  # noqa: E402
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
@@ -56,17 +56,6 @@ from streams.worker import READY_LINE  # noqa: E402
 PARTITIONS = 4
 TURNS, FIRST_PROMPT, TURN_TOKENS, REPLY_TOKENS = 8, 256, 32, 32
 CODEC = codec_for()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def conversation(tag: str, n: int) -> list[dict[str, Any]]:

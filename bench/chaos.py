@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,17 +40,12 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.common import free_port  # noqa: E402
 from gateway.client import GatewayClient, GatewayError  # noqa: E402
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 HEAL_TIMEOUT_S = 90.0
 SPOOL_TMPFS = "4m"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Stack:
