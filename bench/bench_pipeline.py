@@ -43,9 +43,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from confluent_kafka import TopicPartition  # noqa: E402
 
-from bench.common import free_port, percentile  # noqa: E402
+from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from gateway.client import GatewayClient  # noqa: E402
 from schemas.codec import codec_for  # noqa: E402
@@ -151,24 +150,8 @@ def kafka_round_trip(bootstrap: str, n: int, size: int) -> float:
 
 
 def topic_counts(bootstrap: str) -> dict[str, int]:
-    """Messages in each of the stack's topics (raw, internal, outputs, changelogs), from the offsets,
-    once they stopped growing."""
-    consumer = make_consumer(bootstrap, "bench-offsets-" + uuid.uuid4().hex[:8])
-
-    def counts() -> dict[str, int]:
-        return {name: sum(consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
-                          for p in meta.partitions)
-                for name, meta in consumer.list_topics(timeout=10).topics.items()
-                if not name.startswith(("__", "bench."))}
-
-    try:
-        previous, current = {}, counts()
-        while current != previous:
-            time.sleep(3)
-            previous, current = current, counts()
-        return current
-    finally:
-        consumer.close()
+    """Messages in each of the stack's topics (raw, internal, outputs, changelogs)."""
+    return settled_message_counts(bootstrap, lambda name: None if name.startswith(("__", "bench.")) else name)
 
 
 def whitebox_throughput(stack: Stack, n: int, batch: int, length: int = 10) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile  # noqa: E402
+from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.conversation import conversation_key  # noqa: E402
 from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
@@ -223,27 +223,13 @@ def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
 
 
 def messages_written(bootstrap: str, suffix: str, app_id: str) -> dict[str, int]:
-    """Messages in every topic of this run (raw, internal, output, changelogs), from the offsets,
-    once they stopped growing (the worker also finishes work no final version waits for)."""
-    consumer = make_consumer(bootstrap, "bench-offsets-" + uuid.uuid4().hex[:8])
+    """Messages in every topic of this run (raw, internal, output, changelogs), by their short names."""
+    def label(name: str) -> str | None:
+        if name.endswith(suffix) or name.startswith(app_id + "-"):
+            return name.replace(suffix, "").replace(app_id + "-", "")
+        return None
 
-    def counts() -> dict[str, int]:
-        found = {}
-        for name, meta in consumer.list_topics(timeout=10).topics.items():
-            if name.endswith(suffix) or name.startswith(app_id + "-"):
-                found[name.replace(suffix, "").replace(app_id + "-", "")] = sum(
-                    consumer.get_watermark_offsets(TopicPartition(name, p), timeout=10)[1]
-                    for p in meta.partitions)
-        return dict(sorted(found.items()))
-
-    try:
-        previous, current = {}, counts()
-        while current != previous:
-            time.sleep(3)
-            previous, current = current, counts()
-        return current
-    finally:
-        consumer.close()
+    return settled_message_counts(bootstrap, label)
 
 
 def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
