@@ -6,6 +6,7 @@ lands on the same partition whichever client (confluent-kafka or Faust/aiokafka)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -57,11 +58,34 @@ def ensure_topics(
     missing = [
         NewTopic(n, num_partitions=partitions, replication_factor=1) for n in wanted if n not in existing
     ]
-    if not missing:
-        return
-    for name, future in admin.create_topics(missing, operation_timeout=timeout).items():
+    for name, future in (admin.create_topics(missing, operation_timeout=timeout).items() if missing else ()):
         try:
             future.result(timeout)
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise RuntimeError(f"could not create topic {name}: {exc}") from exc
+    wait_until_served(admin, wanted, timeout)
+
+
+def wait_until_served(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> None:
+    """Return once the broker's metadata shows every partition of ``names`` with a leader.
+
+    A created topic reaches the broker's metadata a moment after CreateTopics answers; a client that
+    reads metadata in between sees it with no partitions, and Faust then keeps that view (its tables
+    fail with ``PartitionsMismatch`` on their first write, seen on a loaded 2-core machine).
+    """
+    pending = set(names)
+    deadline = time.monotonic() + timeout
+    while pending:
+        topics = admin.list_topics(timeout=timeout).topics
+        pending = {name for name in pending if not _served(topics.get(name))}
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics without partition leaders after {timeout:.0f}s: {sorted(pending)}")
+        time.sleep(0.1)
+
+
+def _served(topic: Any) -> bool:
+    return (topic is not None and topic.error is None and bool(topic.partitions)
+            and all(p.error is None and p.leader >= 0 for p in topic.partitions.values()))

@@ -16,7 +16,7 @@ import faust
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clawr1.kafka_io import ensure_topics
+from clawr1.kafka_io import ensure_topics, wait_until_served
 from clawr1.settings import Settings, load_settings
 from streams.app import StreamsApp
 from streams.config import StreamConfig
@@ -60,6 +60,7 @@ def ensure_changelogs(streams: StreamsApp, timeout: float = 30.0) -> None:
         except KafkaException as exc:
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise RuntimeError(f"could not create changelog topic {name}: {exc}") from exc
+    wait_until_served(admin, [topic.topic for topic in wanted], timeout)
 
 
 def run_worker(settings: Settings, ready: Callable[[], None] | None = None,
