@@ -178,6 +178,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return {**env, **settings.extra}
 
 
+START_TIMEOUT_S = 120.0
+
+
 class ProxyProcess:
     """The proxy as its own process (``tests.integration.proxy.proxy_process``), like ``clawr1 proxy``."""
 
@@ -199,16 +202,24 @@ class ProxyProcess:
             text=True,
         )
         assert self.process.stdout is not None
+        self._ready = threading.Event()
+        threading.Thread(target=self._read_output, daemon=True).start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._ready.wait(0.2):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                if self.process.poll() is None:
+                    self.process.kill()
+                raise AssertionError(f"proxy process not ready (exit {self.process.wait()}) within "
+                                     f"{START_TIMEOUT_S:.0f}s: {''.join(self.output)}")
+        return self
+
+    def _read_output(self) -> None:
+        """Collects the process's output (a child holding the pipe may keep it open past its exit)."""
+        assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
             self.output.append(line)
             if line.strip() == "READY":
-                threading.Thread(target=self._drain_output, daemon=True).start()
-                return self
-        raise AssertionError(f"proxy process exited with {self.process.wait()}: {''.join(self.output)}")
-
-    def _drain_output(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        self.output.extend(self.process.stdout)
+                self._ready.set()
 
     def stop(self, timeout: float = 30.0) -> int:
         assert self.process is not None
