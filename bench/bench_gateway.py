@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import free_port, percentile  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from clawr1.settings import Settings  # noqa: E402
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
+from clawr1.core.settings import Settings  # noqa: E402
 from gateway.config import GatewayTopics  # noqa: E402
 from gateway.models import StepIn  # noqa: E402
 from gateway.records import step_record  # noqa: E402

@@ -47,8 +47,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.conversation import conversation_key  # noqa: E402
-from clawr1.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
+from clawr1.core.conversation import conversation_key  # noqa: E402
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from schemas.codec import codec_for  # noqa: E402
 from streams.config import StreamTopics  # noqa: E402
 from streams.worker import READY_LINE  # noqa: E402

@@ -263,7 +263,7 @@ def pause_broker(stack: Stack, seconds: float = 8.0) -> Fault:
 def corrupt_raw(stack: Stack, count: int = 5) -> Fault:
     from confluent_kafka import Producer
 
-    from clawr1.topics import RAW_FEEDBACK, RAW_LLM, RAW_STEPS
+    from clawr1.core.topics import RAW_FEEDBACK, RAW_LLM, RAW_STEPS
 
     producer = Producer({"bootstrap.servers": stack.bootstrap})
     for i in range(count):

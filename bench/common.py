@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from confluent_kafka import TopicPartition
 
-from clawr1.kafka_io import make_consumer
+from clawr1.core.kafka_io import make_consumer
 
 
 def free_port() -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clawr1.conversation import prefix_digests
+from clawr1.core.conversation import prefix_digests
 from streams.linking import LinkState, link_turn, step_ids_of
 from streams.rewards import feedback_fact
 from streams.targets import Target, TargetState, add_feedback, add_target

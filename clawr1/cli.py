@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from clawr1.settings import Settings, load_settings
+from clawr1.core.settings import Settings, load_settings
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -110,7 +110,7 @@ def _ready_marker(settings: Settings, part: str) -> Callable[[], None]:
 
 def _or_exit(command: str, start: Callable[[], None]) -> int:
     """0 once ``start`` ran; 2, with the reason on stderr, when it cannot (a metrics port is taken)."""
-    from clawr1.metrics import MetricsPortError
+    from clawr1.core.metrics import MetricsPortError
 
     try:
         start()
@@ -131,7 +131,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     import asyncio
 
     from clawr1 import readiness
-    from clawr1.metrics import LagSampler, PoolRowsSampler, sample_interval
+    from clawr1.core.metrics import LagSampler, PoolRowsSampler, sample_interval
     from dashboard.api import dashboard_page_router, dashboard_router
     from gateway.app import create_app
     from gateway.metrics import RequestMetrics, metrics_router
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "api":
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":
-        from clawr1.metrics import serve_role_metrics
+        from clawr1.core.metrics import serve_role_metrics
         from streams.config import StreamConfig
         from streams.worker import run_worker
 
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             settings, "worker_metrics_port", {config.app_id: read}))
         return served or run_worker(settings, ready=_ready_marker(settings, "worker"), config=config)
     if args.command == "rewarder":
-        from clawr1.metrics import serve_role_metrics
+        from clawr1.core.metrics import serve_role_metrics
         from rewards.worker import RewarderConfig, run_rewarder
 
         rewarder = RewarderConfig.from_settings(settings)
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_proxy(settings, ready=_ready_marker(settings, "proxy"))
     if args.command == "sink":
-        from clawr1.metrics import serve_role_metrics
+        from clawr1.core.metrics import serve_role_metrics
         from sinks.config import SinkConfig
         from sinks.pool_sink import routes_for
         from sinks.runner import run_sink_process

@@ -21,10 +21,10 @@ import httpx
 
 from broker.launcher import KafkaBroker, stop_on_signals
 from clawr1 import readiness
-from clawr1.kafka_io import ensure_topics
-from clawr1.settings import Settings, settings_to_env
+from clawr1.core.kafka_io import ensure_topics
+from clawr1.core.settings import Settings, settings_to_env
+from clawr1.core.topics import ALL_TOPICS
 from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor
-from clawr1.topics import ALL_TOPICS
 
 STATE_FILE = Path("run") / "supervisor.json"
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 
 TAIL_LINES = 20
 

@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from compat.engines import EngineFailed, EngineRefused, Engines, NoEngine, parse_engines
 from compat.models import (
     CompleteTrajectoryRequest,

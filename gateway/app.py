@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
-from clawr1.settings import Settings
-from clawr1.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
+from clawr1.core.settings import Settings
+from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
 from gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
 from gateway.config import GatewayConfig, GatewayTopics
 from gateway.errors import ApiError, ErrorBody, install_error_handlers

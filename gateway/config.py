@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
-from clawr1.settings import Settings
-from clawr1.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
+from clawr1.core.settings import Settings
+from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
 
 MAX_IN_FLIGHT_ENV = "CLAWR1_GATEWAY_MAX_IN_FLIGHT"
 DELIVERY_TIMEOUT_ENV = "CLAWR1_GATEWAY_DELIVERY_TIMEOUT_S"

@@ -1,7 +1,7 @@
 """The API process's Prometheus face: ``GET /metrics`` and the per-route request counter.
 
 The gateway, pool SQL, dashboard, sink and compat port share the API process, so one route serves
-all their metrics (``clawr1.metrics``). With API keys set it needs a ``read`` key (it shows traffic
+all their metrics (``clawr1.core.metrics``). With API keys set it needs a ``read`` key (it shows traffic
 and pool sizes, as the dashboard does); without keys it is served on loopback like every route.
 """
 
@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from clawr1.metrics import HTTP_REQUESTS
+from clawr1.core.metrics import HTTP_REQUESTS
 
 UNMATCHED = "unmatched"
 

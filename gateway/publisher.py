@@ -21,7 +21,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from clawr1.kafka_io import ensure_topics, make_producer
+from clawr1.core.kafka_io import ensure_topics, make_producer
 
 log = logging.getLogger(__name__)
 

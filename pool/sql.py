@@ -30,7 +30,7 @@ from clickhouse_connect.driver.binding import external_bind_re
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from pool.sql_guard import (
     CATALOGUE_QUERY,
     COMBINATORS_QUERY,

@@ -21,8 +21,8 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from clawr1.kafka_io import ensure_topics, make_producer
-from clawr1.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
+from clawr1.core.kafka_io import ensure_topics, make_producer
+from clawr1.core.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
 from proxy.spool import Spool, encode_frame
 
 logger = logging.getLogger("clawr1.proxy.emitter")

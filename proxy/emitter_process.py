@@ -44,7 +44,7 @@ class EmitterConfig:
     registry_url: str
     instance: str
     drain_s: float
-    # Where the emitter serves the proxy's metrics (``clawr1.metrics``); port 0 = off.
+    # Where the emitter serves the proxy's metrics (``clawr1.core.metrics``); port 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
 
@@ -132,14 +132,14 @@ class EmitterProcess:
 
 def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Connection) -> None:
     # Imported here: the parent only needs the pipes, the child the whole record pipeline.
-    from clawr1.metrics import (
+    from clawr1.core.metrics import (
         PROXY_CALLS_CAPTURED,
         PROXY_CALLS_FAILED,
         PROXY_SPOOL_DEPTH,
         MetricsPortError,
         serve_metrics,
     )
-    from clawr1.topics import RAW_LLM
+    from clawr1.core.topics import RAW_LLM
     from proxy.chains import ResponseChains
     from proxy.emitter import Emitter
     from proxy.record import CapturedCall, build_record

@@ -13,7 +13,7 @@ from typing import Any
 
 from mitmproxy.net import encoding as content_encoding
 
-from clawr1.conversation import conversation_key
+from clawr1.core.conversation import conversation_key
 from proxy.apis import BY_NAME, Assembled
 from proxy.apis.base import error_text
 from proxy.apis.openai_responses import NAME as RESPONSES_API

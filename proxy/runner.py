@@ -42,8 +42,8 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
-from clawr1.settings import Settings
-from clawr1.topics import RAW_LLM
+from clawr1.core.settings import Settings
+from clawr1.core.topics import RAW_LLM
 from proxy.addons import build_addons
 from proxy.addons.auth import ProxyAuthHeader
 from proxy.addons.own_ports import StackPortsGuard, stack_ports

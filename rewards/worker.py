@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from clawr1 import topics
-from clawr1.kafka_io import ensure_topics, make_consumer, make_producer
-from clawr1.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
-from clawr1.settings import Settings
+from clawr1.core import topics
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.core.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
+from clawr1.core.settings import Settings
 from gateway.records import deterministic_id
 from rewards.loader import RewardFn, RewardFnError, compute_reward, load_reward_fn
 from schemas.codec import AvroCodec, CodecError, codec_for

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clawr1.settings import Settings, T
-from clawr1.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
+from clawr1.core.settings import Settings, T
+from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
 
 DEFAULT_GROUP = "clawr1-pool-sink"
 

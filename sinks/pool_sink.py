@@ -18,8 +18,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from clawr1.kafka_io import ensure_topics, make_consumer
-from clawr1.metrics import (
+from clawr1.core.kafka_io import ensure_topics, make_consumer
+from clawr1.core.metrics import (
     INGEST_TO_POOL_SECONDS,
     SINK_BATCH_MESSAGES,
     SINK_DEAD_LETTERS,

@@ -10,7 +10,7 @@ import signal
 import threading
 from collections.abc import Callable
 
-from clawr1.settings import Settings, load_settings
+from clawr1.core.settings import Settings, load_settings
 from pool.store import PoolStore
 from schemas.codec import codec_for
 from sinks.config import SinkConfig

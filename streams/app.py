@@ -32,8 +32,8 @@ import faust
 from faust.streams import current_event
 from faust.types import EventT
 
-from clawr1.conversation import conversation_key
-from clawr1.metrics import STREAM_DEAD_LETTERS, STREAM_EVENTS_IN, STREAM_EVENTS_OUT
+from clawr1.core.conversation import conversation_key
+from clawr1.core.metrics import STREAM_DEAD_LETTERS, STREAM_EVENTS_IN, STREAM_EVENTS_OUT
 from prefix_tree import PrefixTree
 from schemas.codec import DecodeError, codec_for
 from streams import messages

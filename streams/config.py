@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from clawr1 import topics
-from clawr1.settings import Settings
+from clawr1.core import topics
+from clawr1.core.settings import Settings
 from streams.readiness import DEFAULT_RULE, ReadinessRule
 
 DEFAULT_APP_ID = "clawr1-streams"

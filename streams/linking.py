@@ -1,7 +1,7 @@
 """Trajectory linking of turns: a bijection between calls and trajectories, or an explicit flag.
 
 A turn continues an earlier step when its messages start with that step's prompt plus its reply
-(compared canonically, ``clawr1.conversation``). Several steps can have the same prompt plus
+(compared canonically, ``clawr1.core.conversation``). Several steps can have the same prompt plus
 reply: k GRPO rollouts of one task whose first actions are identical. Their states are identical,
 so any one-to-one assignment is correct, and the linker keeps it one-to-one: a continuation goes
 to a matching step that has not been continued yet (preferring the one whose call came on the
@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from clawr1.conversation import prefix_digests
+from clawr1.core.conversation import prefix_digests
 from streams.turns import InvalidEvent, Turn
 
 LINKED, ROOT, AMBIGUOUS, COMPACTED, SUPERSEDED = "linked", "root", "ambiguous", "compacted", "superseded"

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from clawr1.conversation import prefix_digests
+from clawr1.core.conversation import prefix_digests
 from streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
 from streams.rewards import inline_fact
 from streams.tokenization import Retokenizer

@@ -16,8 +16,8 @@ import faust
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clawr1.kafka_io import ensure_topics, wait_until_served
-from clawr1.settings import Settings, load_settings
+from clawr1.core.kafka_io import ensure_topics, wait_until_served
+from clawr1.core.settings import Settings, load_settings
 from streams.app import StreamsApp
 from streams.config import StreamConfig
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from mitmproxy import http
 from mitmproxy.proxy.mode_specs import RegularMode
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 
 
 def stack_ports(settings: Settings) -> frozenset[int]:

@@ -17,7 +17,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, kill_role, run_faults
-from clawr1.topics import RAW_STEPS
+from clawr1.core.topics import RAW_STEPS
 from gateway.client import GatewayClient
 
 

@@ -10,7 +10,7 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
-from clawr1.settings import load_settings
+from clawr1.core.settings import load_settings
 from compat.app import create_compat_app
 from gateway.app import create_app
 from gateway.auth import ROUTE_KINDS

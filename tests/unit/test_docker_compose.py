@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from clawr1.cli import _build_parser
-from clawr1.settings import env_names
+from clawr1.core.settings import env_names
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 THIRD_PARTY = {"kafka", "clickhouse", "prometheus", "grafana"}

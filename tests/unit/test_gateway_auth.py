@@ -97,7 +97,7 @@ def test_a_mounted_route_missing_from_the_matrix_is_refused_to_every_key() -> No
     from fastapi import APIRouter
     from fastapi.testclient import TestClient
 
-    from clawr1.settings import Settings
+    from clawr1.core.settings import Settings
     from gateway.app import create_app
 
     router = APIRouter()

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawr1.metrics import ALL_METRICS, MetricsPortError, exposed_names, serve_metrics
+from clawr1.core.metrics import ALL_METRICS, MetricsPortError, exposed_names, serve_metrics
 from tests.conftest import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-clawr1.json"
@@ -26,7 +26,8 @@ def _dashboard_names() -> set[str]:
 
 def test_the_dashboard_queries_only_defined_metrics() -> None:
     unknown = _dashboard_names() - exposed_names()
-    assert not unknown, f"docs/grafana-clawr1.json queries metrics clawr1/metrics.py lacks: {sorted(unknown)}"
+    assert not unknown, f"docs/grafana-clawr1.json queries metrics clawr1/core/metrics.py lacks: " \
+        f"{sorted(unknown)}"
 
 
 def test_every_metric_has_a_panel() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from proxy.runner import ProxyStartError, ca_cert_path, proxy_config
 
 

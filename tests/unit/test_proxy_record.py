@@ -6,7 +6,7 @@ import gzip
 import json
 from dataclasses import replace
 
-from clawr1.conversation import conversation_key
+from clawr1.core.conversation import conversation_key
 from proxy.hints import Hints
 from proxy.record import CapturedCall, build_record
 from proxy.token_ids import Injection

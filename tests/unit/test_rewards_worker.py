@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from clawr1.settings import load_settings
+from clawr1.core.settings import load_settings
 from rewards.worker import (
     RewarderConfig,
     already_scored,

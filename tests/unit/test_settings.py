@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.settings import Settings, env_names, load_settings, settings_to_env
+from clawr1.core.settings import Settings, env_names, load_settings, settings_to_env
 
 
 def test_defaults_are_the_embedded_local_stack() -> None:

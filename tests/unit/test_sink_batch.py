@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clawr1.settings import load_settings
+from clawr1.core.settings import load_settings
 from sinks.batch import Batch
 from sinks.config import SinkConfig
 from sinks.rows import Origin

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.settings import load_settings
+from clawr1.core.settings import load_settings
 from streams.config import StreamConfig, StreamTopics
 from streams.readiness import ReadinessRule
 

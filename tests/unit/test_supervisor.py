@@ -164,6 +164,6 @@ def test_stop_all_stops_higher_tiers_first_and_kills_what_ignores_sigterm(tmp_pa
     ("CLAWR1_RESTART_BACKOFF_S", "0.1", "backoff_s", 0.1),
 ])
 def test_policy_comes_from_settings(name: str, value: str, field: str, expected: float) -> None:
-    from clawr1.settings import load_settings
+    from clawr1.core.settings import load_settings
 
     assert getattr(RestartPolicy.from_settings(load_settings({name: value})), field) == expected

@@ -8,7 +8,7 @@ from urllib.parse import urljoin, urlsplit
 
 from fastapi.testclient import TestClient
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from dashboard.api import dashboard_page_router, dashboard_router
 from gateway.app import create_app
 from pool.api import pool_router

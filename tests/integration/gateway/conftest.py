@@ -16,8 +16,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from fastapi import FastAPI
 
-from clawr1.kafka_io import make_consumer
-from clawr1.settings import Settings
+from clawr1.core.kafka_io import make_consumer
+from clawr1.core.settings import Settings
 from gateway.app import create_app
 from gateway.config import GatewayTopics
 from gateway.server import serve

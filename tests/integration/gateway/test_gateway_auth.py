@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from gateway.app import create_app
 from gateway.server import InsecureBindError, serve
 from tests.conftest import free_port

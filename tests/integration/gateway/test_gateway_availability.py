@@ -11,7 +11,7 @@ import httpx
 from fastapi import APIRouter
 
 from broker.launcher import KafkaBroker
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from gateway.config import DELIVERY_TIMEOUT_ENV, MAX_IN_FLIGHT_ENV
 from tests.conftest import free_port
 from tests.integration.gateway.conftest import running_gateway, wait_healthy

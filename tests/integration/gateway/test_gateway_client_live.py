@@ -8,7 +8,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from gateway.app import create_app
 from gateway.client import GatewayClient
 from tests.conftest import free_port

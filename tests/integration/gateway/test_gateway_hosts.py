@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from dashboard.api import dashboard_page_router, dashboard_router
 from pool.store import PoolStore, quote_identifier
 from tests.integration.gateway.conftest import LiveGateway, running_gateway

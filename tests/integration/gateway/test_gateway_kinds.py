@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from consumer_sdk import PoolConsumer, PoolRequestError, save_preset
 from dashboard.api import dashboard_page_router, dashboard_router
 from gateway.metrics import metrics_router

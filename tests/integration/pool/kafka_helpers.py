@@ -8,7 +8,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, TopicPartition
 
-from clawr1.kafka_io import make_consumer, make_producer
+from clawr1.core.kafka_io import make_consumer, make_producer
 from schemas.codec import codec_for
 
 

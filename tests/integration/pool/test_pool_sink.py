@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from pool.store import PoolStore
 from sinks.config import SinkConfig
 from sinks.pool_sink import EXIT_AFTER_INSERT_CODE

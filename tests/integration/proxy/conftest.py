@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.kafka_io import ensure_topics
-from clawr1.settings import Settings
+from clawr1.core.kafka_io import ensure_topics
+from clawr1.core.settings import Settings
 from tests.integration.proxy.helpers import (
     EmbeddedProxy,
     LoopThread,

@@ -28,8 +28,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from clawr1.kafka_io import make_consumer
-from clawr1.settings import Settings, env_names
+from clawr1.core.kafka_io import make_consumer
+from clawr1.core.settings import Settings, env_names
 from demo.standin_engine import StandinEngine
 from proxy.runner import ca_cert_path, serve_proxy
 from schemas.codec import codec_for

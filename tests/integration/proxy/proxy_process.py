@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from clawr1.settings import load_settings
+from clawr1.core.settings import load_settings
 from proxy.runner import run_proxy
 
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from broker.launcher import KafkaBroker
-from clawr1.kafka_io import ensure_topics
-from clawr1.settings import Settings
+from clawr1.core.kafka_io import ensure_topics
+from clawr1.core.settings import Settings
 from demo.standin_engine import DEFAULT_MODEL
 from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, free_port
 

@@ -14,8 +14,8 @@ import httpx
 import openai
 import pytest
 
-from clawr1.kafka_io import ensure_topics
-from clawr1.settings import Settings
+from clawr1.core.kafka_io import ensure_topics
+from clawr1.core.settings import Settings
 from demo.standin_engine import DEFAULT_MODEL
 from tests.integration.proxy.helpers import (
     REPO_ROOT,

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from clawr1.settings import Settings
+from clawr1.core.settings import Settings
 from demo.standin_engine import DEFAULT_MODEL
 from proxy.runner import PROCESSES_ENV
 from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, free_port, marked

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from clawr1.conversation import conversation_key
+from clawr1.core.conversation import conversation_key
 from demo.standin_engine import (
     DEFAULT_MODEL,
     completion_prompt_ids,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer
 
-from clawr1.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 from rewards.worker import Rewarder, RewarderConfig, feedback_id_of
 from schemas.codec import AvroCodec
 from tests.integration.pool.records import step as step_record

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from clawr1.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 from schemas.codec import codec_for
 from streams.config import StreamTopics
 from streams.worker import READY_LINE

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from clawr1.conversation import conversation_key
+from clawr1.core.conversation import conversation_key
 from schemas.codec import codec_for
 
 CODEC = codec_for()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from clawr1.conversation import conversation_key
+from clawr1.core.conversation import conversation_key
 from tests.integration.streams.events import (
     CODEC,
     assistant,

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
-from clawr1.kafka_io import make_producer
-from clawr1.settings import Settings
+from clawr1.core.kafka_io import make_producer
+from clawr1.core.settings import Settings
 from tests.integration.proxy.helpers import EmbeddedProxy, LoopThread, TopicReader, free_port, start_standin
 from tests.integration.streams.conftest import Outputs, WorkerRun
 from tests.integration.streams.events import CODEC, feedback, llm_call, llm_key

@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from clawr1.kafka_io import make_consumer
+from clawr1.core.kafka_io import make_consumer
 from streams.config import StreamTopics
 from tests.integration.streams.conftest import (
     PARTITIONS,

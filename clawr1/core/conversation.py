@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-_EMPTY = hashlib.sha256(b"clawr1.conversation").hexdigest()
+_EMPTY = hashlib.sha256(b"clawr1.core.conversation").hexdigest()
 # Content parts and whole messages (Responses-API items) that carry reasoning an agent may drop.
 _REASONING_PARTS = frozenset({"thinking", "redacted_thinking", "reasoning"})
 _REASONING_ROLES = frozenset({"reasoning"})

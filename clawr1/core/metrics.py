@@ -20,9 +20,9 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
-from clawr1.settings import Settings, env_names
+from clawr1.core.settings import Settings, env_names
 
-log = logging.getLogger("clawr1.metrics")
+log = logging.getLogger("clawr1.core.metrics")
 
 SAMPLE_INTERVAL_ENV = "CLAWR1_METRICS_SAMPLE_S"
 DEFAULT_SAMPLE_S = 10.0

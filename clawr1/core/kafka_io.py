@@ -13,7 +13,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from clawr1.topics import ALL_TOPICS
+from clawr1.core.topics import ALL_TOPICS
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:

@@ -56,7 +56,7 @@ class Settings:
     max_batch_steps: int = 1000
     tokenizer: str = ""
     topic_partitions: int = 4
-    # Prometheus metrics (clawr1/metrics.py): the API process serves GET /metrics; the other roles
+    # Prometheus metrics (clawr1/core/metrics.py): the API process serves GET /metrics; the other roles
     # serve a port each on metrics_host (0 = off).
     metrics_host: str = "127.0.0.1"
     proxy_metrics_port: int = 0
