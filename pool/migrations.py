@@ -21,12 +21,25 @@ Layout (why it looks like this):
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from pool.consumer_tables import CONSUMER_MIGRATIONS
 
-if TYPE_CHECKING:
-    from pool.store import PoolStore
+
+class MigrationStore(Protocol):
+    """What migrations need from a store (``pool.store.PoolStore`` is one); declared here so this
+    module does not import the store, which imports it to migrate."""
+
+    def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
+                settings: Mapping[str, Any] | None = None) -> Any: ...
+
+    def query(self, sql: str, parameters: Mapping[str, Any] | None = None,
+              settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]: ...
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str],
+               dedup_token: str | None = None, settings: Mapping[str, Any] | None = None) -> int: ...
+
 
 DEDUP_WINDOW = 10_000
 TOKEN_CODEC = "CODEC(ZSTD(1))"
@@ -357,11 +370,11 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 {_SINK_TABLE_SETTINGS}"""
 
 
-def applied_ids(store: PoolStore) -> set[str]:
+def applied_ids(store: MigrationStore) -> set[str]:
     return {row["id"] for row in store.query("SELECT DISTINCT id FROM schema_migrations")}
 
 
-def apply_migrations(store: PoolStore, migrations: list[tuple[str, str]] | None = None) -> list[str]:
+def apply_migrations(store: MigrationStore, migrations: list[tuple[str, str]] | None = None) -> list[str]:
     """Run the migrations not yet recorded, in order; returns their ids."""
     store.command(_BOOTSTRAP)
     done = applied_ids(store)

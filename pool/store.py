@@ -19,16 +19,22 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DataError
 
-_CODE_RE = re.compile(r"Code: \d+\..*", re.DOTALL)
-_ERROR_CODE_RE = re.compile(r"Code: (\d+)\.")
+from pool.migrations import apply_migrations
+
+# Where ClickHouse's own text starts in a driver message. Only for display: the HTTP driver prefixes
+# "Received ClickHouse exception, code: N, server response: " and appends the URL; chDB's text starts
+# here already. The code itself is read from the exception, never from this text.
+_TEXT_START = re.compile(r"Code: \d+\..*", re.DOTALL)
 
 
 class PoolError(RuntimeError):
-    """A ClickHouse error, reduced to ClickHouse's own text (``Code: N. DB::Exception: ...``)."""
+    """A ClickHouse error, reduced to ClickHouse's own text (``Code: N. DB::Exception: ...``), with its
+    numeric ``code`` and symbolic ``name`` (e.g. 60, ``UNKNOWN_TABLE``) when ClickHouse gave them."""
 
-    def __init__(self, message: str, code: int | None = None) -> None:
+    def __init__(self, message: str, code: int | None = None, name: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.name = name
 
 
 class PoolDataError(PoolError):
@@ -36,12 +42,17 @@ class PoolDataError(PoolError):
 
 
 def pool_error(exc: ClickHouseError) -> PoolError:
-    """ClickHouse's own error text and code, without the driver's wrapping."""
+    """ClickHouse's own error text, code and name, without the driver's wrapping.
+
+    clickhouse-connect (1.12) sets ``code``/``name`` on its ``Error`` subclasses for both transports:
+    the HTTP client from the ``X-ClickHouse-Exception-Code`` header, the chDB backend from the engine's
+    message (checked: ``SELECT * FROM nope`` on chDB raises DatabaseError with code 60, name
+    UNKNOWN_TABLE). Transport failures (and a bare ``ClickHouseError``) carry no code: None here.
+    """
     text = str(exc)
-    match = _CODE_RE.search(text)
+    match = _TEXT_START.search(text)
     message = match.group(0).strip() if match else text.strip()
-    code = _ERROR_CODE_RE.search(message)
-    return PoolError(message, int(code.group(1)) if code else None)
+    return PoolError(message, getattr(exc, "code", None), getattr(exc, "name", None))
 
 
 def is_embedded(dsn: str) -> bool:
@@ -94,8 +105,6 @@ class PoolStore:
 
     def migrate(self) -> list[str]:
         """Apply pending migrations; returns the ids applied now (empty when up to date)."""
-        from pool.migrations import apply_migrations
-
         return apply_migrations(self)
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
