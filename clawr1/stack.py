@@ -21,6 +21,7 @@ import httpx
 
 from broker.launcher import KafkaBroker, stop_on_signals
 from clawr1 import readiness
+from clawr1.core import registry
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings, settings_to_env
 from clawr1.core.topics import ALL_TOPICS
@@ -84,14 +85,14 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             "CLAWR1_KAFKA_BOOTSTRAP": settings.bootstrap_servers,
         }
         if demo and not settings.upstream:
-            engine_port = settings.extra.get("CLAWR1_DEMO_ENGINE_PORT", "8091")
+            engine_port = str(settings.role_setting(registry.DEMO_ENGINE_PORT))
             engine = ["standin-engine", "--port", engine_port]
             supervisor.add(_cli_role("standin-engine", engine, env, data_dir))
             env["CLAWR1_UPSTREAM"] = f"http://127.0.0.1:{engine_port}"
             env["CLAWR1_CAPTURE_TOKEN_IDS"] = "true"  # the stand-in speaks vLLM's token-id fields
             if not settings.reverse_port:
                 env["CLAWR1_REVERSE_PORT"] = str(settings.proxy_port + 1)
-        if demo and not settings.role_setting("CLAWR1_REWARD_FN", ""):
+        if demo and not settings.role_setting(registry.REWARD_FN):
             # The demo's rewarder scores every step (the default readiness needs a step reward).
             env |= {"CLAWR1_REWARD_FN": "demo.tasks:demo_reward", "CLAWR1_REWARD_TARGET": "step"}
         rewarding = bool(env.get("CLAWR1_REWARD_FN"))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from clawr1.core import registry
 from clawr1.core.settings import Settings
 
 TAIL_LINES = 20
@@ -41,10 +42,10 @@ class RestartPolicy:
     more than ``max_restarts`` exits within the window is a crash loop: restarting again would only
     hide a fault that needs a person."""
 
-    backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
-    max_restarts: int = 5
-    window_s: float = 300.0
+    backoff_s: float = registry.RESTART_BACKOFF_S.default
+    max_backoff_s: float = registry.RESTART_MAX_BACKOFF_S.default
+    max_restarts: int = registry.RESTART_LIMIT.default
+    window_s: float = registry.RESTART_WINDOW_S.default
 
     def decide(self, exits: Sequence[float], now: float) -> Decision:
         """``exits``: the role's exit times, the one just seen included."""
@@ -57,10 +58,10 @@ class RestartPolicy:
     @classmethod
     def from_settings(cls, settings: Settings) -> RestartPolicy:
         return cls(
-            backoff_s=settings.role_setting("CLAWR1_RESTART_BACKOFF_S", cls.backoff_s),
-            max_backoff_s=settings.role_setting("CLAWR1_RESTART_MAX_BACKOFF_S", cls.max_backoff_s),
-            max_restarts=settings.role_setting("CLAWR1_RESTART_LIMIT", cls.max_restarts),
-            window_s=settings.role_setting("CLAWR1_RESTART_WINDOW_S", cls.window_s),
+            backoff_s=settings.role_setting(registry.RESTART_BACKOFF_S),
+            max_backoff_s=settings.role_setting(registry.RESTART_MAX_BACKOFF_S),
+            max_restarts=settings.role_setting(registry.RESTART_LIMIT),
+            window_s=settings.role_setting(registry.RESTART_WINDOW_S),
         )
 
 

@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
+from clawr1.core.registry import COMPAT_MAX_TRAJECTORIES, COMPAT_RESPONSE_LENGTH, COMPAT_TIMEOUT_S, REWARD_FN
 from clawr1.core.settings import Settings
 from compat.engines import EngineFailed, EngineRefused, Engines, NoEngine, parse_engines
 from compat.models import (
@@ -56,10 +57,10 @@ from gateway.metrics import RequestMetrics
 from gateway.models import Channel
 from rewards import RewardFn, RewardFnError, compute_reward, load_reward_fn
 
-REWARD_FN_ENV = "CLAWR1_REWARD_FN"
-MAX_TRAJECTORIES_ENV = "CLAWR1_COMPAT_MAX_TRAJECTORIES"
-TIMEOUT_ENV = "CLAWR1_COMPAT_TIMEOUT_S"
-RESPONSE_LENGTH_ENV = "CLAWR1_COMPAT_RESPONSE_LENGTH"
+REWARD_FN_ENV = REWARD_FN.name
+MAX_TRAJECTORIES_ENV = COMPAT_MAX_TRAJECTORIES.name
+TIMEOUT_ENV = COMPAT_TIMEOUT_S.name
+RESPONSE_LENGTH_ENV = COMPAT_RESPONSE_LENGTH.name
 # The seed's agents call these under their base URL; each is relayed to the same path of the proxy.
 AGENT_APIS = ("chat/completions", "completions", "responses", "messages")
 _INGEST = {ingest.kind: ingest for ingest in INGESTS}
@@ -98,7 +99,7 @@ class Compat:
         self.relay = Relay(settings, client)
         self.engines = Engines(parse_engines(settings.upstream), client)
         self.reward_fn = reward_fn
-        response_length = settings.role_setting(RESPONSE_LENGTH_ENV, 0)
+        response_length = settings.role_setting(COMPAT_RESPONSE_LENGTH)
         self.max_tokens = response_length or None
 
     async def publish(self, kind: str, items: list[Any], source_name: str) -> int:
@@ -230,16 +231,16 @@ def _routes(app: FastAPI, compat: Callable[[], Compat], keys_dependency: Any) ->
 def create_compat_app(settings: Settings, gateway: GatewayState) -> FastAPI:
     """The compat app over the API app's ``gateway`` state (its publisher exists while the API runs).
     A ``CLAWR1_REWARD_FN`` that cannot be loaded fails here, at start-up, not on the first call."""
-    spec = settings.role_setting(REWARD_FN_ENV, "")
+    spec = settings.role_setting(REWARD_FN)
     reward_fn = load_reward_fn(spec) if spec else None
     parse_engines(settings.upstream)  # a malformed CLAWR1_UPSTREAM fails at start-up too
     holder: dict[str, Compat] = {}
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-        timeout = settings.role_setting(TIMEOUT_ENV, 600.0)
+        timeout = settings.role_setting(COMPAT_TIMEOUT_S)
         registry = Registry(settings.data_dir.resolve() / "compat" / "registrations.sqlite3",
-                            settings.role_setting(MAX_TRAJECTORIES_ENV, 100_000))
+                            settings.role_setting(COMPAT_MAX_TRAJECTORIES))
         client = httpx.AsyncClient(timeout=httpx.Timeout(timeout, connect=10.0), trust_env=False,
                                    limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100))
         holder["compat"] = Compat(settings, gateway, client, registry, reward_fn)

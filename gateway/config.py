@@ -1,7 +1,7 @@
 """What the gateway reads from ``Settings``: limits, delivery timing, idempotency bounds and its topics.
 
-Role-specific knobs are read with ``Settings.role_setting``
-(``CLAWR1_GATEWAY_*`` / ``CLAWR1_IDEMPOTENCY_*`` environment variables) with local defaults.
+Role-specific knobs (``CLAWR1_GATEWAY_*`` / ``CLAWR1_IDEMPOTENCY_*``) are declared, with their defaults
+and checks, in ``clawr1/core/registry.py`` and read with ``Settings.role_setting``.
 """
 
 from __future__ import annotations
@@ -9,14 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeVar
 
+from clawr1.core import registry
 from clawr1.core.settings import Settings
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
 
-MAX_IN_FLIGHT_ENV = "CLAWR1_GATEWAY_MAX_IN_FLIGHT"
-DELIVERY_TIMEOUT_ENV = "CLAWR1_GATEWAY_DELIVERY_TIMEOUT_S"
-IDEMPOTENCY_TTL_ENV = "CLAWR1_IDEMPOTENCY_TTL_S"
-IDEMPOTENCY_MAX_KEYS_ENV = "CLAWR1_IDEMPOTENCY_MAX_KEYS"
-IDEMPOTENCY_MAX_BYTES_ENV = "CLAWR1_IDEMPOTENCY_MAX_BYTES"
+# The variables' names, for tests that set them in ``Settings.extra``.
+MAX_IN_FLIGHT_ENV = registry.GATEWAY_MAX_IN_FLIGHT.name
+DELIVERY_TIMEOUT_ENV = registry.GATEWAY_DELIVERY_TIMEOUT_S.name
+IDEMPOTENCY_TTL_ENV = registry.IDEMPOTENCY_TTL_S.name
+IDEMPOTENCY_MAX_KEYS_ENV = registry.IDEMPOTENCY_MAX_KEYS.name
+IDEMPOTENCY_MAX_BYTES_ENV = registry.IDEMPOTENCY_MAX_BYTES.name
 
 
 @dataclass(frozen=True)
@@ -50,20 +52,21 @@ class GatewayConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
-        max_batch = _positive(settings.max_batch_steps, "CLAWR1_MAX_BATCH_STEPS")
+        max_batch = _positive(settings.max_batch_steps, registry.MAX_BATCH_STEPS.name)
+        knob = settings.role_setting  # the registry checks that each of these is positive
         return cls(
             bootstrap=settings.bootstrap_servers,
             registry_url=settings.schema_registry_url,
             topic_partitions=settings.topic_partitions,
             api_keys=settings.api_keys,
-            max_request_bytes=_positive(settings.max_request_bytes, "CLAWR1_MAX_REQUEST_BYTES"),
+            max_request_bytes=_positive(settings.max_request_bytes, registry.MAX_REQUEST_BYTES.name),
             max_batch=max_batch,
             # A whole batch must always fit, or a maximal batch could never be accepted.
-            max_in_flight=max(max_batch, _knob(settings, MAX_IN_FLIGHT_ENV, 20_000)),
-            delivery_timeout_s=_knob(settings, DELIVERY_TIMEOUT_ENV, 15.0),
-            idempotency_ttl_s=_knob(settings, IDEMPOTENCY_TTL_ENV, 3600.0),
-            idempotency_max_keys=_knob(settings, IDEMPOTENCY_MAX_KEYS_ENV, 100_000),
-            idempotency_max_bytes=_knob(settings, IDEMPOTENCY_MAX_BYTES_ENV, 64 * 1024 * 1024),
+            max_in_flight=max(max_batch, knob(registry.GATEWAY_MAX_IN_FLIGHT)),
+            delivery_timeout_s=knob(registry.GATEWAY_DELIVERY_TIMEOUT_S),
+            idempotency_ttl_s=knob(registry.IDEMPOTENCY_TTL_S),
+            idempotency_max_keys=knob(registry.IDEMPOTENCY_MAX_KEYS),
+            idempotency_max_bytes=knob(registry.IDEMPOTENCY_MAX_BYTES),
         )
 
 
@@ -74,7 +77,3 @@ def _positive(value: _Number, name: str) -> _Number:
     if value <= 0:
         raise ValueError(f"{name} must be positive, got {value}")
     return value
-
-
-def _knob(settings: Settings, name: str, default: _Number) -> _Number:
-    return _positive(settings.role_setting(name, default), name)

@@ -30,6 +30,7 @@ from clickhouse_connect.driver.binding import external_bind_re
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
+from clawr1.core import registry
 from clawr1.core.settings import Settings
 from pool.sql_guard import (
     CATALOGUE_QUERY,
@@ -89,18 +90,17 @@ class SqlBusy(SqlError):
 class SqlLimits:
     """What one analyst query may cost; each is a session setting, fixed before ``readonly = 1``."""
 
-    max_execution_time: float = 30.0
-    max_memory_usage: int = 2 * 1024**3
-    max_result_rows: int = 100_000
-    max_result_bytes: int = 256 * 1024**2
-    max_rows_to_read: int = 2_000_000_000
-    max_concurrent: int = 4
+    max_execution_time: float = registry.SQL_MAX_EXECUTION_TIME.default
+    max_memory_usage: int = registry.SQL_MAX_MEMORY_USAGE.default
+    max_result_rows: int = registry.SQL_MAX_RESULT_ROWS.default
+    max_result_bytes: int = registry.SQL_MAX_RESULT_BYTES.default
+    max_rows_to_read: int = registry.SQL_MAX_ROWS_TO_READ.default
+    max_concurrent: int = registry.SQL_MAX_CONCURRENT.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlLimits:
-        """``CLAWR1_SQL_<LIMIT IN CAPS>`` overrides each default."""
-        defaults = cls()
-        return cls(**{name: settings.role_setting(f"CLAWR1_SQL_{name.upper()}", getattr(defaults, name))
+        """``CLAWR1_SQL_<LIMIT IN CAPS>`` (declared in clawr1/core/registry.py) overrides each default."""
+        return cls(**{name: settings.role_setting(registry.REGISTRY[f"CLAWR1_SQL_{name.upper()}"])
                       for name in cls.__dataclass_fields__})
 
     def session_settings(self) -> dict[str, Any]:

@@ -14,7 +14,6 @@ import asyncio
 import gc
 import ipaddress
 import logging
-import signal
 import socket
 import ssl
 import sys
@@ -42,7 +41,9 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
+from clawr1.core.registry import PROXY_INSTANCE, PROXY_PROCESSES, UPSTREAM_CA_FILE, UPSTREAM_INSECURE
 from clawr1.core.settings import Settings
+from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
 from proxy.addons import build_addons
 from proxy.addons.auth import ProxyAuthHeader
@@ -54,11 +55,11 @@ from proxy.token_ids import TokenIdPolicy
 logger = logging.getLogger("clawr1.proxy")
 CA_BASENAME = "mitmproxy"
 CA_KEY_SIZE = 2048
-# Role-specific settings, read with Settings.role_setting (see docs/proxy.md).
-UPSTREAM_CA_ENV = "CLAWR1_UPSTREAM_CA_FILE"
-UPSTREAM_INSECURE_ENV = "CLAWR1_UPSTREAM_INSECURE"
-INSTANCE_ENV = "CLAWR1_PROXY_INSTANCE"
-PROCESSES_ENV = "CLAWR1_PROXY_PROCESSES"
+# Role-specific settings (clawr1/core/registry.py), read with Settings.role_setting (see docs/proxy.md).
+UPSTREAM_CA_ENV = UPSTREAM_CA_FILE.name
+UPSTREAM_INSECURE_ENV = UPSTREAM_INSECURE.name
+INSTANCE_ENV = PROXY_INSTANCE.name
+PROCESSES_ENV = PROXY_PROCESSES.name
 DRAIN_S = 10.0
 SWITCH_INTERVAL_S = 0.001
 
@@ -163,14 +164,14 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         confdir=confdir(settings),
         spool_dir=(settings.data_dir / "proxy-spool").resolve(),
         proxyauth=auth,
-        upstream_ca=settings.role_setting(UPSTREAM_CA_ENV, "") or None,
-        upstream_insecure=settings.role_setting(UPSTREAM_INSECURE_ENV, False),
+        upstream_ca=settings.role_setting(UPSTREAM_CA_FILE) or None,
+        upstream_insecure=settings.role_setting(UPSTREAM_INSECURE),
         capture_token_ids=settings.capture_token_ids,
         token_id_hosts=settings.token_id_hosts or _upstream_address(upstream),
         bootstrap=settings.bootstrap_servers,
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
-        instance=settings.role_setting(INSTANCE_ENV, "") or _default_instance(settings),
+        instance=settings.role_setting(PROXY_INSTANCE) or _default_instance(settings),
         stack_ports=stack_ports(settings),
         metrics_port=settings.proxy_metrics_port,
         metrics_host=settings.metrics_host,
@@ -258,7 +259,7 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     config = proxy_config(settings)
     _quiet_mitmproxy()
     config.confdir.mkdir(parents=True, exist_ok=True)
-    processes = settings.role_setting(PROCESSES_ENV, 1)
+    processes = settings.role_setting(PROXY_PROCESSES)
     if processes < 1:
         raise ProxyStartError(f"{PROCESSES_ENV} must be at least 1, got {processes}")
     emitter = EmitterProcess(EmitterConfig(
@@ -344,10 +345,7 @@ def _front_main(settings: Settings, writer: Connection, status: Connection, aliv
     sender = CallSender(writer)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_loop_on_signals()
         await _run_master(config, sender.submit, lambda: status.send(None), stop, [alive.fileno()])
 
     try:
@@ -416,10 +414,7 @@ def run_proxy(settings: Settings, ready: Callable[[], None] | None = None, *, to
             ready()
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_loop_on_signals()
         await serve_proxy(settings, started, stop=stop, topic=topic, drain_s=drain_s)
 
     # The sender thread pickles calls for the emitter; a short switch interval lets the event loop,

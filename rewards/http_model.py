@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from clawr1.core.registry import REWARD_MODEL_API_KEY, REWARD_MODEL_TIMEOUT_S, REWARD_MODEL_URL
+
 __all__ = ["HttpRewardModel", "RewardModelError", "reward_model"]
 
 _RETRYABLE = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -91,13 +93,13 @@ class HttpRewardModel:
 
 @lru_cache(maxsize=1)
 def _from_environment() -> HttpRewardModel:
-    url = os.environ.get("CLAWR1_REWARD_MODEL_URL", "")
+    url = REWARD_MODEL_URL.read(os.environ)
     if not url:
-        raise RewardModelError("set CLAWR1_REWARD_MODEL_URL to use rewards.http_model:reward_model")
+        raise RewardModelError(f"set {REWARD_MODEL_URL.name} to use rewards.http_model:reward_model")
     return HttpRewardModel(
         url,
-        api_key=os.environ.get("CLAWR1_REWARD_MODEL_API_KEY", ""),
-        timeout_s=float(os.environ.get("CLAWR1_REWARD_MODEL_TIMEOUT_S", "30")),
+        api_key=REWARD_MODEL_API_KEY.read(os.environ),
+        timeout_s=REWARD_MODEL_TIMEOUT_S.read(os.environ),
     )
 
 

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
-from clawr1.core import topics
+from clawr1.core import registry, topics
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 from clawr1.core.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
 from clawr1.core.settings import Settings
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 Target = Literal["trajectory", "step"]
 SOURCE = "reward_fn"
-DEFAULT_GROUP = "clawr1-rewarder"
+DEFAULT_GROUP = registry.REWARD_GROUP.default
 _REMEMBERED = 100_000
 
 
@@ -61,8 +61,8 @@ class RewarderConfig:
     steps_topic: str = topics.STEPS.name
     feedback_topic: str = topics.RAW_FEEDBACK.name
     dlq_topic: str = topics.DLQ.name
-    skip_rewarded: bool = True
-    concurrency: int = 4
+    skip_rewarded: bool = registry.REWARD_SKIP_REWARDED.default
+    concurrency: int = registry.REWARD_CONCURRENCY.default
     batch_size: int = 64
     partitions: int = 4
     registry_url: str = ""
@@ -70,24 +70,24 @@ class RewarderConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> RewarderConfig:
         knob = settings.role_setting
-        spec = knob("CLAWR1_REWARD_FN", "")
+        spec = knob(registry.REWARD_FN)
         if not spec:
             raise RewardFnError("the rewarder needs CLAWR1_REWARD_FN=module:function")
-        target = knob("CLAWR1_REWARD_TARGET", "trajectory")
+        target = knob(registry.REWARD_TARGET)
         if target not in ("trajectory", "step"):
             raise ValueError(f"CLAWR1_REWARD_TARGET must be 'trajectory' or 'step', got {target!r}")
-        suffix = knob("CLAWR1_TOPIC_SUFFIX", "")
+        suffix = knob(registry.TOPIC_SUFFIX)
         return cls(
             bootstrap=settings.bootstrap_servers,
             spec=spec,
-            name=knob("CLAWR1_REWARD_NAME", spec),
+            name=knob(registry.REWARD_NAME) or spec,
             target=target,
-            group_id=knob("CLAWR1_REWARD_GROUP", DEFAULT_GROUP),
+            group_id=knob(registry.REWARD_GROUP),
             steps_topic=topics.STEPS.name + suffix,
             feedback_topic=topics.RAW_FEEDBACK.name + suffix,
             dlq_topic=topics.DLQ.name + suffix,
-            skip_rewarded=knob("CLAWR1_REWARD_SKIP_REWARDED", True),
-            concurrency=knob("CLAWR1_REWARD_CONCURRENCY", 4),
+            skip_rewarded=knob(registry.REWARD_SKIP_REWARDED),
+            concurrency=knob(registry.REWARD_CONCURRENCY),
             partitions=settings.topic_partitions,
             registry_url=settings.schema_registry_url,
         )
@@ -315,7 +315,7 @@ def _deliver(producer: Producer, outgoing: list[_Out], stop: threading.Event) ->
 def run_rewarder(settings: Settings, ready: Callable[[], None] | None = None,
                  stop: threading.Event | None = None) -> int:
     """Block until ``stop`` (SIGINT/SIGTERM in the CLI); returns the exit status."""
-    from broker.launcher import stop_on_signals
+    from clawr1.core.signals import stop_on_signals
 
     config = RewarderConfig.from_settings(settings)
     rewarder = Rewarder(config)  # a bad CLAWR1_REWARD_FN fails here, at start, not per message

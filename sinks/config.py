@@ -1,44 +1,41 @@
-"""The sink's knobs: ``CLAWR1_SINK_*`` variables, read with ``Settings.role_setting``."""
+"""The sink's knobs: ``CLAWR1_SINK_*`` variables, declared in ``clawr1/core/registry.py`` and read with
+``Settings.role_setting``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clawr1.core.settings import Settings, T
-from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
+from clawr1.core import registry as r
+from clawr1.core.settings import Settings
 
-DEFAULT_GROUP = "clawr1-pool-sink"
+DEFAULT_GROUP = r.SINK_GROUP.default
 
 
 @dataclass(frozen=True)
 class SinkConfig:
-    steps_topic: str = STEPS.name
-    prefix_nodes_topic: str = PREFIX_NODES.name
-    dlq_topic: str = DLQ.name
-    feedback_topic: str = RAW_FEEDBACK.name
+    steps_topic: str = r.SINK_STEPS_TOPIC.default
+    prefix_nodes_topic: str = r.SINK_PREFIX_NODES_TOPIC.default
+    dlq_topic: str = r.SINK_DLQ_TOPIC.default
+    feedback_topic: str = r.SINK_FEEDBACK_TOPIC.default
     group_id: str = DEFAULT_GROUP
-    batch_rows: int = 5000
-    batch_seconds: float = 1.0
+    batch_rows: int = r.SINK_BATCH_ROWS.default
+    batch_seconds: float = r.SINK_BATCH_SECONDS.default
     # A crashed sink's partitions wait this long for their next owner (librdkafka's default is 45 s).
-    session_timeout_ms: int = 10_000
+    session_timeout_ms: int = r.SINK_SESSION_TIMEOUT_MS.default
     # Test hook for crash recovery: exit the process right after a batch insert, before its commit.
-    exit_after_insert: bool = False
+    exit_after_insert: bool = r.SINK_EXIT_AFTER_INSERT.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
-        defaults = cls()
-
-        def knob(name: str, default: T) -> T:
-            return settings.role_setting(f"CLAWR1_SINK_{name}", default)
-
+        knob = settings.role_setting
         return cls(
-            steps_topic=knob("STEPS_TOPIC", defaults.steps_topic),
-            prefix_nodes_topic=knob("PREFIX_NODES_TOPIC", defaults.prefix_nodes_topic),
-            dlq_topic=knob("DLQ_TOPIC", defaults.dlq_topic),
-            feedback_topic=knob("FEEDBACK_TOPIC", defaults.feedback_topic),
-            group_id=knob("GROUP", defaults.group_id),
-            batch_rows=knob("BATCH_ROWS", defaults.batch_rows),
-            batch_seconds=knob("BATCH_SECONDS", defaults.batch_seconds),
-            session_timeout_ms=knob("SESSION_TIMEOUT_MS", defaults.session_timeout_ms),
-            exit_after_insert=knob("EXIT_AFTER_INSERT", defaults.exit_after_insert),
+            steps_topic=knob(r.SINK_STEPS_TOPIC),
+            prefix_nodes_topic=knob(r.SINK_PREFIX_NODES_TOPIC),
+            dlq_topic=knob(r.SINK_DLQ_TOPIC),
+            feedback_topic=knob(r.SINK_FEEDBACK_TOPIC),
+            group_id=knob(r.SINK_GROUP),
+            batch_rows=knob(r.SINK_BATCH_ROWS),
+            batch_seconds=knob(r.SINK_BATCH_SECONDS),
+            session_timeout_ms=knob(r.SINK_SESSION_TIMEOUT_MS),
+            exit_after_insert=knob(r.SINK_EXIT_AFTER_INSERT),
         )

@@ -1,8 +1,9 @@
 """What a stream worker is configured with: topic names, app id, bounds and the readiness rule.
 
-Everything comes from ``Settings``; the streams-only knobs are read from ``CLAWR1_STREAMS_*`` /
-``CLAWR1_READY_RULE`` / ``CLAWR1_TOPIC_SUFFIX`` variables (``Settings.role_setting``) so a
-docker-compose service and a test differ only in environment.
+Everything comes from ``Settings``; the streams-only knobs are the ``CLAWR1_STREAMS_*`` /
+``CLAWR1_PREFIX_*`` / ``CLAWR1_READY_RULE`` / ``CLAWR1_TOPIC_SUFFIX`` variables declared in
+``clawr1/core/registry.py`` (read with ``Settings.role_setting``), so a docker-compose service and a test
+differ only in environment.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from clawr1.core import registry as r
 from clawr1.core import topics
 from clawr1.core.settings import Settings
-from streams.readiness import DEFAULT_RULE, ReadinessRule
+from streams.readiness import ReadinessRule
 
-DEFAULT_APP_ID = "clawr1-streams"
+DEFAULT_APP_ID = r.STREAMS_APP_ID.default
 
 
 @dataclass(frozen=True)
@@ -47,50 +49,49 @@ class StreamConfig:
     data_dir: Path
     app_id: str = DEFAULT_APP_ID
     topics: StreamTopics = field(default_factory=StreamTopics)
-    partitions: int = 4
-    replication: int = 1
+    partitions: int = r.TOPIC_PARTITIONS.default
+    replication: int = r.STREAMS_REPLICATION.default
     # 0 disables Faust's web server (it would otherwise listen on 6066).
-    web_port: int = 0
+    web_port: int = r.STREAMS_WEB_PORT.default
     tokenizer: str = ""
     schema_registry_url: str = ""
     readiness: ReadinessRule = field(default_factory=ReadinessRule)
     # Linking state per raw.llm key expires by event-time age (a continuation after a longer pause
     # starts a flagged trajectory; a redelivery keeps its first assignment within it); the count is
     # a safety valve for keys busier than that.
-    link_horizon_ms: int = 24 * 3_600_000
-    max_links_per_key: int = 2048
+    link_horizon_ms: int = r.STREAMS_LINK_HORIZON_MS.default
+    max_links_per_key: int = r.STREAMS_MAX_LINKS.default
     # Feedback by a response id several steps share resolves to the one created within this window
     # before the feedback was received, if exactly one is.
-    feedback_window_ms: int = 3_600_000
+    feedback_window_ms: int = r.STREAMS_FEEDBACK_WINDOW_MS.default
     # Bounds of one prefix-tree merge scope; steps beyond them are not merged (counted as skipped).
-    max_scope_steps: int = 128
-    max_scope_tokens: int = 1 << 20
+    max_scope_steps: int = r.PREFIX_MAX_STEPS.default
+    max_scope_tokens: int = r.PREFIX_MAX_TOKENS.default
     # Prefix trees kept built in memory; others are rebuilt from the table on demand.
     tree_cache_size: int = 256
     # A killed worker's partitions move to the others after this long (broker minimum: 6 s).
-    session_timeout_s: float = 30.0
-    log_level: str = "warning"
+    session_timeout_s: float = r.STREAMS_SESSION_TIMEOUT_S.default
+    log_level: str = r.STREAMS_LOG_LEVEL.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamConfig:
-        defaults = cls(bootstrap="", data_dir=Path())
         knob = settings.role_setting
         return cls(
             bootstrap=settings.bootstrap_servers,
             data_dir=settings.data_dir / "streams",
-            app_id=knob("CLAWR1_STREAMS_APP_ID", DEFAULT_APP_ID),
-            topics=StreamTopics().with_suffix(knob("CLAWR1_TOPIC_SUFFIX", "")),
+            app_id=knob(r.STREAMS_APP_ID),
+            topics=StreamTopics().with_suffix(knob(r.TOPIC_SUFFIX)),
             partitions=settings.topic_partitions,
-            replication=knob("CLAWR1_STREAMS_REPLICATION", defaults.replication),
-            web_port=knob("CLAWR1_STREAMS_WEB_PORT", defaults.web_port),
+            replication=knob(r.STREAMS_REPLICATION),
+            web_port=knob(r.STREAMS_WEB_PORT),
             tokenizer=settings.tokenizer,
             schema_registry_url=settings.schema_registry_url,
-            readiness=ReadinessRule.parse(knob("CLAWR1_READY_RULE", DEFAULT_RULE)),
-            link_horizon_ms=knob("CLAWR1_STREAMS_LINK_HORIZON_MS", defaults.link_horizon_ms),
-            max_links_per_key=knob("CLAWR1_STREAMS_MAX_LINKS", defaults.max_links_per_key),
-            feedback_window_ms=knob("CLAWR1_STREAMS_FEEDBACK_WINDOW_MS", defaults.feedback_window_ms),
-            max_scope_steps=knob("CLAWR1_PREFIX_MAX_STEPS", defaults.max_scope_steps),
-            max_scope_tokens=knob("CLAWR1_PREFIX_MAX_TOKENS", defaults.max_scope_tokens),
-            session_timeout_s=knob("CLAWR1_STREAMS_SESSION_TIMEOUT_S", defaults.session_timeout_s),
-            log_level=knob("CLAWR1_STREAMS_LOG_LEVEL", defaults.log_level),
+            readiness=ReadinessRule.parse(knob(r.READY_RULE)),
+            link_horizon_ms=knob(r.STREAMS_LINK_HORIZON_MS),
+            max_links_per_key=knob(r.STREAMS_MAX_LINKS),
+            feedback_window_ms=knob(r.STREAMS_FEEDBACK_WINDOW_MS),
+            max_scope_steps=knob(r.PREFIX_MAX_STEPS),
+            max_scope_tokens=knob(r.PREFIX_MAX_TOKENS),
+            session_timeout_s=knob(r.STREAMS_SESSION_TIMEOUT_S),
+            log_level=knob(r.STREAMS_LOG_LEVEL),
         )

@@ -20,12 +20,13 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
+from clawr1.core import registry
 from clawr1.core.settings import Settings, env_names
 
 log = logging.getLogger("clawr1.core.metrics")
 
-SAMPLE_INTERVAL_ENV = "CLAWR1_METRICS_SAMPLE_S"
-DEFAULT_SAMPLE_S = 10.0
+SAMPLE_INTERVAL_ENV = registry.METRICS_SAMPLE_S.name
+DEFAULT_SAMPLE_S = registry.METRICS_SAMPLE_S.default
 
 # -- proxy (served by its emitter process, which every proxy process hands its calls to) -------------
 PROXY_CALLS_CAPTURED = Counter("clawr1_proxy_calls_captured", "LLM calls the proxy captured", ["api"])
@@ -102,7 +103,7 @@ def serve_metrics(port: int, host: str, setting: str) -> bool:
 
 
 def sample_interval(settings: Settings) -> float:
-    return settings.role_setting(SAMPLE_INTERVAL_ENV, DEFAULT_SAMPLE_S)
+    return settings.role_setting(registry.METRICS_SAMPLE_S)
 
 
 def serve_role_metrics(settings: Settings, port_field: str, groups: Mapping[str, Iterable[str]]) -> None:

@@ -1,68 +1,78 @@
 """One settings object for every Claw-R1 process, read from ``CLAWR1_*`` environment variables.
 
 Every process (CLI, proxy, gateway, workers, sink, SDK) reads the same names, so a docker-compose
-service and a local ``clawr1 up`` differ only in environment, never in code.
+service and a local ``clawr1 up`` differ only in environment, never in code. Each variable is declared
+once in ``clawr1/core/registry.py`` (type, default, help, check, roles); the shared ones are the fields
+below, a role's own ones are read with ``settings.role_setting(OPTION)``. An unknown ``CLAWR1_*`` name
+is refused by ``load_settings``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
-ENV_PREFIX = "CLAWR1_"
-T = TypeVar("T", str, int, float, bool)
+from clawr1.core import registry as r
+from clawr1.core.registry import (
+    ENV_PREFIX,
+    REGISTRY,
+    Option,
+    SettingsError,
+    UnknownSettingError,
+    check_environment,
+)
 
+__all__ = [
+    "ENV_PREFIX", "Option", "Settings", "SettingsError", "UnknownSettingError", "T", "check_environment",
+    "effective_settings", "env_names", "load_settings", "settings_to_env",
+]
 
-def _as_bool(value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"not a boolean: {value!r}")
+T = TypeVar("T", str, int, float, bool, Path)
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Settings shared by all roles; each field maps to ``CLAWR1_<FIELD NAME IN CAPS>``."""
+    """Settings shared by all roles; each field maps to ``CLAWR1_<FIELD NAME IN CAPS>`` (see the registry
+    for their help); ``extra`` holds the role variables that were set, read with ``role_setting``."""
 
-    data_dir: Path = Path(".clawr1")
+    data_dir: Path = r.DATA_DIR.default
     # Empty means: the local stack starts its own broker on kafka_port.
-    kafka_bootstrap: str = ""
-    kafka_port: int = 9092
-    kafka_heap: str = "512m"
+    kafka_bootstrap: str = r.KAFKA_BOOTSTRAP.default
+    kafka_port: int = r.KAFKA_PORT.default
+    kafka_heap: str = r.KAFKA_HEAP.default
     # Empty means: the embedded chDB pool under data_dir.
-    clickhouse_dsn: str = ""
+    clickhouse_dsn: str = r.CLICKHOUSE_DSN.default
     # Analyst SQL on a ClickHouse server: a DSN of the read-only user (pool/server/); empty = the pool DSN.
-    sql_dsn: str = ""
-    schema_registry_url: str = ""
-    api_host: str = "127.0.0.1"
-    api_port: int = 8000
+    sql_dsn: str = r.SQL_DSN.default
+    schema_registry_url: str = r.SCHEMA_REGISTRY_URL.default
+    api_host: str = r.API_HOST.default
+    api_port: int = r.API_PORT.default
     # The seed Claw-R1 gateway's protocol, served by the API process (compat/); 0 = off.
-    compat_port: int = 8100
-    proxy_host: str = "127.0.0.1"
-    proxy_port: int = 8080
-    reverse_port: int = 0
-    upstream: str = ""
-    proxy_auth: str = ""
-    capture_token_ids: bool = False
+    compat_port: int = r.COMPAT_PORT.default
+    proxy_host: str = r.PROXY_HOST.default
+    proxy_port: int = r.PROXY_PORT.default
+    reverse_port: int = r.REVERSE_PORT.default
+    upstream: str = r.UPSTREAM.default
+    proxy_auth: str = r.PROXY_AUTH.default
+    capture_token_ids: bool = r.CAPTURE_TOKEN_IDS.default
     # Upstreams (host or host:port, comma-separated, * for all) that accept token-id fields;
     # empty means: the reverse-mode upstream.
-    token_id_hosts: str = ""
-    api_keys: str = ""
-    max_request_bytes: int = 4 * 1024 * 1024
-    max_batch_steps: int = 1000
-    tokenizer: str = ""
-    topic_partitions: int = 4
+    token_id_hosts: str = r.TOKEN_ID_HOSTS.default
+    api_keys: str = r.API_KEYS.default
+    max_request_bytes: int = r.MAX_REQUEST_BYTES.default
+    max_batch_steps: int = r.MAX_BATCH_STEPS.default
+    tokenizer: str = r.TOKENIZER.default
+    topic_partitions: int = r.TOPIC_PARTITIONS.default
     # Prometheus metrics (clawr1/core/metrics.py): the API process serves GET /metrics; the other roles
     # serve a port each on metrics_host (0 = off).
-    metrics_host: str = "127.0.0.1"
-    proxy_metrics_port: int = 0
-    worker_metrics_port: int = 0
-    sink_metrics_port: int = 0
-    rewarder_metrics_port: int = 0
+    metrics_host: str = r.METRICS_HOST.default
+    proxy_metrics_port: int = r.PROXY_METRICS_PORT.default
+    worker_metrics_port: int = r.WORKER_METRICS_PORT.default
+    sink_metrics_port: int = r.SINK_METRICS_PORT.default
+    rewarder_metrics_port: int = r.REWARDER_METRICS_PORT.default
     extra: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -84,22 +94,22 @@ class Settings:
     def is_embedded_pool(self) -> bool:
         return self.pool_dsn.startswith("chdb://")
 
-    def role_setting(self, name: str, default: T) -> T:
-        """A role's own ``CLAWR1_*`` variable (gateway, sink, worker, proxy tuning), kept in ``extra``
-        and parsed like its default; a malformed value fails fast with the variable's name."""
-        raw = self.extra.get(name, "")
-        if raw == "":
-            return default
-        try:
-            if isinstance(default, bool):
-                return _as_bool(raw)
-            if isinstance(default, int):
-                return int(raw)
-            if isinstance(default, float):
-                return float(raw)
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from exc
-        return raw  # type: ignore[return-value]
+    @overload
+    def role_setting(self, option: Option[T]) -> T: ...
+
+    @overload
+    def role_setting(self, option: str, default: T) -> T: ...
+
+    def role_setting(self, option: Option[Any] | str, default: Any = None) -> Any:
+        """A role's own variable (gateway, sink, worker, proxy tuning), typed and checked by its
+        declaration; unset or empty means its default; a malformed value raises SettingsError naming it.
+
+        ``role_setting("CLAWR1_...", default)`` (the older form) still works for a registered name."""
+        if isinstance(option, str):
+            declared = r.lookup(option)
+            raw = self.extra.get(option, "")
+            return default if raw == "" else declared.parse(raw)
+        return option.read(self.extra)
 
     def with_overrides(self, **overrides: object) -> Settings:
         """Apply CLI flags on top of the environment; ``None`` means the flag was not given."""
@@ -109,47 +119,47 @@ class Settings:
         return replace(self, **given)  # type: ignore[arg-type]
 
 
+def _shared_by_field() -> dict[str, Option[Any]]:
+    return {o.field: o for o in r.shared_options()}
+
+
 def env_names() -> dict[str, str]:
-    """Environment variable name for each setting, for docs and the docker-compose check."""
+    """Environment variable name for each ``Settings`` field (``registry.REGISTRY`` has every name)."""
     return {f.name: ENV_PREFIX + f.name.upper() for f in fields(Settings) if f.name != "extra"}
 
 
-def load_settings(environ: dict[str, str] | None = None) -> Settings:
-    """Read settings from the environment; a malformed value fails fast with the variable's name."""
+def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """Read settings from the environment. An unknown ``CLAWR1_*`` name, or a malformed or out-of-range
+    value, raises SettingsError (a ValueError) naming the variable."""
     env = os.environ if environ is None else environ
+    check_environment(env)
     values: dict[str, object] = {}
-    for f in fields(Settings):
-        if f.name == "extra":
-            continue
-        name = ENV_PREFIX + f.name.upper()
-        raw = env.get(name)
-        if raw is None:
-            continue
-        try:
-            if f.type in ("int", int):
-                values[f.name] = int(raw)
-            elif f.type in ("bool", bool):
-                values[f.name] = _as_bool(raw)
-            elif f.type in ("Path", Path):
-                values[f.name] = Path(raw)
-            else:
-                values[f.name] = raw
-        except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from exc
-    known = set(env_names().values())
-    extra = {k: v for k, v in env.items() if k.startswith(ENV_PREFIX) and k not in known}
+    for name, declared in _shared_by_field().items():
+        raw = env.get(declared.name)
+        if raw is not None:
+            values[name] = declared.parse(raw)
+    extra = {k: v for k, v in env.items() if k in REGISTRY and not REGISTRY[k].shared}
     return Settings(**values, extra=extra)  # type: ignore[arg-type]
 
 
 def settings_to_env(settings: Settings) -> dict[str, str]:
-    """The environment that makes a child process load exactly these settings."""
-    env: dict[str, str] = {}
-    for name, var in env_names().items():
-        value = getattr(settings, name)
-        if isinstance(value, bool):
-            env[var] = "true" if value else "false"
-        elif isinstance(value, Path):
-            env[var] = str(value.resolve())
+    """The environment that makes a child process load exactly these settings (the shared fields; role
+    variables travel in the parent's environment)."""
+    return {o.name: o.to_env(getattr(settings, o.field)) for o in _shared_by_field().values()}
+
+
+def effective_settings(settings: Settings, environ: Mapping[str, str] | None = None,
+                       flags: frozenset[str] = frozenset()) -> list[tuple[Option[Any], Any, str]]:
+    """Every registered variable with its effective value and where it came from: ``flag`` (a field in
+    ``flags``), ``env`` or ``default``."""
+    env = os.environ if environ is None else environ
+    rows: list[tuple[Option[Any], Any, str]] = []
+    for declared in REGISTRY.values():
+        if declared.shared:
+            value = getattr(settings, declared.field)
+            source = "flag" if declared.field in flags else "env" if declared.name in env else "default"
         else:
-            env[var] = str(value)
-    return env
+            value = settings.role_setting(declared)
+            source = "env" if settings.extra.get(declared.name, "") != "" else "default"
+        rows.append((declared, value, source))
+    return rows

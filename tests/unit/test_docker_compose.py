@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from clawr1.cli import _build_parser
-from clawr1.core.settings import env_names
+from clawr1.core.registry import REGISTRY, closest
 
 COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
 THIRD_PARTY = {"kafka", "clickhouse", "prometheus", "grafana"}
@@ -37,11 +37,12 @@ def test_each_project_service_runs_a_real_clawr1_command(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(set(_services()) - THIRD_PARTY))
 def test_service_settings_are_known_settings(name: str) -> None:
-    known = set(env_names().values())
+    known = set(REGISTRY)  # every declared CLAWR1_* variable, shared or role-specific
     env = _services()[name].get("environment") or {}
     clawr1_vars = {k for k in env if k.startswith("CLAWR1_")}
     assert clawr1_vars, f"{name} sets no CLAWR1_* settings"
-    assert clawr1_vars <= known, f"{name}: unknown settings {sorted(clawr1_vars - known)}"
+    unknown = {var: closest(var) for var in sorted(clawr1_vars - known)}
+    assert not unknown, f"{name}: unknown settings (and the closest known ones) {unknown}"
 
 
 def test_non_loopback_services_require_their_secrets() -> None:

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from clawr1.core import registry as r
 from clawr1.core.settings import Settings, env_names, load_settings, settings_to_env
 
 
@@ -48,21 +49,26 @@ def test_flags_override_environment_and_round_trip_through_env() -> None:
     assert set(settings_to_env(Settings())) == set(env_names().values())
 
 
-def test_role_settings_are_typed_like_their_default_and_name_the_variable() -> None:
+def test_role_settings_are_typed_like_their_declaration_and_name_the_variable() -> None:
     settings = load_settings(
         {
             "CLAWR1_SINK_BATCH_ROWS": "10",
-            "CLAWR1_X_RATE": "0.5",
-            "CLAWR1_X_ON": "yes",
-            "CLAWR1_X_NAME": "n",
-            "CLAWR1_X_EMPTY": "",
+            "CLAWR1_SINK_BATCH_SECONDS": "0.5",
+            "CLAWR1_SINK_EXIT_AFTER_INSERT": "yes",
+            "CLAWR1_SINK_GROUP": "n",
+            "CLAWR1_SINK_SESSION_TIMEOUT_MS": "",
         }
     )
+    assert settings.role_setting(r.SINK_BATCH_ROWS) == 10
+    assert settings.role_setting(r.SINK_BATCH_SECONDS) == 0.5
+    assert settings.role_setting(r.SINK_EXIT_AFTER_INSERT) is True
+    assert settings.role_setting(r.SINK_GROUP) == "n"
+    assert settings.role_setting(r.SINK_SESSION_TIMEOUT_MS) == 10_000  # empty: the default
+    assert settings.role_setting(r.SINK_DLQ_TOPIC) == "clawr1.dlq"  # unset: the default
+    # The older form still works for a registered name (its default is the caller's).
     assert settings.role_setting("CLAWR1_SINK_BATCH_ROWS", 5000) == 10
-    assert settings.role_setting("CLAWR1_X_RATE", 1.0) == 0.5
-    assert settings.role_setting("CLAWR1_X_ON", False) is True
-    assert settings.role_setting("CLAWR1_X_NAME", "d") == "n"
-    assert settings.role_setting("CLAWR1_X_EMPTY", 3) == 3
-    assert settings.role_setting("CLAWR1_X_MISSING", 3) == 3
+    assert settings.role_setting("CLAWR1_STREAMS_WEB_PORT", 3) == 3
     with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):
-        load_settings({"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting("CLAWR1_SINK_BATCH_ROWS", 1)
+        load_settings({"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting(r.SINK_BATCH_ROWS)
+    with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):
+        Settings(extra={"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting(r.SINK_BATCH_ROWS)
