@@ -315,7 +315,7 @@ def _deliver(producer: Producer, outgoing: list[_Out], stop: threading.Event) ->
 def run_rewarder(settings: Settings, ready: Callable[[], None] | None = None,
                  stop: threading.Event | None = None) -> int:
     """Block until ``stop`` (SIGINT/SIGTERM in the CLI); returns the exit status."""
-    from clawr1.core.signals import stop_on_signals
+    from broker.launcher import stop_on_signals
 
     config = RewarderConfig.from_settings(settings)
     rewarder = Rewarder(config)  # a bad CLAWR1_REWARD_FN fails here, at start, not per message
