@@ -1,6 +1,8 @@
 """The ``clawr1`` command: one entry point for every role of the stack.
 
-Flags override ``CLAWR1_*`` environment variables; both feed the one ``Settings`` object.
+Flags override ``CLAWR1_*`` environment variables; both feed the one ``Settings`` object. An unknown
+or malformed ``CLAWR1_*`` variable stops every command at once (exit 2), naming it; ``clawr1 config``
+prints the effective settings.
 Role modules are imported inside their command, so a trainer's SDK-only install never needs
 mitmproxy or Faust.
 """
@@ -13,7 +15,7 @@ import sys
 import threading
 from collections.abc import Callable
 
-from clawr1.core.settings import Settings, load_settings
+from clawr1.core.settings import Settings, SettingsError, effective_settings, load_settings
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +81,11 @@ def _build_parser() -> argparse.ArgumentParser:
     proxy.add_argument("--upstream")
     proxy.add_argument("--capture-token-ids", dest="capture_token_ids", action="store_true", default=None)
 
+    config = sub.add_parser("config", help="print the effective settings and their source (secrets masked)")
+    _common(config)
+    config.add_argument("--markdown", action="store_true",
+                        help="print the table of every CLAWR1_* variable (docs/settings.md) instead")
+
     engine = sub.add_parser("standin-engine", help="a local stand-in for an LLM serving engine (demo, tests)")
     engine.add_argument("--host", default="127.0.0.1")
     engine.add_argument("--port", type=int, default=8091)
@@ -100,6 +107,20 @@ _SETTING_FLAGS = (
 
 def _settings(args: argparse.Namespace) -> Settings:
     return load_settings().with_overrides(**{k: getattr(args, k, None) for k in _SETTING_FLAGS})
+
+
+def _cmd_config(settings: Settings, args: argparse.Namespace) -> int:
+    from clawr1.core.registry import markdown_table
+
+    if args.markdown:
+        sys.stdout.write(markdown_table())
+        return 0
+    flags = frozenset(k for k in _SETTING_FLAGS if getattr(args, k, None) is not None)
+    rows = [(o.name, o.show(value), source) for o, value, source in effective_settings(settings, flags=flags)]
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, source in rows:
+        print(f"{name:<{width}}  {source:<7}  {value}")
+    return 0
 
 
 def _ready_marker(settings: Settings, part: str) -> Callable[[], None]:
@@ -214,14 +235,19 @@ def main(argv: list[str] | None = None) -> int:
         from demo.standin_engine import main as engine_main
 
         return engine_main(["--host", args.host, "--port", str(args.port)])
+    try:
+        settings = _settings(args)
+    except SettingsError as exc:  # before anything starts, and without a traceback
+        print(f"clawr1 {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "config":
+        return _cmd_config(settings, args)
     if args.command == "status":
         from clawr1.stack import STATE_FILE
         from clawr1.status import print_status
 
-        settings = _settings(args)
         return print_status(args.api or f"http://127.0.0.1:{settings.api_port}",
                             settings.data_dir.resolve() / STATE_FILE)
-    settings = _settings(args)
     if args.command == "kafka":
         return _cmd_kafka(settings)
     if args.command == "up":
