@@ -6,6 +6,13 @@ requests; beyond that a request is refused at once (503) instead of queueing. A 
 does not acknowledge within ``delivery_timeout_s`` (librdkafka's message.timeout.ms) fails its
 request with a 503, and the client retries. A background thread serves librdkafka's delivery
 reports and hands them to the event loop.
+
+Errors mean what ``clawr1.core.kafka_io.classify`` says: a message too large (for the broker or its
+segment) is a 413; everything else is a 503 with Retry-After, a message Kafka refuses for good
+included (an operator can fix a topic's ACLs; the gateway keeps nothing, the client still holds the
+request). A fatal producer error follows kafka_io's one policy (``RebuildingProducer``): the poll
+thread replaces the producer at once, the requests it still held get a 503 naming the error, and new
+requests go to the new producer; no restart needed.
 """
 
 from __future__ import annotations
@@ -19,9 +26,9 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message
 
-from clawr1.core.kafka_io import ensure_topics, make_producer
+from clawr1.core.kafka_io import Fatal, RebuildingProducer, Undeliverable, classify, ensure_topics
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +64,11 @@ class KafkaPublisher:
             "message.timeout.ms": int(delivery_timeout_s * 1000),
             "queue.buffering.max.messages": max(100_000, max_in_flight),
             "logger": logging.getLogger("gateway.kafka"),
-            "error_cb": self._on_error,
             **(producer_overrides or {}),
         }
-        self._producer: Producer | None = None
+        self._producers: RebuildingProducer | None = None
         self._in_flight = 0
         self._topics_ready = False
-        self._fatal: str | None = None
         self._stop = threading.Event()
         self._poller: threading.Thread | None = None
         self._topics_task: asyncio.Task[None] | None = None
@@ -71,7 +76,7 @@ class KafkaPublisher:
         self._health: tuple[float, bool] = (0.0, False)
 
     async def start(self) -> None:
-        self._producer = make_producer(self.bootstrap, **self._overrides)
+        self._producers = RebuildingProducer(self.bootstrap, on_error=self._on_error, **self._overrides)
         self._poller = threading.Thread(target=self._poll_loop, name="gateway-kafka-poll", daemon=True)
         self._poller.start()
         self._topics_task = asyncio.create_task(self._prepare_topics())
@@ -82,18 +87,21 @@ class KafkaPublisher:
         self._stop.set()
         if self._poller is not None:
             await asyncio.to_thread(self._poller.join)
-        if self._producer is not None:
-            left = await asyncio.to_thread(self._producer.flush, flush_timeout_s)
+        if self._producers is not None:
+            left = await asyncio.to_thread(self._producers.producer.flush, flush_timeout_s)
             if left:
                 log.warning("%d message(s) were still unacknowledged at shutdown", left)
 
     async def publish(self, messages: Sequence[OutMessage]) -> None:
         """Returns once the broker acknowledged every message; raises otherwise."""
-        producer = self._producer
-        if producer is None or not self._topics_ready:
+        producers = self._producers
+        if producers is None or not self._topics_ready:
             raise KafkaUnavailable("Kafka is not ready yet (broker unreachable or topics not created)")
-        if self._fatal is not None:
-            raise KafkaUnavailable(f"the Kafka producer failed: {self._fatal}")
+        fatal = producers.fatal  # read once: the poll thread clears it when it replaces the producer
+        if fatal is not None:
+            raise KafkaUnavailable(f"the Kafka producer failed ({fatal.str()}) and is being replaced; "
+                                   "retry later")
+        producer, generation = producers.producer, producers.generation
         if self._in_flight + len(messages) > self.max_in_flight:
             raise KafkaUnavailable(f"{self._in_flight} messages are waiting for Kafka already (limit "
                                    f"{self.max_in_flight}); retry later")
@@ -104,12 +112,12 @@ class KafkaPublisher:
             future: asyncio.Future[None] = loop.create_future()
             try:
                 producer.produce(message.topic, message.value, message.key,
-                                 on_delivery=partial(self._on_delivery, loop, future))
+                                 on_delivery=partial(self._on_delivery, loop, future, generation))
             except BufferError:
                 refused = KafkaUnavailable("the Kafka producer queue is full; retry later")
                 break
             except KafkaException as exc:
-                refused = _classify(exc.args[0])
+                refused = self._failure(exc.args[0], generation)
                 break
             self._in_flight += 1
             futures.append(future)
@@ -131,7 +139,7 @@ class KafkaPublisher:
 
     async def ready(self) -> bool:
         """Topics exist and the broker answers metadata requests (cached for a second)."""
-        if self._producer is None or not self._topics_ready or self._fatal is not None:
+        if self._producers is None or not self._topics_ready or self._producers.fatal is not None:
             return False
         async with self._health_lock:
             checked_at, ok = self._health
@@ -141,9 +149,9 @@ class KafkaPublisher:
             return ok
 
     def _metadata_ok(self) -> bool:
-        assert self._producer is not None
+        assert self._producers is not None
         try:
-            metadata = self._producer.list_topics(timeout=_METADATA_TIMEOUT_S)
+            metadata = self._producers.producer.list_topics(timeout=_METADATA_TIMEOUT_S)
         except KafkaException:
             return False
         return bool(metadata.brokers) and all(
@@ -163,33 +171,46 @@ class KafkaPublisher:
             return
 
     def _poll_loop(self) -> None:
-        assert self._producer is not None
+        producers = self._producers
+        assert producers is not None
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            producers.producer.poll(0.05)
+            # Serves the failed producer's delivery reports (503s) before polling the new one.
+            producers.rebuild_if_fatal()
 
     def _on_error(self, error: KafkaError) -> None:
-        if error.fatal():
-            self._fatal = error.str()
-            log.error("fatal Kafka producer error: %s", error.str())
+        if not error.fatal():  # a fatal one is logged and handled by RebuildingProducer
+            log.warning("Kafka: %s", error.str())
 
-    def _on_delivery(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None],
+    def _on_delivery(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], generation: int,
                      error: KafkaError | None, _message: Message) -> None:
+        failure = None if error is None else self._failure(error, generation)
         try:
-            loop.call_soon_threadsafe(self._settle, future, error)
+            loop.call_soon_threadsafe(self._settle, future, failure)
         except RuntimeError:
             log.warning("delivery report after the event loop closed: %s", error)
 
-    def _settle(self, future: asyncio.Future[None], error: KafkaError | None) -> None:
+    def _settle(self, future: asyncio.Future[None], failure: Exception | None) -> None:
         self._in_flight -= 1
         if future.done():
             return
-        if error is None:
+        if failure is None:
             future.set_result(None)
         else:
-            future.set_exception(_classify(error))
+            future.set_exception(failure)
 
-
-def _classify(error: KafkaError) -> Exception:
-    if error.code() == KafkaError.MSG_SIZE_TOO_LARGE:
-        return RecordTooLarge(f"Kafka refused a record as too large: {error.str()}")
-    return KafkaUnavailable(f"Kafka did not take the record: {error.str()}")
+    def _failure(self, error: KafkaError, generation: int) -> Exception:
+        """The exception a request gets for ``error`` on a message sent by producer ``generation``."""
+        producers = self._producers
+        assert producers is not None
+        outcome = classify(error)
+        if isinstance(outcome, Undeliverable) and outcome.too_large:
+            return RecordTooLarge(f"Kafka refused a record as too large: {outcome.reason}")
+        if generation != producers.generation and producers.last_fatal is not None:
+            # The message went to a producer since replaced after a fatal error (it was purged).
+            return KafkaUnavailable(f"the Kafka producer failed ({producers.last_fatal.str()}) and was "
+                                    "replaced; retry")
+        if isinstance(outcome, Fatal):
+            return KafkaUnavailable(f"the Kafka producer failed ({outcome.reason}) and is being "
+                                    "replaced; retry")
+        return KafkaUnavailable(f"Kafka did not take the record ({outcome.reason}); retry later")

@@ -21,20 +21,13 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from clawr1.core.kafka_io import ensure_topics, make_producer
+from clawr1.core.kafka_io import Fatal, RebuildingProducer, Undeliverable, classify, ensure_topics
 from clawr1.core.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
 from proxy.spool import Spool, encode_frame
 
 logger = logging.getLogger("clawr1.proxy.emitter")
 T = TypeVar("T")
 
-# Errors that no retry can fix: the record is set aside in rejected.log instead of looping forever.
-_UNDELIVERABLE = {
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.INVALID_RECORD,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-}
 _TOPIC_RETRY_S = 2.0
 _WARN_EVERY_S = 30.0
 
@@ -69,7 +62,6 @@ class Emitter(Generic[T]):
         self._thread = threading.Thread(target=self._run, name="clawr1-proxy-emitter", daemon=True)
         self._topic_ready = False
         self._next_topic_try = 0.0
-        self._fatal = False
         self._last_warning = 0.0
         self._pending = 0
         # Built records the spool could not take yet (disk full); written before any newer ones.
@@ -99,22 +91,25 @@ class Emitter(Generic[T]):
         if self._thread.is_alive():
             self._thread.join(timeout + 5.0)
 
-    def _new_producer(self) -> Producer:
-        return make_producer(self.bootstrap, error_cb=self._on_error,
-                             logger=logging.getLogger("clawr1.proxy.kafka"), **self._producer_overrides)
-
     def _run(self) -> None:
-        producer = self._new_producer()
+        # Undeliverable records go to rejected.log; everything else stays spooled until Kafka takes
+        # it, including what a producer held when it failed fatally (kafka_io's one policy: a new
+        # producer replaces it, and its records are sent again).
+        producers = RebuildingProducer(self.bootstrap, on_error=self._on_error,
+                                       logger=logging.getLogger("clawr1.proxy.kafka"),
+                                       **self._producer_overrides)
         try:
             while True:
                 busy = self._spool.pending > 0
                 self._spool_batch(self._take_batch(0.0 if busy else 0.05))
                 self._ensure_topic()
                 if self._topic_ready:
-                    self._send_unsent(producer)
-                producer.poll(0.01 if busy else 0)
-                if self._fatal:
-                    producer = self._replace_producer()
+                    self._send_unsent(producers.producer)
+                producers.producer.poll(0.01 if busy else 0)
+                if producers.rebuild_if_fatal() is not None:
+                    # The old producer's delivery reports put its records back; any it never reported
+                    # on are sent again too (at least once: Kafka may hold a copy already).
+                    self._spool.release_in_flight()
                 self._spool.trim()
                 self._pending = self._spool.pending
                 if self._stop.is_set() and self._queue.empty() and \
@@ -183,11 +178,12 @@ class Emitter(Generic[T]):
                 self._spool.retry(record.seq)
                 return
             except KafkaException as exc:
-                if exc.args and exc.args[0].code() in _UNDELIVERABLE:
-                    self._reject(record.seq, exc.args[0])
+                outcome = classify(exc.args[0])
+                if isinstance(outcome, Undeliverable):
+                    self._reject(record.seq, outcome.reason)
                     continue
                 self._spool.retry(record.seq)
-                self._warn(f"produce failed: {exc}")
+                self._warn(f"produce failed, will retry: {outcome.reason}")
                 return
 
     def _on_delivery(self, seq: int, err: KafkaError | None, _msg: Message) -> None:
@@ -195,14 +191,17 @@ class Emitter(Generic[T]):
             self._spool.ack(seq)
             self.stats.delivered += 1
             PROXY_RECORDS_DELIVERED.inc()
-        elif err.code() in _UNDELIVERABLE:
-            self._reject(seq, err)
+            return
+        outcome = classify(err)
+        if isinstance(outcome, Undeliverable):
+            self._reject(seq, outcome.reason)
         else:
             self._spool.retry(seq)
-            self._warn(f"delivery failed, will retry: {err}")
+            if not isinstance(outcome, Fatal):  # a fatal error is logged once, by the producer's policy
+                self._warn(f"delivery failed, will retry: {outcome.reason}")
 
-    def _reject(self, seq: int, err: KafkaError) -> None:
-        logger.error("Kafka refuses record %d for good (%s); kept in rejected.log", seq, err)
+    def _reject(self, seq: int, reason: str) -> None:
+        logger.error("Kafka refuses record %d for good (%s); kept in rejected.log", seq, reason)
         record = self._spool.read(seq)
         # Owner-only like the spool: a rejected record holds a whole prompt and reply.
         fd = os.open(self._spool.directory / "rejected.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -214,16 +213,8 @@ class Emitter(Generic[T]):
         PROXY_RECORDS_REJECTED.inc()
 
     def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            logger.error("producer fatal error (%s): starting a new producer", err)
-            self._fatal = True
-        else:
+        if not err.fatal():  # a fatal one is logged and handled by RebuildingProducer
             self._warn(f"Kafka: {err}")
-
-    def _replace_producer(self) -> Producer:
-        self._fatal = False
-        self._spool.release_in_flight()
-        return self._new_producer()
 
     def _warn(self, message: str) -> None:
         now = time.monotonic()

@@ -13,10 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import faust
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
 
-from clawr1.core.kafka_io import ensure_topics, wait_until_served
+from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings, load_settings
 from streams.app import StreamsApp
 from streams.config import StreamConfig
@@ -45,22 +43,13 @@ def ensure_changelogs(streams: StreamsApp, timeout: float = 30.0) -> None:
 
     Faust creates them during its own start-up, but on a fresh broker its consumer can then see
     them with 0 partitions for a while, and the first write to a table fails Faust's partition
-    check (``PartitionsMismatch``). Created first, they are complete before Faust looks.
+    check (``PartitionsMismatch``). Created first (and waited for until served), they are complete
+    before Faust looks.
     """
     config = streams.config
-    admin = AdminClient({"bootstrap.servers": config.bootstrap})
-    existing = set(admin.list_topics(timeout=timeout).topics)
-    wanted = [NewTopic(table.changelog_topic.get_topic_name(), num_partitions=config.partitions,
-                       replication_factor=config.replication, config={"cleanup.policy": "compact"})
-              for table in streams.app.tables.values()]
-    missing = [topic for topic in wanted if topic.topic not in existing]
-    for name, future in (admin.create_topics(missing, operation_timeout=timeout).items() if missing else ()):
-        try:
-            future.result(timeout)
-        except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise RuntimeError(f"could not create changelog topic {name}: {exc}") from exc
-    wait_until_served(admin, [topic.topic for topic in wanted], timeout)
+    names = [table.changelog_topic.get_topic_name() for table in streams.app.tables.values()]
+    ensure_topics(config.bootstrap, names, config.partitions, timeout,
+                  replication=config.replication, config={"cleanup.policy": "compact"})
 
 
 def run_worker(settings: Settings, ready: Callable[[], None] | None = None,

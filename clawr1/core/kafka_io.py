@@ -2,18 +2,26 @@
 
 Producers are idempotent with acks=all and hash keys with murmur2 (Java's partitioner), so a key
 lands on the same partition whichever client (confluent-kafka or Faust/aiokafka) produced it.
+
+Also the one place that creates topics (``ensure_topics``), says what a produce error means
+(``classify``) and applies the one policy for fatal producer errors (``RebuildingProducer``).
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from clawr1.core.topics import ALL_TOPICS
+
+log = logging.getLogger("clawr1.kafka")
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
@@ -48,21 +56,34 @@ def make_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
     return Consumer(config)
 
 
+def make_admin(bootstrap: str, **overrides: Any) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **overrides})
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The ``KafkaError`` code a ``KafkaException`` carries (None for anything else)."""
+    error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return error.code() if isinstance(error, KafkaError) else None
+
+
 def ensure_topics(
-    bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4, timeout: float = 30.0
+    bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4, timeout: float = 30.0, *,
+    replication: int = 1, config: Mapping[str, str] | None = None,
 ) -> None:
-    """Create missing topics; existing ones are left as they are (Faust checks partition counts)."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    """Create missing topics (with ``config``, e.g. ``{"cleanup.policy": "compact"}``, for each) and
+    return once the broker serves every one; existing topics are left as they are (Faust checks
+    partition counts). Raises KafkaException when the broker is unreachable, RuntimeError when it
+    refuses a topic."""
+    admin = make_admin(bootstrap)
     wanted = list(names) if names is not None else [t.name for t in ALL_TOPICS]
     existing = set(admin.list_topics(timeout=timeout).topics)
-    missing = [
-        NewTopic(n, num_partitions=partitions, replication_factor=1) for n in wanted if n not in existing
-    ]
+    missing = [NewTopic(n, num_partitions=partitions, replication_factor=replication,
+                        config=dict(config or {})) for n in dict.fromkeys(wanted) if n not in existing]
     for name, future in (admin.create_topics(missing, operation_timeout=timeout).items() if missing else ()):
         try:
             future.result(timeout)
         except KafkaException as exc:
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+            if error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:  # another client created it first
                 raise RuntimeError(f"could not create topic {name}: {exc}") from exc
     wait_until_served(admin, wanted, timeout)
 
@@ -89,3 +110,128 @@ def wait_until_served(admin: AdminClient, names: Iterable[str], timeout: float =
 def _served(topic: Any) -> bool:
     return (topic is not None and topic.error is None and bool(topic.partitions)
             and all(p.error is None and p.leader >= 0 for p in topic.partitions.values()))
+
+
+# What a produce error means for the message (``classify``) ----------------------------------------
+
+# The broker refuses these messages whatever the retry: too big, malformed, or not allowed on the topic.
+_TOO_LARGE = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE})
+_UNDELIVERABLE = _TOO_LARGE | {KafkaError.INVALID_RECORD, KafkaError.TOPIC_AUTHORIZATION_FAILED}
+
+
+@dataclass(frozen=True)
+class Retriable:
+    """Kafka may take the message later (broker down or slow, timed out, purged): send it again."""
+
+    reason: str
+    code: int
+
+
+@dataclass(frozen=True)
+class Undeliverable:
+    """Kafka refuses this message for good; ``too_large`` when splitting it (or a batch) might help."""
+
+    reason: str
+    code: int
+
+    @property
+    def too_large(self) -> bool:
+        return self.code in _TOO_LARGE
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """The producer itself is broken (e.g. the idempotent producer lost its sequence): only a new
+    producer can send anything; the message is still owed (see ``RebuildingProducer``)."""
+
+    reason: str
+    code: int
+
+
+ProduceOutcome = Retriable | Undeliverable | Fatal
+
+
+def classify(error: KafkaError) -> ProduceOutcome:
+    """What a produce or delivery error means for its message, from the error's code and flags.
+
+    A fatal error (``error.fatal()``, or a delivery report with ``_FATAL``: the message failed because
+    its producer is fatal) is Fatal; one the client marks ``retriable()`` is Retriable even if its code
+    is usually final; the codes in ``_UNDELIVERABLE`` are Undeliverable; anything else is Retriable,
+    the safe default for a message someone still owes (the proxy's spool, a gateway client's retry).
+    """
+    reason = f"{error.name()}: {error.str()}"
+    code = error.code()
+    if error.fatal() or code == KafkaError._FATAL:
+        return Fatal(reason, code)
+    if not error.retriable() and code in _UNDELIVERABLE:
+        return Undeliverable(reason, code)
+    return Retriable(reason, code)
+
+
+# The one policy for fatal producer errors -----------------------------------------------------------
+
+# How long the replaced producer gets to hand back the delivery reports of what it still held.
+FATAL_DRAIN_S = 5.0
+
+
+class RebuildingProducer:
+    """A role's producer, replaced by a new instance after a fatal error (the proxy and the gateway).
+
+    An idempotent producer that hit a fatal error refuses every message from then on; it is not
+    restarted but replaced (a new instance gets a new producer id). ``rebuild_if_fatal``, called by
+    the one thread that polls, swaps in the new producer (``producer`` returns it to every later
+    ``produce``), then purges the old one and serves its delivery reports: every message it still
+    held fails back to its owner's ``on_delivery`` (the proxy keeps it in its spool and sends it again;
+    the gateway answers its request 503 with Retry-After), classified Fatal or Retriable.
+    ``generation`` (bumped at each replacement) tells an owner which producer a message went to.
+    """
+
+    def __init__(self, bootstrap: str, *, on_error: Callable[[KafkaError], None] | None = None,
+                 factory: Callable[..., Producer] | None = None, **overrides: Any) -> None:
+        self._bootstrap = bootstrap
+        self._overrides = overrides
+        self._on_error = on_error
+        self._factory = factory
+        self.generation = 0
+        self.fatal: KafkaError | None = None
+        self.last_fatal: KafkaError | None = None
+        self.producer = self._build()
+
+    def _build(self) -> Producer:
+        factory = self._factory or make_producer
+        return factory(self._bootstrap, error_cb=partial(self._error, self.generation), **self._overrides)
+
+    def _error(self, generation: int, error: KafkaError) -> None:
+        # A replaced producer may still report its fatal error while it drains: not the current one's.
+        if error.fatal() and generation == self.generation and self.fatal is None:
+            self.fatal = error
+        if self._on_error is not None:
+            self._on_error(error)
+
+    def rebuild_if_fatal(self, drain_s: float = FATAL_DRAIN_S) -> KafkaError | None:
+        """After a fatal error: a new producer, the old one's messages failed back; returns the error."""
+        error = self.fatal
+        if error is None:
+            return None
+        old = self.producer
+        new = self._build_next()
+        self.last_fatal = error
+        self.producer = new
+        self.fatal = None
+        log.error("Kafka producer fatal error (%s): replaced by a new producer", error.str())
+        try:
+            old.purge()
+        except KafkaException as exc:  # a fatal producer may refuse even this; its flush still reports
+            log.warning("could not purge the failed producer: %s", exc)
+        left = old.flush(drain_s)
+        if left:
+            log.warning("%d message(s) of the failed producer gave no delivery report", left)
+        return error
+
+    def _build_next(self) -> Producer:
+        self.generation += 1
+        try:
+            return self._build()
+        except BaseException:
+            self.generation -= 1
+            raise

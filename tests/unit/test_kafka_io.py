@@ -1,0 +1,296 @@
+"""kafka_io's produce-error classification and its one policy for fatal producer errors, with fake
+producers (no broker): the proxy's emitter and the gateway's publisher both replace a failed producer
+and hand back what it still held."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+import gateway.publisher as publisher_module
+import proxy.emitter as emitter_module
+from clawr1.core import kafka_io
+from clawr1.core.kafka_io import Fatal, RebuildingProducer, Retriable, Undeliverable, classify, error_code
+from gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
+from proxy.emitter import Emitter
+
+# --- classify -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("code", [KafkaError._MSG_TIMED_OUT, KafkaError._TRANSPORT, KafkaError._PURGE_QUEUE,
+                                  KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.UNKNOWN_TOPIC_OR_PART])
+def test_transient_errors_are_retriable(code: int) -> None:
+    assert isinstance(classify(KafkaError(code)), Retriable)
+
+
+@pytest.mark.parametrize(("code", "too_large"), [
+    (KafkaError.MSG_SIZE_TOO_LARGE, True), (KafkaError.RECORD_LIST_TOO_LARGE, True),
+    (KafkaError.INVALID_RECORD, False), (KafkaError.TOPIC_AUTHORIZATION_FAILED, False)])
+def test_refusals_for_good_are_undeliverable(code: int, too_large: bool) -> None:
+    outcome = classify(KafkaError(code))
+    assert isinstance(outcome, Undeliverable)
+    assert outcome.too_large is too_large and outcome.code == code
+    assert KafkaError(code).name() in outcome.reason
+
+
+def test_fatal_flag_or_fatal_code_is_fatal() -> None:
+    outcome = classify(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence lost", fatal=True))
+    assert isinstance(outcome, Fatal) and "sequence lost" in outcome.reason
+    # A delivery report of a message that failed because its producer is fatal.
+    assert isinstance(classify(KafkaError(KafkaError._FATAL)), Fatal)
+    # Fatal wins over a code that alone would mean "undeliverable".
+    assert isinstance(classify(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, fatal=True)), Fatal)
+
+
+def test_the_retriable_flag_wins_over_the_code() -> None:
+    assert isinstance(classify(KafkaError(KafkaError.INVALID_RECORD, retriable=True)), Retriable)
+
+
+def test_error_code_reads_the_kafka_error_not_the_text() -> None:
+    exists = KafkaException(KafkaError(KafkaError.TOPIC_ALREADY_EXISTS, "something else entirely"))
+    assert error_code(exists) == KafkaError.TOPIC_ALREADY_EXISTS
+    assert error_code(KafkaException(KafkaError(KafkaError._TIMED_OUT, "TOPIC_ALREADY_EXISTS"))) \
+        == KafkaError._TIMED_OUT
+    assert error_code(RuntimeError("TOPIC_ALREADY_EXISTS")) is None
+    assert error_code(KafkaException()) is None
+
+
+# --- fake producers -----------------------------------------------------------------------------
+
+Report = Callable[[KafkaError | None, Any], None]
+
+
+class FakeProducer:
+    """Holds produced messages until ``poll``/``flush`` acknowledge them (while ``healthy``); ``break_()``
+    makes the next poll report a fatal error, after which it refuses every produce."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.error_cb: Callable[[KafkaError], None] = config["error_cb"]
+        self.held: list[tuple[bytes, Report]] = []
+        self.reports: list[tuple[Report, KafkaError | None]] = []
+        self.acked: list[bytes] = []
+        self.healthy = True
+        self.dead = False
+        self.fatal_pending = False
+        self.purged = False
+        self.flushed = False
+        self.lock = threading.Lock()
+
+    def produce(self, topic: str, value: bytes | None = None, key: Any = None,
+                on_delivery: Report | None = None) -> None:
+        if self.dead:
+            raise KafkaException(KafkaError(KafkaError._FATAL, "producer is fatal", fatal=True))
+        assert on_delivery is not None and value is not None
+        with self.lock:
+            self.held.append((value, on_delivery))
+
+    def break_(self) -> None:
+        self.fatal_pending = True
+
+    def poll(self, _timeout: float = 0) -> int:
+        if self.fatal_pending:
+            self.fatal_pending, self.dead = False, True
+            self.error_cb(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence lost", fatal=True))
+        with self.lock:
+            if self.healthy and not self.dead:
+                self.reports += [(report, None) for _, report in self.held]
+                self.acked += [value for value, _ in self.held]
+                self.held = []
+            reports, self.reports = self.reports, []
+        for report, error in reports:
+            report(error, None)
+        return len(reports)
+
+    def purge(self) -> None:
+        self.purged = True
+        with self.lock:
+            self.reports += [(report, KafkaError(KafkaError._PURGE_QUEUE)) for _, report in self.held]
+            self.held = []
+
+    def flush(self, _timeout: float = 0) -> int:
+        self.flushed = True
+        self.poll()
+        return 0
+
+    def list_topics(self, **_kwargs: Any) -> Any:
+        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+
+
+class Factory:
+    def __init__(self) -> None:
+        self.built: list[FakeProducer] = []
+
+    def __call__(self, _bootstrap: str, **config: Any) -> FakeProducer:
+        producer = FakeProducer(config)
+        self.built.append(producer)
+        return producer
+
+
+# --- the policy itself --------------------------------------------------------------------------
+
+
+def test_rebuild_replaces_a_fatal_producer_and_fails_back_what_it_held() -> None:
+    factory = Factory()
+    seen: list[KafkaError] = []
+    producers = RebuildingProducer("fake:9092", on_error=seen.append, factory=factory)
+    old = factory.built[0]
+    assert producers.rebuild_if_fatal() is None and producers.generation == 0
+
+    reports: list[KafkaError | None] = []
+    old.healthy = False
+    old.produce("t", b"owed", on_delivery=lambda err, _msg: reports.append(err))
+    old.break_()
+    old.poll()
+    assert producers.fatal is not None and seen and seen[0].fatal()
+
+    error = producers.rebuild_if_fatal()
+    assert error is not None and error.str() == "sequence lost"
+    assert producers.producer is factory.built[1] and producers.generation == 1
+    assert producers.fatal is None and producers.last_fatal is error
+    assert old.purged and old.flushed
+    assert [r.code() for r in reports if r is not None] == [KafkaError._PURGE_QUEUE]
+    # The replaced producer's late fatal reports do not condemn the new one.
+    old.error_cb(KafkaError(KafkaError._FATAL, fatal=True))
+    assert producers.fatal is None and producers.rebuild_if_fatal() is None
+    # Non-fatal errors only reach the owner's callback.
+    producers.producer.error_cb(KafkaError(KafkaError._TRANSPORT))
+    assert producers.fatal is None and len(factory.built) == 2
+
+
+def test_a_failed_rebuild_leaves_the_fatal_error_to_retry() -> None:
+    factory = Factory()
+    producers = RebuildingProducer("fake:9092", factory=factory)
+    factory.built[0].break_()
+    factory.built[0].poll()
+
+    def broken(*_args: Any, **_kwargs: Any) -> FakeProducer:
+        raise KafkaException(KafkaError(KafkaError._INVALID_ARG))
+
+    producers._factory = broken
+    with pytest.raises(KafkaException):
+        producers.rebuild_if_fatal()
+    assert producers.fatal is not None and producers.generation == 0
+    producers._factory = factory
+    assert producers.rebuild_if_fatal() is not None and producers.generation == 1
+
+
+# --- the proxy: what the failed producer held stays spooled and goes out on the new one ---------
+
+
+def test_emitter_replaces_a_fatal_producer_and_delivers_everything(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    factory = Factory()
+    monkeypatch.setattr(kafka_io, "make_producer", factory)
+    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: None)
+    emitter: Emitter[str] = Emitter(bootstrap="fake:9092", topic="t", spool_dir=tmp_path / "spool",
+                                    prepare=lambda item: (item, item.encode()))
+    emitter.start()
+    try:
+        _wait(lambda: bool(factory.built))
+        first = factory.built[0]
+        first.healthy = False  # the broker holds these unacknowledged
+        for n in range(5):
+            emitter.submit(f"r{n}")
+        _wait(lambda: len(first.held) == 5)
+        first.break_()
+        _wait(lambda: len(factory.built) == 2)
+        second = factory.built[1]
+        _wait(lambda: emitter.stats.delivered == 5)
+        assert first.purged and first.acked == []
+        assert sorted(second.acked) == [f"r{n}".encode() for n in range(5)]
+        emitter.submit("after")
+        _wait(lambda: emitter.stats.delivered == 6)
+        assert emitter.stats.rejected == 0
+    finally:
+        emitter.close(2.0)
+    assert emitter.pending == 0
+
+
+def test_emitter_sets_aside_only_undeliverable_records(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    factory = Factory()
+    monkeypatch.setattr(kafka_io, "make_producer", factory)
+    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: None)
+    emitter: Emitter[str] = Emitter(bootstrap="fake:9092", topic="t", spool_dir=tmp_path / "spool",
+                                    prepare=lambda item: (item, item.encode()))
+    emitter.start()
+    try:
+        _wait(lambda: bool(factory.built))
+        producer = factory.built[0]
+        producer.healthy = False
+        emitter.submit("big")
+        emitter.submit("later")
+        _wait(lambda: len(producer.held) == 2)
+        with producer.lock:
+            (_, big), (_, later) = producer.held
+            producer.held = []
+            producer.reports = [(big, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)),
+                                (later, KafkaError(KafkaError._MSG_TIMED_OUT))]
+        producer.healthy = True
+        _wait(lambda: emitter.stats.delivered == 1 and emitter.stats.rejected == 1)
+        assert producer.acked == [b"later"]
+        assert (tmp_path / "spool" / "rejected.log").stat().st_size > 0
+    finally:
+        emitter.close(2.0)
+
+
+# --- the gateway: in-flight requests get a 503 naming the error; new requests use the new producer
+
+
+async def test_publisher_replaces_a_fatal_producer_without_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    factory = Factory()
+    monkeypatch.setattr(kafka_io, "make_producer", factory)
+    monkeypatch.setattr(publisher_module, "ensure_topics", lambda *_a, **_k: None)
+    publisher = KafkaPublisher("fake:9092", ["t"], partitions=1, max_in_flight=100, delivery_timeout_s=5.0)
+    await publisher.start()
+    try:
+        await _await(lambda: publisher._topics_ready)
+        first = factory.built[0]
+        first.healthy = False
+        pending = asyncio.create_task(publisher.publish([OutMessage("t", "k", b"owed")]))
+        await _await(lambda: len(first.held) == 1)
+        first.break_()
+        with pytest.raises(KafkaUnavailable, match="sequence lost.*replaced"):
+            await asyncio.wait_for(pending, 5.0)
+        assert len(factory.built) == 2 and first.purged
+        await publisher.publish([OutMessage("t", "k", b"next")])
+        assert factory.built[1].acked == [b"next"]
+        assert publisher._in_flight == 0
+    finally:
+        await publisher.close(0.1)
+
+
+async def test_publisher_maps_outcomes_to_413_and_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    factory = Factory()
+    monkeypatch.setattr(kafka_io, "make_producer", factory)
+    monkeypatch.setattr(publisher_module, "ensure_topics", lambda *_a, **_k: None)
+    publisher = KafkaPublisher("fake:9092", ["t"], partitions=1, max_in_flight=100, delivery_timeout_s=5.0)
+    await publisher.start()
+    try:
+        assert isinstance(publisher._failure(KafkaError(KafkaError.RECORD_LIST_TOO_LARGE), 0), RecordTooLarge)
+        refused = publisher._failure(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), 0)
+        assert isinstance(refused, KafkaUnavailable) and "TOPIC_AUTHORIZATION_FAILED" in str(refused)
+        assert isinstance(publisher._failure(KafkaError(KafkaError._MSG_TIMED_OUT), 0), KafkaUnavailable)
+    finally:
+        await publisher.close(0.1)
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.01)
+
+
+async def _await(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
