@@ -30,15 +30,20 @@ from collections.abc import Awaitable, Callable
 
 import faust
 from faust.streams import current_event
-from faust.types import EventT
 
 from clawr1.core.conversation import conversation_key
-from clawr1.core.metrics import STREAM_DEAD_LETTERS, STREAM_EVENTS_IN, STREAM_EVENTS_OUT
+from clawr1.core.metrics import (
+    STREAM_DEAD_LETTERS,
+    STREAM_EVENTS_IN,
+    STREAM_EVENTS_OUT,
+    STREAM_SKIPS_RECOVERED,
+)
 from prefix_tree import PrefixTree
 from schemas.codec import DecodeError, codec_for
 from streams import messages
 from streams.config import StreamConfig
 from streams.dead_letters import dead_letter
+from streams.gaps import EventLike, GapGuard, KafkaReader
 from streams.join import (
     StepState,
     TrajectoryState,
@@ -85,6 +90,8 @@ class StreamsApp:
         self.retokenizer = Retokenizer.load(config.tokenizer) if config.tokenizer else None
         self.bounds = Bounds(config.max_scope_steps, config.max_scope_tokens)
         self.trees: OrderedDict[str, tuple[int, PrefixTree]] = OrderedDict()
+        # Faust's consumer group is named after the app id: the guard reads that group's offsets.
+        self.gaps = GapGuard(lambda: KafkaReader(config.bootstrap, config.app_id))
         self.app = faust.App(
             config.app_id,
             broker=[f"kafka://{host.strip()}" for host in config.bootstrap.split(",")],
@@ -125,7 +132,7 @@ class StreamsApp:
         self.scopes = self._table("scopes")
         self.scope_steps = self._table("scope_steps")
         # (agent, its topic, handler, the stage named in dead letters of unexpected errors)
-        agents: list[tuple[str, faust.TopicT, Callable[[EventT], Awaitable[None]], str]] = [
+        agents: list[tuple[str, faust.TopicT, Callable[[EventLike], Awaitable[None]], str]] = [
             ("ingest_llm", self._topic(names.raw_llm), self._on_llm_call, "normalize"),
             ("ingest_events", self._topic(names.raw_events), self._on_service_event, "normalize"),
             ("ingest_steps", self._topic(names.raw_steps), self._on_whitebox_step, "normalize"),
@@ -146,18 +153,24 @@ class StreamsApp:
         """JSON keys and values (Faust's table default); values are the states' ``to_json`` dicts."""
         return self.app.Table(name, default=None, partitions=self.config.partitions)
 
-    def _agent_body(self, name: str, handler: Callable[[EventT], Awaitable[None]],
+    def _agent_body(self, name: str, handler: Callable[[EventLike], Awaitable[None]],
                     stage: str) -> Callable[[faust.StreamT], Awaitable[None]]:
         events_in = STREAM_EVENTS_IN.labels(agent=name)
+        recovered = STREAM_SKIPS_RECOVERED.labels(agent=name)
 
         async def body(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 events_in.inc()
+                for skipped in await self.gaps.skipped_before(event):  # see streams/gaps.py
+                    recovered.inc()
+                    await self._guarded(skipped, handler, stage)
                 await self._guarded(event, handler, stage)
+                self.gaps.processed(event)
 
         return body
 
-    async def _guarded(self, event: EventT, handler: Callable[[EventT], Awaitable[None]], stage: str) -> None:
+    async def _guarded(self, event: EventLike, handler: Callable[[EventLike], Awaitable[None]],
+                       stage: str) -> None:
         """Run ``handler``; whatever the event does wrong ends in the dead-letter topic, never a crash."""
         try:
             if event.value is None:
@@ -172,11 +185,11 @@ class StreamsApp:
                           event.message.offset)
             await self._dead_letter(event, stage, f"{type(exc).__name__}: {exc}")
 
-    async def _dead_letter(self, event: EventT, stage: str, reason: str) -> None:
+    async def _dead_letter(self, event: EventLike, stage: str, reason: str) -> None:
         await self._send_dead_letter(stage, reason, self._origin(event))
 
     @staticmethod
-    def _origin(event: EventT) -> dict[str, object]:
+    def _origin(event: EventLike) -> dict[str, object]:
         """An event's position and bytes, as a dead letter cites them (also after re-keying)."""
         msg = event.message
         return {"topic": msg.topic, "partition": msg.partition, "offset": msg.offset, "key": _b64(msg.key),
@@ -194,14 +207,14 @@ class StreamsApp:
         STREAM_EVENTS_OUT.labels(topic=topic.get_topic_name()).inc()
 
     # ------------------------------------------------------------------ ingest
-    async def _on_llm_call(self, event: EventT) -> None:
+    async def _on_llm_call(self, event: EventLike) -> None:
         _, record = self.codec.decode(event.value, expect="raw_llm_call")
         turn = turn_from_llm_call(record)
         key = _text(event.key) or turn.trajectory_id or record["conversation_key"] or conversation_key(
             turn.messages)
         await self._link_and_publish(key, turn)
 
-    async def _on_service_event(self, event: EventT) -> None:
+    async def _on_service_event(self, event: EventLike) -> None:
         _, record = self.codec.decode(event.value, expect="service_event")
         turn = turn_from_service_event(record)
         if turn is not None:  # other event kinds are not steps; they stay on the raw topic
@@ -231,7 +244,7 @@ class StreamsApp:
         await self._send(self.targets_topic, target_id, messages.encode(
             messages.TARGET, step_id=step_id, target=target.__dict__))
 
-    async def _on_whitebox_step(self, event: EventT) -> None:
+    async def _on_whitebox_step(self, event: EventLike) -> None:
         _, record = self.codec.decode(event.value, expect="whitebox_step")
         fact = step_from_whitebox(record, self.retokenizer)
         trajectory_id = fact.step["trajectory_id"]
@@ -255,7 +268,7 @@ class StreamsApp:
             await self._publish_target(target_id, step["step_id"],
                                        Target(step["trajectory_id"], step["created_at_ms"]))
 
-    async def _on_feedback(self, event: EventT) -> None:
+    async def _on_feedback(self, event: EventLike) -> None:
         _, record = self.codec.decode(event.value, expect="feedback")
         fact = feedback_fact(record)
         if fact["target_kind"] == "trajectory":
@@ -266,7 +279,7 @@ class StreamsApp:
                              messages.encode(messages.FEEDBACK, feedback=fact, origin=self._origin(event)))
 
     # ------------------------------------------------------------------ resolve
-    async def _on_target_message(self, event: EventT) -> None:
+    async def _on_target_message(self, event: EventLike) -> None:
         key = _text(event.key) or ""
         message = messages.decode(event.value)
         state = TargetState.from_json(self.targets.get(key))
@@ -292,7 +305,7 @@ class StreamsApp:
     def _step_state(self, trajectory_id: str, step_id: str) -> StepState:
         return StepState.from_json(self.join_steps.get(trajectory_id + _SEP + step_id))
 
-    async def _on_trajectory_message(self, event: EventT) -> None:
+    async def _on_trajectory_message(self, event: EventLike) -> None:
         trajectory_id = _text(event.key) or ""
         message = messages.decode(event.value)
         trajectory = TrajectoryState.from_json(self.join_trajectories.get(trajectory_id))
@@ -373,7 +386,7 @@ class StreamsApp:
 
         return rebuild(state, tokens_of)
 
-    async def _on_scope_step(self, event: EventT) -> None:
+    async def _on_scope_step(self, event: EventLike) -> None:
         await self._merge(ScopeStep.decode(event.value))
 
     async def _merge(self, step: ScopeStep) -> None:

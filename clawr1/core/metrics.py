@@ -44,6 +44,9 @@ STREAM_EVENTS_OUT = Counter("clawr1_stream_events_out", "messages the stream wor
                             ["topic"])
 STREAM_DEAD_LETTERS = Counter("clawr1_stream_dead_letters", "events the stream worker dead-lettered",
                               ["stage"])
+STREAM_SKIPS_RECOVERED = Counter(
+    "clawr1_stream_skips_recovered", "records Faust handed to no agent, read back from Kafka and processed "
+    "(streams/gaps.py)", ["agent"])
 
 # -- pool sink (in the API process) ------------------------------------------------------------------
 SINK_MESSAGES_IN = Counter("clawr1_sink_messages_in", "messages the sink consumed", ["topic"])

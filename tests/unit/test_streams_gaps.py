@@ -1,0 +1,111 @@
+"""Offsets Faust hands to no agent are noticed and processed before the event that revealed them."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from streams.app import StreamsApp
+from streams.config import StreamConfig
+from streams.gaps import GapGuard, GapTracker, SkippedEvent, SkippedMessage
+
+TP = ("clawr1.raw.steps", 3)
+
+
+def test_a_jump_within_a_generation_is_the_skipped_range() -> None:
+    tracker = GapTracker()
+    for offset in (10, 11, 12):
+        assert not tracker.missing(TP, 1, offset)
+        tracker.processed(TP, 1, offset)
+    assert tracker.missing(TP, 1, 15) == range(13, 15)
+
+
+def test_redeliveries_and_other_partitions_are_not_gaps() -> None:
+    tracker = GapTracker()
+    tracker.processed(TP, 1, 20)
+    assert not tracker.missing(TP, 1, 5)  # a seek back: already processed, not skipped
+    tracker.processed(TP, 1, 5)
+    assert not tracker.missing(TP, 1, 21)  # the position stays after the highest processed
+    assert not tracker.missing(("clawr1.raw.steps", 0), 1, 400)  # no baseline: nothing to compare
+
+
+def test_a_new_generation_starts_from_the_later_of_own_progress_and_the_commit() -> None:
+    tracker = GapTracker()
+    tracker.processed(TP, 1, 33)
+    assert tracker.needs_committed(TP, 2) and not tracker.needs_committed(TP, 1)
+    # The chaos case: 34 was fetched in generation 1 and dropped, 35 arrives in generation 2.
+    assert tracker.missing(TP, 2, 35, committed=34) == range(34, 35)
+    # The partition was elsewhere meanwhile and that worker committed up to 50: nothing owed.
+    assert not tracker.missing(TP, 2, 50, committed=50)
+    # A fresh process knows only the commit.
+    assert GapTracker().missing(TP, 7, 35, committed=30) == range(30, 35)
+
+
+class _Reader:
+    def __init__(self, records: dict[int, bytes], committed: int, failures: int = 0) -> None:
+        self.records, self._committed, self.failures, self.reads = records, committed, failures, []
+
+    def committed(self, topic: str, partition: int) -> int:
+        return self._committed
+
+    def read(self, topic: str, partition: int, start: int, stop: int) -> list[SkippedEvent]:
+        if self.failures:
+            self.failures -= 1
+            raise TimeoutError("broker away")
+        self.reads.append((start, stop))
+        return [SkippedEvent(SkippedMessage(topic, partition, o, b"k", self.records[o], 0.0))
+                for o in range(start, stop) if o in self.records]
+
+
+@dataclass
+class _Message:
+    topic: str
+    partition: int
+    offset: int
+    generation_id: int
+    key: bytes = b"k"
+    value: bytes = b""
+    timestamp: float = 0.0
+
+
+@dataclass
+class _Event:
+    message: _Message
+
+    @property
+    def key(self) -> bytes:
+        return self.message.key
+
+    @property
+    def value(self) -> bytes:
+        return self.message.value
+
+
+def _event(offset: int, generation: int) -> _Event:
+    return _Event(_Message(*TP, offset, generation, value=f"v{offset}".encode()))
+
+
+class _Stream:
+    def __init__(self, events: list[_Event]) -> None:
+        self._events = events
+
+    async def events(self):  # noqa: ANN201 - an async generator, as Faust's stream.events()
+        for event in self._events:
+            yield event
+
+
+def test_the_agent_body_handles_a_dropped_record_before_the_one_that_revealed_it(tmp_path: Path) -> None:
+    app = StreamsApp(StreamConfig(bootstrap="127.0.0.1:1", data_dir=tmp_path))
+    reader = _Reader({34: b"v34"}, committed=34, failures=1)
+    app.gaps = GapGuard(lambda: reader)
+    seen: list[bytes] = []
+
+    async def handler(event) -> None:  # noqa: ANN001
+        seen.append(event.value)
+
+    body = app._agent_body("ingest_steps", handler, "normalize")
+    # 33 in generation 1; 34 dropped by Faust; 35 in generation 2 (after the rebalance).
+    asyncio.run(body(_Stream([_event(33, 1), _event(35, 2), _event(36, 2)])))  # type: ignore[arg-type]
+    assert seen == [b"v33", b"v34", b"v35", b"v36"]
+    assert reader.reads == [(34, 35)]  # read once, after one failed try
