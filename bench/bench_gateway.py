@@ -39,6 +39,7 @@ from bench.common import free_port, percentile  # noqa: E402
 from broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.core.settings import Settings  # noqa: E402
+from clawr1.core.signals import stop_loop_on_signals  # noqa: E402
 from gateway.config import GatewayTopics  # noqa: E402
 from gateway.models import StepIn  # noqa: E402
 from gateway.records import step_record  # noqa: E402
@@ -108,8 +109,7 @@ def _serve(bootstrap: str, topics: tuple[str, str, str], port: int) -> None:
     from gateway.server import serve
 
     async def main() -> None:
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        stop = stop_loop_on_signals([signal.SIGTERM])
         settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=PARTITIONS, max_batch_steps=1000)
         await serve(create_app(settings, topics=GatewayTopics(*topics)), "127.0.0.1", port, stop)
 

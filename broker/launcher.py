@@ -11,11 +11,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+from clawr1.core.signals import stop_on_signals
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_LIB_DIR = REPO_ROOT / ".cache" / "kafka" / "lib"
@@ -244,12 +245,3 @@ def run_foreground(data_dir: Path, port: int, heap: str, controller_port: int | 
         pass
     broker.stop()
     return 0 if stop.is_set() else (broker.process.returncode or 1)
-
-
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGINT or SIGTERM, so a foreground command stops its children cleanly
-    (brokers flush their logs) instead of dying mid-write."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda _signum, _frame: stop.set())
-    return stop

@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import signal
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -39,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from clawr1.core.signals import stop_loop_on_signals
 
 Json = dict[str, Any]
 DEFAULT_MODEL = "standin-1"
@@ -718,10 +719,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, chunk_delay: float = 0.0
     """Blocking; stops cleanly on SIGINT/SIGTERM. Prints the URL once listening."""
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_loop_on_signals()
         scheme = "https" if certfile else "http"
         await serve_async(host, port, chunk_delay=chunk_delay, model=model, certfile=certfile,
                           keyfile=keyfile, stop=stop,

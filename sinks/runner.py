@@ -6,11 +6,11 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from collections.abc import Callable
 
 from clawr1.core.settings import Settings, load_settings
+from clawr1.core.signals import stop_on_signals
 from pool.store import PoolStore
 from schemas.codec import codec_for
 from sinks.config import SinkConfig
@@ -31,9 +31,7 @@ def run_sink(settings: Settings, store: PoolStore, stop: threading.Event,
 
 def run_sink_process(settings: Settings) -> SinkStats:
     """Blocking: open the pool named by the settings and sink into it until SIGINT/SIGTERM."""
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     with PoolStore(settings.pool_dsn) as store:
         return run_sink(settings, store, stop)
 
