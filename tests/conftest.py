@@ -6,24 +6,28 @@ Set CLAWR1_TEST_KAFKA_BOOTSTRAP to use an already running broker instead of star
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 
+from bench.common import free_port
 from broker.launcher import KafkaBroker
 from pool.store import PoolStore, quote_identifier
 
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration/ is an integration test: the folder is the marker."""
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.integration)
 
 
 def wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
@@ -73,10 +77,11 @@ def pool_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     return f"chdb://{tmp_path_factory.mktemp('pool-session').resolve()}"
 
 
-@pytest.fixture
-def pool_store(pool_dsn: str) -> Iterator[PoolStore]:
-    """A migrated PoolStore on a fresh database of the session pool, dropped after the test."""
-    database = f"t_{uuid.uuid4().hex[:12]}"
+@contextmanager
+def fresh_pool_store(pool_dsn: str, prefix: str = "t") -> Iterator[PoolStore]:
+    """A migrated PoolStore on a fresh database (``<prefix>_<random>``) of the pool at ``pool_dsn``,
+    dropped and closed on exit; ``store.database`` names it."""
+    database = f"{prefix}_{uuid.uuid4().hex[:12]}"
     store = PoolStore(pool_dsn, database=database)
     try:
         store.migrate()
@@ -84,3 +89,10 @@ def pool_store(pool_dsn: str) -> Iterator[PoolStore]:
     finally:
         store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
         store.close()
+
+
+@pytest.fixture
+def pool_store(pool_dsn: str) -> Iterator[PoolStore]:
+    """A migrated PoolStore on a fresh database of the session pool, dropped after the test."""
+    with fresh_pool_store(pool_dsn) as store:
+        yield store

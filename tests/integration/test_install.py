@@ -13,7 +13,6 @@ import json
 import shutil
 import subprocess
 import sys
-import uuid
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from pool.api import pool_router
-from pool.store import PoolStore, quote_identifier
+from tests.conftest import fresh_pool_store
 from tests.integration.sdk.conftest import Pool, database_dsn, step
 from tests.integration.sdk.serving import served
 
@@ -114,18 +113,12 @@ def child_venv(tmp: Path, wheel: Path, requires: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def api_url(pool_dsn: str) -> Iterator[str]:
     """The pool's API over a database of its own holding two ready steps, served in this process."""
-    database = f"install_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    store.migrate()
-    Pool(store=store, dsn=database_dsn(pool_dsn, database)).write(step("s1"), step("s2"))
-    app = FastAPI()
-    app.include_router(pool_router(store))
-    try:
+    with fresh_pool_store(pool_dsn, "install") as store:
+        Pool(store=store, dsn=database_dsn(pool_dsn, store.database)).write(step("s1"), step("s2"))
+        app = FastAPI()
+        app.include_router(pool_router(store))
         with served(app) as url:
             yield url
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
 
 
 def test_core_wheel_polls_the_api_without_chdb(tmp_path: Path, api_url: str) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.common import free_port
 from broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
-from tests.conftest import free_port
 
 MESSAGES = 5000
 

@@ -4,72 +4,32 @@ only when all are ready, traffic from all ways in reaches the pool, and SIGINT s
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
-from tests.conftest import free_port, wait_http
+from bench.common import free_port
+from tests.integration.live_stack import CLAWR1, live_stack
 
-CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 SECRET = "sk-test-secret-must-not-be-stored"
 PROMPT = list(range(10, 60))
 GROUP = [[7, 8, 9], [7, 8, 1], [7, 2], [7, 8, 9, 4]]
 
 
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """One stack for the module; each test uses its own ids."""
-    tmp_path = tmp_path_factory.mktemp("stack")
-    ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "proxy_metrics",
-                                            "worker_metrics")}
-    kafka_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
-    env |= {"CLAWR1_PROXY_METRICS_PORT": str(ports["proxy_metrics"]),
-            "CLAWR1_WORKER_METRICS_PORT": str(ports["worker_metrics"]), "CLAWR1_METRICS_SAMPLE_S": "1"}
-    engine = subprocess.Popen([*CLAWR1, "standin-engine", "--port", str(ports["engine"])], env=env)
-    up = subprocess.Popen(
-        [
-            *CLAWR1,
-            "up",
-            "--data-dir",
-            str(tmp_path / "data"),
-            "--proxy-port",
-            str(ports["proxy"]),
-            "--reverse-port",
-            str(ports["reverse"]),
-            "--upstream",
-            f"http://127.0.0.1:{ports['engine']}",
-            "--api-port",
-            str(ports["api"]),
-            "--kafka-port",
-            str(kafka_port),
-            "--compat-port",
-            str(free_port()),
-        ],
-        env=env,
-    )
-    api = f"http://127.0.0.1:{ports['api']}"
-    try:
-        wait_http(f"http://127.0.0.1:{ports['engine']}/v1/models", 30, engine)
-        wait_http(f"{api}/healthz", 240, up)
-        yield {"api": api, "reverse": f"http://127.0.0.1:{ports['reverse']}", "data": str(tmp_path / "data"),
-               "proxy_metrics": f"http://127.0.0.1:{ports['proxy_metrics']}/metrics",
-               "worker_metrics": f"http://127.0.0.1:{ports['worker_metrics']}/metrics"}
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
-    finally:
-        for process in (up, engine):
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    data = tmp_path_factory.mktemp("stack") / "data"
+    metrics = {name: free_port() for name in ("proxy_metrics", "worker_metrics")}
+    env = {"CLAWR1_PROXY_METRICS_PORT": str(metrics["proxy_metrics"]),
+           "CLAWR1_WORKER_METRICS_PORT": str(metrics["worker_metrics"]), "CLAWR1_METRICS_SAMPLE_S": "1"}
+    with live_stack(data, env=env) as live:
+        yield {"api": live.url("api"), "reverse": live.url("reverse"), "data": str(data),
+               "proxy_metrics": f"http://127.0.0.1:{metrics['proxy_metrics']}/metrics",
+               "worker_metrics": f"http://127.0.0.1:{metrics['worker_metrics']}/metrics"}
 
 
 def scrape(url: str) -> dict[str, float]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from bench.common import free_port
 from compat.engines import EngineFailed, Engines, parse_engines
 from demo.standin_engine import StandinEngine
-from tests.conftest import free_port
 
 
 def test_upstream_lists_engine_origins() -> None:

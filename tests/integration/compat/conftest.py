@@ -5,10 +5,6 @@ function. Each test uses its own trajectory and group ids."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,9 +13,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import free_port, wait_http
+from tests.conftest import wait_http
+from tests.integration.live_stack import live_stack
 
-CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
         "scorer": "sk-compat-scorer-0123456789", "trainer": "sk-compat-trainer-0123456789"}
 API_KEYS = ",".join(f"{name}:{KEYS[name]}:{kinds}" for name, kinds in
@@ -55,32 +51,11 @@ def auth(name: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[name]}"}
 
 
-
-
 @pytest.fixture(scope="package")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    data = tmp_path_factory.mktemp("compat") / "data"
-    ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "compat", "kafka")}
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
-    engine = subprocess.Popen([*CLAWR1, "standin-engine", "--port", str(ports["engine"])], env=env)
-    up = subprocess.Popen(
-        [*CLAWR1, "up", "--data-dir", str(data), "--proxy-port", str(ports["proxy"]),
-         "--reverse-port", str(ports["reverse"]), "--upstream", f"http://127.0.0.1:{ports['engine']}",
-         "--api-port", str(ports["api"]), "--kafka-port", str(ports["kafka"]),
-         "--compat-port", str(ports["compat"]), "--capture-token-ids"],
-        # The default readiness rule: seed agents switch over without settings.
-        env={**env, "CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN})
-    running = Stack(api=f"http://127.0.0.1:{ports['api']}", compat=f"http://127.0.0.1:{ports['compat']}",
-                    engine=f"http://127.0.0.1:{ports['engine']}")
-    try:
-        wait_http(f"{running.engine}/v1/models", 30, engine)
-        wait_http(f"{running.api}/healthz", 240, up)
-        wait_http(f"{running.compat}/openapi.json", 30, up)
+    # The default readiness rule: seed agents switch over without settings.
+    with live_stack(tmp_path_factory.mktemp("compat") / "data", args=["--capture-token-ids"],
+                    env={"CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN}) as live:
+        running = Stack(api=live.url("api"), compat=live.url("compat"), engine=live.url("engine"))
+        wait_http(f"{running.compat}/openapi.json", 30, live.up)
         yield running
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
-    finally:
-        for process in (up, engine):
-            if process.poll() is None:
-                process.kill()
-                process.wait()

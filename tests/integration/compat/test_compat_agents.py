@@ -16,8 +16,6 @@ from consumer_sdk import PoolConsumer
 from examples import seed_blackbox_agent, seed_whitebox_agent
 from tests.integration.compat.conftest import KEYS, Stack, auth
 
-pytestmark = pytest.mark.integration
-
 STEP_COLUMNS = ("trajectory_id, step_index, prompt_group_id, policy_version, channel, terminal, ready, "
                 "reward, trajectory_reward, trajectory_reward_status, prompt_token_ids, response_token_ids, "
                 "response_logprobs, tool_calls_json, token_provenance, metadata_json, source_kind")

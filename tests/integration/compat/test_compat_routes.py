@@ -11,8 +11,6 @@ import pytest
 
 from tests.integration.compat.conftest import Stack, auth
 
-pytestmark = pytest.mark.integration
-
 
 def _post(stack: Stack, path: str, key: str | None = "agent", **kwargs: Any) -> httpx.Response:
     headers = {**(auth(key) if key else {}), **kwargs.pop("headers", {})}

@@ -8,7 +8,6 @@ the tests assert each panel's numbers against the comments below.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,8 +17,9 @@ from fastapi.testclient import TestClient
 
 from dashboard.api import dashboard_page_router, dashboard_router
 from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
-from pool.store import PoolStore, quote_identifier
+from pool.store import PoolStore
 from sinks.rows import DLQ_ROUTE, FEEDBACK_ROUTE, PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, TableRoute
+from tests.conftest import fresh_pool_store
 from tests.integration.pool.records import record
 
 T0 = 1_760_000_000_000  # a multiple of every bucket width up to a minute
@@ -304,15 +304,9 @@ def empty_client(pool_store: PoolStore) -> Iterator[TestClient]:
 @pytest.fixture(scope="module")
 def seeded_store(pool_dsn: str) -> Iterator[PoolStore]:
     """The scenario in a database of its own, shared by a module's tests: they only read it."""
-    database = f"dash_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    try:
-        store.migrate()
+    with fresh_pool_store(pool_dsn, "dash") as store:
         seed(store)
         yield store
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
 
 
 @pytest.fixture

@@ -4,20 +4,16 @@ opens, no table overflows its card, and the console stays clean. Screenshots go 
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import free_port, wait_http
-from tests.integration.test_stack import CLAWR1
+from bench.common import free_port
+from tests.integration.live_stack import clawr1_up
 
-pytestmark = pytest.mark.integration
 CHROMIUM = "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 PREVIEW_GROUP = "browser-check"  # never commits: its preview changes only when curation takes rows out
@@ -26,23 +22,9 @@ PREVIEW_GROUP = "browser-check"  # never commits: its preview changes only when 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("browser-demo") / "data"
-    api_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
-    env |= {"CLAWR1_DEMO_ENGINE_PORT": str(free_port()), "CLAWR1_DEMO_PROGRESS_S": "30"}
-    up = subprocess.Popen(
-        [*CLAWR1, "up", "--demo", "--data-dir", str(data), "--api-port", str(api_port),
-         "--kafka-port", str(free_port()), "--proxy-port", str(free_port()),
-         "--reverse-port", str(free_port()), "--compat-port", str(free_port())], env=env)
-    api = f"http://127.0.0.1:{api_port}"
-    try:
-        wait_http(f"{api}/healthz", 240, up)
-        yield api
-        up.send_signal(signal.SIGINT)
-        assert up.wait(120) == 0, "clawr1 up --demo did not stop cleanly on SIGINT"
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
+    env = {"CLAWR1_DEMO_ENGINE_PORT": str(free_port()), "CLAWR1_DEMO_PROGRESS_S": "30"}
+    with clawr1_up(data, env=env, args=["--demo"], stop_timeout=120) as live:
+        yield live.url("api")
 
 
 def _browser() -> tuple[object, object]:

@@ -16,13 +16,13 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from fastapi import FastAPI
 
+from bench.common import free_port
 from clawr1.core.kafka_io import make_consumer
 from clawr1.core.settings import Settings
 from gateway.app import create_app
 from gateway.config import GatewayTopics
 from gateway.server import serve
 from schemas.codec import codec_for
-from tests.conftest import free_port
 
 TEST_PARTITIONS = 2
 

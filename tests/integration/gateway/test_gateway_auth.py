@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.common import free_port
 from clawr1.core.settings import Settings
 from gateway.app import create_app
 from gateway.server import InsecureBindError, serve
-from tests.conftest import free_port
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
 
 KEYS = "trainer:key-trainer-1:steps|feedback,svc:key-svc-2:events,rater:key-rater-3:feedback"

@@ -4,14 +4,13 @@ carries a strict Content-Security-Policy, nosniff and no framing."""
 from __future__ import annotations
 
 import socket
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from clawr1.core.settings import Settings
 from dashboard.api import dashboard_page_router, dashboard_router
-from pool.store import PoolStore, quote_identifier
+from tests.conftest import fresh_pool_store
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
 
 PATHS = ["/healthz", "/dashboard", "/dashboard/assets/app.js", "/v1/dashboard/summary", "/openapi.json"]
@@ -19,16 +18,10 @@ PATHS = ["/healthz", "/dashboard", "/dashboard/assets/app.js", "/v1/dashboard/su
 
 @pytest.fixture(scope="module")
 def keyless(kafka_bootstrap: str, pool_dsn: str) -> Iterator[LiveGateway]:
-    database = f"hosts_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    try:
-        store.migrate()
-        with running_gateway(kafka_bootstrap, routers=[dashboard_router(store)],
-                             public_routers=[dashboard_page_router()]) as live:
-            yield live
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
+    with fresh_pool_store(pool_dsn, "hosts") as store, \
+            running_gateway(kafka_bootstrap, routers=[dashboard_router(store)],
+                            public_routers=[dashboard_page_router()]) as live:
+        yield live
 
 
 def port(live: LiveGateway) -> int:

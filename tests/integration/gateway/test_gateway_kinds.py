@@ -6,7 +6,6 @@ dashboard data and page) on a real broker and a real pool. docs/security.md show
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +18,8 @@ from consumer_sdk import PoolConsumer, PoolRequestError, save_preset
 from dashboard.api import dashboard_page_router, dashboard_router
 from gateway.metrics import metrics_router
 from pool.api import pool_router
-from pool.store import PoolStore, quote_identifier
+from pool.store import PoolStore
+from tests.conftest import fresh_pool_store
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
 from tests.integration.sdk.conftest import Pool, database_dsn, step
 
@@ -76,14 +76,8 @@ PUBLIC = {"/healthz": "/healthz", "/dashboard": "/dashboard",
 
 @pytest.fixture(scope="module")
 def pool(pool_dsn: str) -> Iterator[Pool]:
-    database = f"kinds_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    try:
-        store.migrate()
-        yield Pool(store=store, dsn=database_dsn(pool_dsn, database))
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
+    with fresh_pool_store(pool_dsn, "kinds") as store:
+        yield Pool(store=store, dsn=database_dsn(pool_dsn, store.database))
 
 
 @pytest.fixture(scope="module")

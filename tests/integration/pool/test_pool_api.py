@@ -18,6 +18,7 @@ from fastapi.testclient import TestClient
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
+from bench.common import free_port
 from pool.api import pool_router
 from pool.sql import SqlError, WriteRefused
 from pool.sql_cli import SqlTarget, interactive, run_sql
@@ -31,7 +32,6 @@ from sinks.rows import (
     sink_dead_letter_row,
     step_row,
 )
-from tests.conftest import free_port
 from tests.integration.pool.records import record, step
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "pool.md"

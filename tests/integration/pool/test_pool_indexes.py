@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
-from pool.store import PoolStore, quote_identifier
+from pool.store import PoolStore
+from tests.conftest import fresh_pool_store
 
 STEPS = 1_000_000
 GENERATE = f"""
@@ -28,15 +28,9 @@ FROM numbers({STEPS})
 @pytest.fixture(scope="module")
 def million_steps(pool_dsn: str) -> Iterator[PoolStore]:
     """Shared by this module's read-only tests: generating a million steps takes seconds."""
-    database = f"t_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    try:
-        store.migrate()
+    with fresh_pool_store(pool_dsn) as store:
         store.command(GENERATE)
         yield store
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
 
 
 def granules(store: PoolStore, sql: str) -> dict[str, tuple[int, int]]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.common import free_port
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
 from tests.integration.proxy.helpers import (
@@ -16,7 +17,6 @@ from tests.integration.proxy.helpers import (
     LoopThread,
     Standin,
     TopicReader,
-    free_port,
     self_signed_cert,
     server_context,
     start_standin,

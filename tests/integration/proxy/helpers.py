@@ -11,7 +11,6 @@ import datetime
 import ipaddress
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -36,12 +35,6 @@ from schemas.codec import codec_for
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class LoopThread:

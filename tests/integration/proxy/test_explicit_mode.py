@@ -15,7 +15,6 @@ import pytest
 from demo.standin_engine import DEFAULT_MODEL, make_reply, render_prompt
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, client_context, marked
 
-pytestmark = pytest.mark.integration
 SECRET = "sk-proj-explicit-secret-77aa"
 
 

@@ -7,10 +7,9 @@ import uuid
 import httpx
 import pytest
 
+from bench.common import free_port
 from demo.standin_engine import DEFAULT_MODEL
-from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, free_port, marked
-
-pytestmark = pytest.mark.integration
+from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
 
 def chat(marker: str, stream: bool = False) -> dict:

@@ -9,13 +9,11 @@ import uuid
 import anthropic
 import httpx
 import openai
-import pytest
 
 from demo.standin_engine import DEFAULT_MODEL, REFUSAL, make_reply, render_prompt
 from proxy.token_ids import SGLEXT_HEADERS
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
-pytestmark = pytest.mark.integration
 SECRET = "sk-proj-fidelity-secret-31c9"
 
 

@@ -14,6 +14,7 @@ import httpx
 import openai
 import pytest
 
+from bench.common import free_port
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
 from demo.standin_engine import DEFAULT_MODEL
@@ -22,12 +23,10 @@ from tests.integration.proxy.helpers import (
     ProxyProcess,
     Standin,
     TopicReader,
-    free_port,
     marked,
     settings_env,
 )
 
-pytestmark = pytest.mark.integration
 SECRET = "sk-proj-process-secret-1b2c"
 
 

@@ -10,14 +10,12 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 
+from bench.common import free_port
 from clawr1.core.settings import Settings
 from demo.standin_engine import DEFAULT_MODEL
 from proxy.runner import PROCESSES_ENV
-from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, free_port, marked
-
-pytestmark = pytest.mark.integration
+from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, marked
 
 
 def children(pid: int) -> list[int]:

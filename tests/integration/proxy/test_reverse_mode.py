@@ -25,7 +25,6 @@ from demo.standin_engine import (
 from proxy.chains import UNKNOWN_PARENT_NOTE
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
-pytestmark = pytest.mark.integration
 SECRET = "sk-proj-test-secret-4f9d2c7e1a"
 TOOLS = [
     {

@@ -17,7 +17,6 @@ from rewards.worker import Rewarder, RewarderConfig, feedback_id_of
 from schemas.codec import AvroCodec
 from tests.integration.pool.records import step as step_record
 
-pytestmark = pytest.mark.integration
 SPEC = "rewards.rules:math_answer"
 CODEC = AvroCodec()
 

@@ -3,19 +3,16 @@ the reward joins the steps in the pool under its source, and a failing call land
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.conftest import free_port, wait_http
-from tests.integration.test_stack import CLAWR1, _sql, scrape, total
+from bench.common import free_port
+from tests.integration.live_stack import clawr1_up
+from tests.integration.test_stack import _sql, scrape, total
 
-pytestmark = pytest.mark.integration
 SPEC = "rewards.rules:math_answer"
 
 
@@ -27,27 +24,12 @@ def rewarder_metrics() -> str:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, rewarder_metrics: str) -> Iterator[str]:
     data = tmp_path_factory.mktemp("reward-stack") / "data"
-    api_port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
-    env["CLAWR1_REWARD_FN"] = SPEC
-    env["CLAWR1_REWARDER_METRICS_PORT"] = rewarder_metrics.split(":")[2].split("/")[0]
-    up = subprocess.Popen(
-        [*CLAWR1, "up", "--data-dir", str(data), "--api-port", str(api_port),
-         "--kafka-port", str(free_port()), "--proxy-port", str(free_port()),
-         "--compat-port", str(free_port())],
-        env=env,
-    )
-    api = f"http://127.0.0.1:{api_port}"
-    try:
-        wait_http(f"{api}/healthz", 240, up)
+    env = {"CLAWR1_REWARD_FN": SPEC,
+           "CLAWR1_REWARDER_METRICS_PORT": rewarder_metrics.split(":")[2].split("/")[0]}
+    with clawr1_up(data, env=env, reverse=False) as live:
+        api = live.url("api")
         assert httpx.get(f"{api}/healthz").json()["parts"]["rewarder"] is True
         yield api
-        up.send_signal(signal.SIGINT)
-        assert up.wait(90) == 0, "clawr1 up did not stop cleanly on SIGINT"
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
 
 
 def _rows(api: str, query: str, want: int, timeout: float = 120.0) -> list[dict[str, object]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +25,7 @@ from pool.consumer_tables import CONSUMER_WRITABLE_TABLES
 from pool.migrations import READY_QUEUE
 from pool.store import PoolStore, quote_identifier
 from sinks.rows import STEPS_ROUTE, Origin
+from tests.conftest import fresh_pool_store
 from tests.integration.pool.records import step as step_record
 from tests.integration.sdk.serving import served
 
@@ -77,14 +77,8 @@ def module_pool(pool_dsn: str) -> Iterator[Pool]:
     Closed at the module's end, so no chDB client of this suite stays open while another suite's
     tests open their own engine path.
     """
-    database = f"sdk_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    try:
-        store.migrate()
-        yield Pool(store=store, dsn=database_dsn(pool_dsn, database))
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
+    with fresh_pool_store(pool_dsn, "sdk") as store:
+        yield Pool(store=store, dsn=database_dsn(pool_dsn, store.database))
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
-from tests.conftest import free_port
+from bench.common import free_port
 
 
 @contextmanager

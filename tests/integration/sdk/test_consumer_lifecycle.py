@@ -10,6 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
+from bench.common import free_port
 from consumer_sdk import (
     ConsumerClosed,
     PoolConsumer,
@@ -18,7 +19,6 @@ from consumer_sdk import (
     UsageError,
 )
 from pool.store import PoolStore
-from tests.conftest import free_port
 from tests.integration.sdk.conftest import Pool, database_dsn, sdk_direct_source, step
 
 

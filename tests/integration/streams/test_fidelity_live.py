@@ -15,13 +15,12 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+from bench.common import free_port
 from clawr1.core.kafka_io import make_producer
 from clawr1.core.settings import Settings
-from tests.integration.proxy.helpers import EmbeddedProxy, LoopThread, TopicReader, free_port, start_standin
+from tests.integration.proxy.helpers import EmbeddedProxy, LoopThread, TopicReader, start_standin
 from tests.integration.streams.conftest import Outputs, WorkerRun
 from tests.integration.streams.events import CODEC, feedback, llm_call, llm_key
-
-pytestmark = pytest.mark.integration
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "search the corpus",
                                            "parameters": {"type": "object",

@@ -7,7 +7,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
 from tokenizers import Tokenizer
 
 from tests.integration.streams.conftest import (
@@ -29,8 +28,6 @@ from tests.integration.streams.mix import (
     MIX,
     RETOKENIZED_TEXT,
 )
-
-pytestmark = pytest.mark.integration
 
 
 def test_latest_version_of_every_step_is_exact(uninterrupted: Result) -> None:

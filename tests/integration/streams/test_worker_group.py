@@ -8,7 +8,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -23,8 +22,6 @@ from tests.integration.streams.conftest import (
     settled,
 )
 from tests.integration.streams.mix import MIX
-
-pytestmark = pytest.mark.integration
 
 Shares = dict[str, dict[str, frozenset[int]]]  # member id -> consumed topic -> its partitions there
 
