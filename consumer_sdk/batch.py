@@ -124,7 +124,7 @@ def _lists(table: pa.Table, name: str, dtype: np.dtype) -> _Lists:
 
 
 def _python_values(column: pa.ChunkedArray) -> list[Any]:
-    values = column.to_pylist()
+    values: list[Any] = column.to_pylist()
     if pa.types.is_map(column.type):
         return [None if v is None else dict(v) for v in values]
     return values
@@ -158,7 +158,7 @@ class StepBatch(Sequence[Step]):
         self._table = table
 
     def __len__(self) -> int:
-        return self._table.num_rows
+        return int(self._table.num_rows)
 
     @overload
     def __getitem__(self, index: int) -> Step: ...
@@ -377,7 +377,8 @@ class StepBatch(Sequence[Step]):
                 table.column("trajectory_reward").to_numpy(zero_copy_only=False).astype(np.float64), nan=0.0)
             terminal = table.column("terminal").to_numpy(zero_copy_only=False).astype(bool)
             out = out + np.where(terminal, trajectory, 0.0)
-        return out.astype(np.float32)
+        result: np.ndarray = out.astype(np.float32)
+        return result
 
     def _verl_non_tensors(self) -> dict[str, np.ndarray]:
         steps = list(self)

@@ -141,7 +141,8 @@ class Filters:
             object.__setattr__(self, key, value)
         if self.min_reward is not None and self.max_reward is not None and self.min_reward > self.max_reward:
             raise InvalidFilter(f"min_reward {self.min_reward} > max_reward {self.max_reward}")
-        if self.since is not None and self.until is not None and self.since >= self.until:
+        since, until = norm["since"], norm["until"]  # epoch ms now
+        if since is not None and until is not None and since >= until:
             raise InvalidFilter(f"since {self.since} must be before until {self.until}")
 
     @classmethod

@@ -48,7 +48,8 @@ def load_reward_fn(spec: str) -> RewardFn:
             ) from exc
     if not callable(target):
         raise RewardFnError(f"reward function {spec!r} is a {type(target).__name__}, not a callable")
-    return target
+    fn: Callable[..., Any] = target
+    return fn
 
 
 def _as_score(value: Any, *, origin: str) -> float:

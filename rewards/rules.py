@@ -81,10 +81,10 @@ def extract_answer(text: str) -> str | None:
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed
-    marked = _GSM8K.findall(text)
+    marked: list[str] = _GSM8K.findall(text)
     if marked:
         return marked[-1]
-    numbers = _NUMBER.findall(text)
+    numbers: list[str] = _NUMBER.findall(text)
     return numbers[-1] if numbers else None
 
 

@@ -61,7 +61,7 @@ def _epoch_ms(record: dict[str, Any], name: str) -> int:
 
 
 def _token_ids(record: dict[str, Any], name: str) -> list[int]:
-    ids = record[name]
+    ids: list[int] = record[name]
     if ids and (min(ids) < 0 or max(ids) > _MAX_TOKEN_ID):
         raise RowError(f"{name} holds ids outside 0..2^32-1")
     return ids

@@ -62,7 +62,7 @@ def _compile(source: str) -> Any:
         raise ChatTemplateError("rendering a chat template needs jinja2 (or transformers): "
                                 "pip install 'claw-r1[tokenizer]'") from exc
 
-    class Generation(Extension):  # type: ignore[misc]
+    class Generation(Extension):
         """``{% generation %}...{% endgeneration %}`` marks assistant text for masks; it renders as is."""
 
         tags = {"generation"}

@@ -244,6 +244,7 @@ def _assign(state: LinkState, turn: Turn, step_ids: list[str]) -> list[Assignmen
         parent = node if place.parent else state.nodes.get(node.parent_step_id or "")
         group = _group(turn, parent)
         trajectory = node.trajectory_id
+        parent_id: str | None
         if place.parent:
             index, parent_id = node.step_index + 1, anchor
         else:
