@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
 from pool.migrations import STEP_FIELDS
 
 REWARD_STATES = frozenset({"pending", "final"})
@@ -135,7 +136,8 @@ class TableRoute:
     to_row: Callable[[dict[str, Any], Origin, int], tuple[Any, ...]]
 
 
-STEPS_ROUTE = TableRoute("step", "step_versions", STEP_COLUMNS, step_row)
-FEEDBACK_ROUTE = TableRoute("feedback", "feedback_log", FEEDBACK_COLUMNS, feedback_row)
-PREFIX_NODES_ROUTE = TableRoute("prefix_node", "prefix_node_versions", PREFIX_NODE_COLUMNS, prefix_node_row)
-DLQ_ROUTE = TableRoute("dead_letter", "dead_letter_log", DEAD_LETTER_COLUMNS, dead_letter_row)
+STEPS_ROUTE = TableRoute(STEPS.schema, "step_versions", STEP_COLUMNS, step_row)
+FEEDBACK_ROUTE = TableRoute(RAW_FEEDBACK.schema, "feedback_log", FEEDBACK_COLUMNS, feedback_row)
+PREFIX_NODES_ROUTE = TableRoute(PREFIX_NODES.schema, "prefix_node_versions", PREFIX_NODE_COLUMNS,
+                                prefix_node_row)
+DLQ_ROUTE = TableRoute(DLQ.schema, "dead_letter_log", DEAD_LETTER_COLUMNS, dead_letter_row)

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 import faust
 from faust.streams import current_event
 
+from clawr1.core import topics
 from clawr1.core.conversation import conversation_key
 from clawr1.core.metrics import (
     STREAM_DEAD_LETTERS,
@@ -198,7 +199,8 @@ class StreamsApp:
     async def _send_dead_letter(self, stage: str, reason: str, origin: dict) -> None:
         record = dead_letter(reason, stage, origin["topic"], origin["partition"], origin["offset"],
                              _unb64(origin["key"]), _unb64(origin["value"]), origin["timestamp_ms"])
-        await self.out_dlq.send(key=origin["topic"].encode(), value=self.codec.encode("dead_letter", record))
+        await self.out_dlq.send(key=origin["topic"].encode(),
+                                value=self.codec.encode(topics.DLQ.schema, record))
         STREAM_DEAD_LETTERS.labels(stage=stage).inc()
         STREAM_EVENTS_OUT.labels(topic=self.out_dlq.get_topic_name()).inc()
 
@@ -208,14 +210,14 @@ class StreamsApp:
 
     # ------------------------------------------------------------------ ingest
     async def _on_llm_call(self, event: EventLike) -> None:
-        _, record = self.codec.decode(event.value, expect="raw_llm_call")
+        _, record = self.codec.decode(event.value, expect=topics.RAW_LLM.schema)
         turn = turn_from_llm_call(record)
         key = _text(event.key) or turn.trajectory_id or record["conversation_key"] or conversation_key(
             turn.messages)
         await self._link_and_publish(key, turn)
 
     async def _on_service_event(self, event: EventLike) -> None:
-        _, record = self.codec.decode(event.value, expect="service_event")
+        _, record = self.codec.decode(event.value, expect=topics.RAW_EVENTS.schema)
         turn = turn_from_service_event(record)
         if turn is not None:  # other event kinds are not steps; they stay on the raw topic
             await self._link_and_publish(_text(event.key) or record["trajectory_id"], turn)
@@ -245,7 +247,7 @@ class StreamsApp:
             messages.TARGET, step_id=step_id, target=target.__dict__))
 
     async def _on_whitebox_step(self, event: EventLike) -> None:
-        _, record = self.codec.decode(event.value, expect="whitebox_step")
+        _, record = self.codec.decode(event.value, expect=topics.RAW_STEPS.schema)
         fact = step_from_whitebox(record, self.retokenizer)
         trajectory_id = fact.step["trajectory_id"]
         if _text(event.key) == trajectory_id:
@@ -269,7 +271,7 @@ class StreamsApp:
                                        Target(step["trajectory_id"], step["created_at_ms"]))
 
     async def _on_feedback(self, event: EventLike) -> None:
-        _, record = self.codec.decode(event.value, expect="feedback")
+        _, record = self.codec.decode(event.value, expect=topics.RAW_FEEDBACK.schema)
         fact = feedback_fact(record)
         if fact["target_kind"] == "trajectory":
             await self._send(self.trajectories_topic, fact["target_id"],
@@ -351,7 +353,7 @@ class StreamsApp:
         record = build_step(state, trajectory, self.config.readiness)
         if record is None:
             return
-        await self._send(self.out_steps, record["step_id"], self.codec.encode("step", record))
+        await self._send(self.out_steps, record["step_id"], self.codec.encode(topics.STEPS.schema, record))
         if to_scope and mergeable(record):
             scope_id, scope_kind = scope_of(record)
             scope_step = ScopeStep(scope_id, scope_kind, record["step_id"], record["prompt_token_ids"],
@@ -402,7 +404,8 @@ class StreamsApp:
         while len(self.trees) > self.config.tree_cache_size:
             self.trees.popitem(last=False)
         for row in merge.rows:
-            await self._send(self.out_prefix_nodes, step.scope_id, self.codec.encode("prefix_node", row))
+            await self._send(self.out_prefix_nodes, step.scope_id,
+                             self.codec.encode(topics.PREFIX_NODES.schema, row))
 
 
 def _scope_signature(state: StepState, trajectory: TrajectoryState) -> tuple[str, str | None] | None:
