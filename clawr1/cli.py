@@ -10,7 +10,6 @@ mitmproxy or Faust.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -153,6 +152,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     from clawr1 import readiness
     from clawr1.core.metrics import LagSampler, PoolRowsSampler, sample_interval
+    from clawr1.core.signals import stop_loop_on_signals
     from dashboard.api import dashboard_page_router, dashboard_router
     from gateway.app import create_app
     from gateway.metrics import RequestMetrics, metrics_router
@@ -209,10 +209,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         servers.append((create_compat_app(settings, app.state.gateway), settings.compat_port))
 
     async def main() -> None:
-        shutdown = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, shutdown.set)
+        shutdown = stop_loop_on_signals()
         await asyncio.gather(*(serve(server, settings.api_host, port, shutdown) for server, port in servers))
 
     try:

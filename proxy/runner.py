@@ -14,7 +14,6 @@ import asyncio
 import gc
 import ipaddress
 import logging
-import signal
 import socket
 import ssl
 import sys
@@ -44,6 +43,7 @@ from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
 from clawr1.core.registry import PROXY_INSTANCE, PROXY_PROCESSES, UPSTREAM_CA_FILE, UPSTREAM_INSECURE
 from clawr1.core.settings import Settings
+from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
 from proxy.addons import build_addons
 from proxy.addons.auth import ProxyAuthHeader
@@ -345,10 +345,7 @@ def _front_main(settings: Settings, writer: Connection, status: Connection, aliv
     sender = CallSender(writer)
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_loop_on_signals()
         await _run_master(config, sender.submit, lambda: status.send(None), stop, [alive.fileno()])
 
     try:
@@ -417,10 +414,7 @@ def run_proxy(settings: Settings, ready: Callable[[], None] | None = None, *, to
             ready()
 
     async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_loop_on_signals()
         await serve_proxy(settings, started, stop=stop, topic=topic, drain_s=drain_s)
 
     # The sender thread pickles calls for the emitter; a short switch interval lets the event loop,

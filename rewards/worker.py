@@ -228,13 +228,13 @@ class Rewarder:
         record["dlq_id"] = f"{SOURCE}:{self.config.name}@{record['dlq_id']}"
         self.dead_letters += 1
         REWARDER_DEAD_LETTERS.labels(stage=stage).inc()
-        return _Out(self.config.dlq_topic, message.topic(), self.codec.encode("dead_letter", record))
+        return _Out(self.config.dlq_topic, message.topic(), self.codec.encode(topics.DLQ.schema, record))
 
     def handle(self, message: Message) -> _Out | None:
         """What one step message produces: a feedback, a dead letter, or nothing."""
         REWARDER_STEPS.inc()
         try:
-            _, step = self.codec.decode(message.value(), expect="step")
+            _, step = self.codec.decode(message.value(), expect=topics.STEPS.schema)
         except CodecError as exc:
             return self._dead_letter(message, f"not a step record: {exc}", "decode")
         target = target_of(step, self.config.target)
@@ -255,7 +255,8 @@ class Rewarder:
                              int(step["created_at_ms"]))
         self.scored += 1
         REWARDER_FEEDBACK.inc()
-        return _Out(self.config.feedback_topic, target_id, self.codec.encode("feedback", record))
+        return _Out(self.config.feedback_topic, target_id,
+                    self.codec.encode(topics.RAW_FEEDBACK.schema, record))
 
     def process(self, messages: Iterable[Message], pool: ThreadPoolExecutor) -> list[_Out]:
         usable = []
@@ -315,7 +316,7 @@ def _deliver(producer: Producer, outgoing: list[_Out], stop: threading.Event) ->
 def run_rewarder(settings: Settings, ready: Callable[[], None] | None = None,
                  stop: threading.Event | None = None) -> int:
     """Block until ``stop`` (SIGINT/SIGTERM in the CLI); returns the exit status."""
-    from broker.launcher import stop_on_signals
+    from clawr1.core.signals import stop_on_signals
 
     config = RewarderConfig.from_settings(settings)
     rewarder = Rewarder(config)  # a bad CLAWR1_REWARD_FN fails here, at start, not per message
