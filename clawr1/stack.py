@@ -19,11 +19,12 @@ from pathlib import Path
 
 import httpx
 
-from broker.launcher import KafkaBroker, stop_on_signals
+from broker.launcher import KafkaBroker
 from clawr1 import readiness
 from clawr1.core import registry
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings, settings_to_env
+from clawr1.core.signals import stop_on_signals
 from clawr1.core.topics import ALL_TOPICS
 from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor
 
