@@ -79,10 +79,14 @@ def _decoded(call: CapturedCall, notes: list[str]) -> bytes:
     if not call.response_encoding or call.response_encoding == "identity":
         return call.response_body
     try:
-        return content_encoding.decode(call.response_body, call.response_encoding)
+        decoded = content_encoding.decode(call.response_body, call.response_encoding)
     except ValueError:
+        decoded = None
+    # A byte-to-text codec named as the encoding (e.g. "utf-8") decodes to str: not a content encoding.
+    if not isinstance(decoded, bytes):
         notes.append(f"response body not decodable as {call.response_encoding}")
         return call.response_body
+    return decoded
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
