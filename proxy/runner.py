@@ -330,8 +330,8 @@ def _start_fronts(settings: Settings, writers: list[Connection], alive: Connecti
             if error is not None:
                 raise ProxyStartError(f"proxy process {index}: {error}")
     except BaseException:
-        for front in fronts:
-            front.kill()
+        for started in fronts:
+            started.kill()
         raise
     return fronts
 
@@ -374,7 +374,8 @@ async def _run_master(config: ProxyConfig, submit: Callable[[CapturedCall], None
     stopped = asyncio.create_task(stop.wait())
     lost = asyncio.create_task(died.wait())
     try:
-        await asyncio.wait([run, readiness, lost], return_when=asyncio.FIRST_COMPLETED)
+        starting: list[asyncio.Future[Any]] = [run, readiness, lost]
+        await asyncio.wait(starting, return_when=asyncio.FIRST_COMPLETED)
         if not readiness.done():
             raise ProxyStartError("mitmproxy stopped while starting")
         if failures := readiness.result():

@@ -52,7 +52,9 @@ def _is_this_host(host: str) -> bool:
         addresses = [str(ipaddress.ip_address(name))]
     except ValueError:
         try:
-            addresses = list({info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)})
+            # An IP family's address is a str (the stubs allow an int for other families).
+            addresses = list({str(info[4][0])
+                              for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)})
         except OSError:
             return False  # unresolvable: the connection fails on its own
     return any(_binds_here(address) for address in addresses)

@@ -18,6 +18,7 @@ from proxy.apis.base import (
     function_call,
     int_or_none,
     json_events,
+    json_object,
 )
 from proxy.sse import SseEvent
 
@@ -46,7 +47,7 @@ def _prompt_tokens(usage: Json) -> int | None:
 
 def assemble(body: Json) -> Assembled:
     blocks = [b for b in body.get("content") or [] if isinstance(b, dict)]
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = json_object(body.get("usage"))
     choice = AssembledChoice(
         index=0,
         text="".join(b.get("text", "") for b in blocks if b.get("type") == "text"),
@@ -99,7 +100,7 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
             block = blocks.setdefault(index, {"type": "text", "text": ""})
             _apply_delta(block, data["delta"], partial_json, index)
         elif kind == "message_delta":
-            delta = data.get("delta") if isinstance(data.get("delta"), dict) else {}
+            delta = json_object(data.get("delta"))
             message.update({k: v for k, v in delta.items() if k in {"stop_reason", "stop_sequence"}})
             if isinstance(data.get("usage"), dict):
                 message["usage"] = {**(message.get("usage") or {}), **data["usage"]}

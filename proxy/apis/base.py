@@ -61,6 +61,16 @@ def int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def json_object(value: Any) -> Json:
+    """``value`` when it is a JSON object, else an empty one (a field that is absent or malformed)."""
+    return value if isinstance(value, dict) else {}
+
+
+def text_or_empty(value: Any) -> str:
+    """``value`` when it is a string, else ``""``."""
+    return value if isinstance(value, str) else ""
+
+
 def token_list(value: Any) -> list[int]:
     """Token ids as the engine sent them; anything that is not a list of 32-bit ints counts as absent.
 

@@ -26,6 +26,8 @@ from proxy.apis.base import (
     has_done_marker,
     int_or_none,
     json_events,
+    json_object,
+    text_or_empty,
     token_list,
     unfinished,
 )
@@ -84,8 +86,8 @@ def assemble(body: Json) -> Assembled:
         if not isinstance(raw, dict):
             continue
         assembled.prompt_token_ids = assembled.prompt_token_ids or ext_ids(raw)[0]
-        message = raw.get("message") if isinstance(raw.get("message"), dict) else {}
-        refusal = message.get("refusal") if isinstance(message.get("refusal"), str) else ""
+        message = json_object(raw.get("message"))
+        refusal = text_or_empty(message.get("refusal"))
         calls = [
             function_call(
                 c.get("id"), (c.get("function") or {}).get("name"), (c.get("function") or {}).get("arguments")
@@ -129,7 +131,7 @@ class _ChoiceParts:
     logprob_entries: list[Json] | None = None
 
     def add(self, raw: Json) -> None:
-        delta = raw.get("delta") if isinstance(raw.get("delta"), dict) else {}
+        delta = json_object(raw.get("delta"))
         self.role = delta.get("role") or self.role
         if isinstance(delta.get("content"), str):
             self.content.append(delta["content"])
@@ -143,7 +145,7 @@ class _ChoiceParts:
                 continue
             parts = self.tool_calls.setdefault(int_or_none(call.get("index")) or 0, _ToolCallParts())
             parts.id = parts.id or call.get("id")
-            function = call.get("function") if isinstance(call.get("function"), dict) else {}
+            function = json_object(call.get("function"))
             parts.name = parts.name or function.get("name")
             if isinstance(function.get("arguments"), str):
                 parts.arguments.append(function["arguments"])

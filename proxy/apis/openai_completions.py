@@ -21,6 +21,7 @@ from proxy.apis.base import (
     has_done_marker,
     int_or_none,
     json_events,
+    text_or_empty,
     token_list,
     unfinished,
 )
@@ -76,7 +77,7 @@ def assemble(body: Json) -> Assembled:
         if not isinstance(raw, dict):
             continue
         assembled.prompt_token_ids = assembled.prompt_token_ids or token_list(raw.get("prompt_token_ids"))
-        text = raw.get("text") if isinstance(raw.get("text"), str) else ""
+        text = text_or_empty(raw.get("text"))
         assembled.choices.append(
             _choice(
                 int_or_none(raw.get("index")) or 0,

@@ -20,6 +20,7 @@ from proxy.apis.base import (
     function_call,
     int_or_none,
     json_events,
+    json_object,
 )
 from proxy.sse import SseEvent
 
@@ -76,9 +77,9 @@ def _output_text(item: Json, kind: str = "output_text", key: str = "text") -> st
 def assemble(body: Json) -> Assembled:
     output = [item for item in body.get("output") or [] if isinstance(item, dict)]
     status = body.get("status")
-    details = body.get("incomplete_details") if isinstance(body.get("incomplete_details"), dict) else {}
+    details = json_object(body.get("incomplete_details"))
     finish = f"incomplete:{details.get('reason')}" if status == "incomplete" and details else status
-    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    usage = json_object(body.get("usage"))
     messages = [item for item in output if item.get("type") == "message"]
     refusal = "".join(_output_text(item, "refusal", "refusal") for item in messages)
     choice = AssembledChoice(
