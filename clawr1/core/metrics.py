@@ -79,7 +79,9 @@ CONSUMER_LAG = Gauge("clawr1_consumer_lag", "messages not yet committed by a con
 ALL_METRICS: tuple[MetricWrapperBase, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricWrapperBase))
 
-_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+# Keyed by a metric's ``_type``, which prometheus_client types Optional (None on the abstract base only).
+_SUFFIXES: dict[str | None, tuple[str, ...]] = {
+    "counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 
 
 def exposed_names() -> frozenset[str]:

@@ -91,7 +91,7 @@ class Option(Generic[V]):
         except ValueError as exc:
             raise SettingsError(f"{self.name}: {exc}") from exc
         self.validate(value)
-        return value  # type: ignore[no-any-return]
+        return value
 
     def validate(self, value: Any) -> None:
         problem = self.check(value) if self.check is not None else None
