@@ -28,12 +28,12 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from clawr1.core import registry, topics
-from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.core.kafka_io import consumed_at, ensure_topics, make_consumer, make_producer
 from clawr1.core.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
 from clawr1.core.settings import Settings
 from gateway.records import deterministic_id
@@ -44,9 +44,14 @@ from streams.dead_letters import dead_letter
 log = logging.getLogger(__name__)
 
 Target = Literal["trajectory", "step"]
+TARGETS: tuple[Target, ...] = ("trajectory", "step")
 SOURCE = "reward_fn"
 DEFAULT_GROUP = registry.REWARD_GROUP.default
 _REMEMBERED = 100_000
+
+
+def _is_target(value: str) -> TypeGuard[Target]:
+    return value in TARGETS
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,7 @@ class RewarderConfig:
         if not spec:
             raise RewardFnError("the rewarder needs CLAWR1_REWARD_FN=module:function")
         target = knob(registry.REWARD_TARGET)
-        if target not in ("trajectory", "step"):
+        if not _is_target(target):
             raise ValueError(f"CLAWR1_REWARD_TARGET must be 'trajectory' or 'step', got {target!r}")
         suffix = knob(registry.TOPIC_SUFFIX)
         return cls(
@@ -222,13 +227,14 @@ class Rewarder:
 
     def _dead_letter(self, message: Message, reason: str, stage: str) -> _Out:
         timestamp = message.timestamp()[1]
-        record = dead_letter(reason, stage, message.topic(), message.partition(), message.offset(),
-                             message.key(), message.value(), timestamp)
+        topic, partition, offset = consumed_at(message)
+        record = dead_letter(reason, stage, topic, partition, offset, message.key(), message.value(),
+                             timestamp)
         # The streams or the sink may dead-letter the same message for their own reason: a separate id.
         record["dlq_id"] = f"{SOURCE}:{self.config.name}@{record['dlq_id']}"
         self.dead_letters += 1
         REWARDER_DEAD_LETTERS.labels(stage=stage).inc()
-        return _Out(self.config.dlq_topic, message.topic(), self.codec.encode(topics.DLQ.schema, record))
+        return _Out(self.config.dlq_topic, topic, self.codec.encode(topics.DLQ.schema, record))
 
     def handle(self, message: Message) -> _Out | None:
         """What one step message produces: a feedback, a dead letter, or nothing."""

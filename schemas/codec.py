@@ -162,8 +162,9 @@ class AvroCodec:
             return self.registry.schema(struct.unpack(">I", data[1:5])[0])
         raise DecodeError("not an Avro single-object or Confluent-framed message")
 
-    def decode(self, data: bytes, expect: str | None = None) -> tuple[str, dict[str, Any]]:
-        """Returns (schema name, record in the current reader schema)."""
+    def decode(self, data: bytes | None, expect: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Returns (schema name, record in the current reader schema). No bytes (a message without a
+        value) is a DecodeError, as a corrupt body is."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         data = bytes(data)

@@ -18,7 +18,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from clawr1.core.kafka_io import ensure_topics, make_consumer
+from clawr1.core.kafka_io import consumed_at, ensure_topics, make_consumer
 from clawr1.core.metrics import (
     INGEST_TO_POOL_SECONDS,
     SINK_BATCH_MESSAGES,
@@ -110,7 +110,7 @@ class PoolSink:
 
     def accept(self, msg: Message) -> None:
         """Turn one message into a row of its table, or into a dead letter with the reason."""
-        origin = Origin(msg.topic(), msg.partition(), msg.offset(), msg.key(), msg.value())
+        origin = Origin(*consumed_at(msg), msg.key(), msg.value())
         route = self.routes[origin.topic]
         stamp = now_ms()
         try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from clawr1.core.topics import ALL_TOPICS
@@ -64,6 +64,15 @@ def error_code(exc: BaseException) -> int | None:
     """The ``KafkaError`` code a ``KafkaException`` carries (None for anything else)."""
     error = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
     return error.code() if isinstance(error, KafkaError) else None
+
+
+def consumed_at(msg: Message) -> tuple[str, int, int]:
+    """Topic, partition and offset of a message a consumer returned without error. The client types
+    them optional (a message being produced has no offset yet); a consumed one always has them."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise ValueError(f"not a consumed message: topic {topic}, partition {partition}, offset {offset}")
+    return topic, partition, offset
 
 
 def ensure_topics(
