@@ -30,6 +30,7 @@ from collections.abc import Awaitable, Callable
 
 import faust
 from faust.streams import current_event
+from faust.types import TableT
 
 from clawr1.core import topics
 from clawr1.core.conversation import conversation_key
@@ -150,7 +151,7 @@ class StreamsApp:
         return self.app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                               value_serializer="raw", partitions=self.config.partitions, allow_empty=True)
 
-    def _table(self, name: str) -> faust.Table:
+    def _table(self, name: str) -> TableT:
         """JSON keys and values (Faust's table default); values are the states' ``to_json`` dicts."""
         return self.app.Table(name, default=None, partitions=self.config.partitions)
 

@@ -167,10 +167,11 @@ class ChatTemplate:
         # A named list, as transformers picks from it: ``tool_use`` with tools, else ``default``.
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)} \
             if isinstance(source, list) else {}
-        if not isinstance(named.get("default"), str):
+        default = named.get("default")
+        if not isinstance(default, str):
             raise ChatTemplateError(f"{config_path}: chat_template is neither a string nor a list with a "
                                     "'default' template")
-        return cls(named["default"], named.get("tool_use"), tokens)
+        return cls(default, named.get("tool_use"), tokens)
 
     @property
     def digest(self) -> str:

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from confluent_kafka import OFFSET_INVALID, Consumer, TopicPartition
 
@@ -152,12 +152,13 @@ class KafkaReader:
                     raise TimeoutError(f"{topic}[{partition}] gave nothing at offset {position} within "
                                        f"{self.timeout_s:.0f}s")
                 for msg in batch:
-                    if msg.error() is not None or msg.offset() >= stop:
+                    # A consumed message without an error has an offset (the client types it optional).
+                    if msg.error() is not None or cast(int, msg.offset()) >= stop:
                         continue
                     _, stamp = msg.timestamp()
-                    events.append(SkippedEvent(SkippedMessage(topic, partition, msg.offset(), msg.key(),
-                                                              msg.value(), stamp / 1000)))
-                    position = msg.offset() + 1
+                    events.append(SkippedEvent(SkippedMessage(topic, partition, cast(int, msg.offset()),
+                                                              msg.key(), msg.value(), stamp / 1000)))
+                    position = cast(int, msg.offset()) + 1
         finally:
             self._consumer.unassign()
         return events
