@@ -55,7 +55,9 @@ CONTENT_SECURITY_POLICY = (
 )
 _PAGE = {**_NO_STORE, "Content-Security-Policy": CONTENT_SECURITY_POLICY, "X-Frame-Options": "DENY",
          "Referrer-Policy": "no-referrer"}
-_POOL_DOWN = {503: {"description": "the pool could not answer (ClickHouse's error text)"}}
+# FastAPI's ``responses=`` type (keys are status codes or "default", values OpenAPI response objects).
+_POOL_DOWN: dict[int | str, dict[str, Any]] = {
+    503: {"description": "the pool could not answer (ClickHouse's error text)"}}
 
 
 class StepsPage(BaseModel):

@@ -112,7 +112,7 @@ def channel_of(source_kind: str) -> str:
 def channel_totals(sources: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Steps and failed calls per ingest channel (proxy, gateway, service), every channel listed."""
     names = dict.fromkeys([*CHANNELS.values(), *(channel_of(row["source_kind"]) for row in sources)])
-    totals = {name: {"channel": name, "steps": 0, "failed": 0} for name in names}
+    totals: dict[str, dict[str, Any]] = {name: {"channel": name, "steps": 0, "failed": 0} for name in names}
     for row in sources:
         entry = totals[channel_of(row["source_kind"])]
         entry["steps"] += int(row["steps"])

@@ -535,7 +535,8 @@ class StandinEngine:
                            want_logprobs: bool) -> list[bytes]:
         events = []
         position = 0
-        pieces = [(piece, encode(piece), None) for piece in reply.pieces]
+        pieces: list[tuple[str, list[int], str | None]] = [
+            (piece, encode(piece), None) for piece in reply.pieces]
         pieces.append(("", [] if reply.finish_reason == "length" else [EOS], reply.finish_reason))
         for n, (text, ids, finish) in enumerate(pieces):
             choice: Json = {"index": index, "text": text,

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +188,9 @@ def anthropic_agent(demo: Demo) -> None:
                 answering = isinstance(messages[-1]["content"], list)
                 headers = demo.headers(trajectory, trajectory, 1, "claude-agent",
                                        terminal=answering and round_index == demo.config.rounds - 1)
-                kwargs = {"model": MODEL, "max_tokens": 256, "system": task.system, "messages": messages,
-                          "tools": [tool], "extra_headers": headers}
+                # Loose JSON (dumped reply blocks, a dict tool), not the SDK's TypedDicts.
+                kwargs: dict[str, Any] = {"model": MODEL, "max_tokens": 256, "system": task.system,
+                                          "messages": messages, "tools": [tool], "extra_headers": headers}
                 if number % 2:
                     with client.messages.stream(**kwargs) as stream:
                         reply = stream.get_final_message()
@@ -413,7 +415,7 @@ def actors(demo: Demo, gateway: GatewayClient) -> Iterator[Actor]:
     config = demo.config
     for number in range(config.agents):
         name = f"openai-agent-{number}"
-        yield Actor(name, config.agent_pause_s, lambda name=name: openai_agent(demo, name))
+        yield Actor(name, config.agent_pause_s, partial(openai_agent, demo, name))
     yield Actor("anthropic-agent", config.agent_pause_s, lambda: anthropic_agent(demo))
     if demo.compat_url:
         yield Actor("seed-agent", config.agent_pause_s * 2, lambda: compat_agent(demo))

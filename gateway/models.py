@@ -20,6 +20,7 @@ from pydantic import (
     StrictInt,
     StringConstraints,
 )
+from pydantic.config import JsonDict
 
 AVRO_INT_LIMIT = 2**31
 AVRO_LONG_LIMIT = 2**63
@@ -62,19 +63,19 @@ def _given(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 # The cross-field rules of gateway.validation, as far as JSON Schema can say them, so the published
 # spec tells clients (and generated tests) what a complete submission is.
-_STEP_RULES = {"allOf": [
+_STEP_RULES: JsonDict = {"allOf": [
     {"anyOf": [_given("prompt_token_ids", {"minItems": 1}),
                _given("prompt_messages", {"type": "array", "minItems": 1})]},
     {"anyOf": [_given("response_token_ids", {"minItems": 1}), _given("response_text", {"type": "string"})]},
 ]}
-_FEEDBACK_RULES = {"allOf": [
+_FEEDBACK_RULES: JsonDict = {"allOf": [
     {"oneOf": [_given(target, {"type": "string"}) for target in ("step_id", "response_id", "trajectory_id")]},
     {"anyOf": [_given("reward", {"type": "number"}), _given("components", {"minProperties": 1}),
                *(_given(name, {"type": "string"}) for name in ("label", "comment", "correction")),
                _given("terminal", {"const": True})]},
     {"if": _given("terminal", {"const": True}), "then": _given("trajectory_id", {"type": "string"})},
 ]}
-_TURN_RULES = {"anyOf": [_given("response_text", {"type": "string"}),
+_TURN_RULES: JsonDict = {"anyOf": [_given("response_text", {"type": "string"}),
                          _given("tool_calls", {"type": "array", "minItems": 1})]}
 # Merged into the published EventIn by gateway.app: pydantic cannot resolve a reference to another
 # top-level component from inside a model's own schema.

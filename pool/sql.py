@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import clickhouse_connect
 from clickhouse_connect.driver.binding import external_bind_re
@@ -203,8 +203,11 @@ class AnalystSql:
             client = self._session(limits)
             checked = self._guard(client, text)
             values = _parameters(checked, parameters or {})
+            source: IO[bytes]
             if checked.streams:
-                source = client.raw_stream(checked.text, parameters=values or None, fmt=fmt)
+                # clickhouse-connect types raw_stream for its sync and async clients together; the sync
+                # Client's is the HTTP response, a binary file object (its StreamContext is async only).
+                source = cast(IO[bytes], client.raw_stream(checked.text, parameters=values or None, fmt=fmt))
             else:
                 source = io.BytesIO(client.raw_query(checked.text, parameters=values or None, fmt=fmt))
             first = _read(source)
