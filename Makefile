@@ -34,10 +34,12 @@ run: install
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: install
 	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
