@@ -99,7 +99,10 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         rewarding = bool(env.get("CLAWR1_REWARD_FN"))
         parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
         supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
-        supervisor.add(_cli_role("worker", ["worker"], env, data_dir))
+        # One worker, restarted in place: static membership lets it resume at once (docs/streams.md).
+        worker_env = {"CLAWR1_STREAMS_INSTANCE_ID": f"{settings.role_setting(registry.STREAMS_APP_ID)}-up",
+                      **env}
+        supervisor.add(_cli_role("worker", ["worker"], worker_env, data_dir))
         supervisor.add(_cli_role("proxy", ["proxy"], env, data_dir))
         if rewarding:
             supervisor.add(_cli_role("rewarder", ["rewarder"], env, data_dir))

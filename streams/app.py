@@ -116,6 +116,10 @@ class StreamsApp:
             # A partition that moves is restored from its changelog, as on any start.
             table_standby_replicas=0,
             broker_session_timeout=config.session_timeout_s,
+            # A restarted member with the same instance id takes its partitions back with no rebalance:
+            # no wait for the dead one's session to time out, and none of the rebalances during which
+            # Faust drops fetched messages (streams/gaps.py).
+            consumer_group_instance_id=config.instance_id or None,
             broker_heartbeat_interval=min(3.0, config.session_timeout_s / 3),
             web_enabled=config.web_port > 0,
             web_port=config.web_port or 6066,

@@ -71,6 +71,8 @@ class StreamConfig:
     tree_cache_size: int = 256
     # A killed worker's partitions move to the others after this long (broker minimum: 6 s).
     session_timeout_s: float = r.STREAMS_SESSION_TIMEOUT_S.default
+    # Static group membership when set (CLAWR1_STREAMS_INSTANCE_ID): a restart keeps the partitions.
+    instance_id: str = r.STREAMS_INSTANCE_ID.default
     log_level: str = r.STREAMS_LOG_LEVEL.default
 
     @classmethod
@@ -93,5 +95,6 @@ class StreamConfig:
             max_scope_steps=knob(r.PREFIX_MAX_STEPS),
             max_scope_tokens=knob(r.PREFIX_MAX_TOKENS),
             session_timeout_s=knob(r.STREAMS_SESSION_TIMEOUT_S),
+            instance_id=knob(r.STREAMS_INSTANCE_ID),
             log_level=knob(r.STREAMS_LOG_LEVEL),
         )

@@ -297,6 +297,11 @@ PREFIX_MAX_TOKENS = option("PREFIX_MAX_TOKENS", int, 1 << 20, "tokens merged per
 STREAMS_SESSION_TIMEOUT_S = option("STREAMS_SESSION_TIMEOUT_S", float, 30.0,
                                    "how long a dead worker holds its partitions (broker minimum 6)",
                                    ("worker",))
+STREAMS_INSTANCE_ID = option("STREAMS_INSTANCE_ID", str, "",
+                             "static group membership: a worker restarted with the same id takes its "
+                             "partitions back at once, without waiting out the session timeout or a "
+                             "rebalance (empty = dynamic; every worker of a group needs its own id)",
+                             ("worker",))
 STREAMS_LOG_LEVEL = option("STREAMS_LOG_LEVEL", str, "warning", "the worker's log level", ("worker",))
 
 # -- rewarder ----------------------------------------------------------------------------------------

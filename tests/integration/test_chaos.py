@@ -99,6 +99,16 @@ def test_sigkill_of_each_role_under_load_loses_and_doubles_nothing(stack: Stack)
     assert pool["rewards_joined"] == pool["rewards_sent"] > 0, pool
 
 
+def test_the_worker_is_a_static_group_member(stack: Stack) -> None:
+    """clawr1 up names its worker's group instance, so a restarted worker takes its partitions back at
+    once instead of waiting out the dead member's session (and the rebalances that follow)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": stack.bootstrap})
+    group = admin.describe_consumer_groups(["clawr1-streams"])["clawr1-streams"].result(30)
+    assert [member.group_instance_id for member in group.members] == ["clawr1-streams-up"]
+
+
 def test_status_names_the_restarts(stack: Stack) -> None:
     out = subprocess.run([sys.executable, "-m", "clawr1.cli", "status", "--api", stack.api,
                           "--data-dir", str(stack.data_dir)], capture_output=True, text=True, timeout=60)

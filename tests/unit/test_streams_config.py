@@ -47,3 +47,14 @@ def test_bad_values_fail_fast_with_the_variable() -> None:
         StreamConfig.from_settings(load_settings({"CLAWR1_READY_RULE": "tokens,vibes"}))
     with pytest.raises(ValueError, match="CLAWR1_STREAMS_WEB_PORT"):
         StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_WEB_PORT": "web"}))
+
+
+def test_static_membership_only_when_named() -> None:
+    """An instance id makes the worker a static group member of Faust's consumer; none, a dynamic one."""
+    from streams.app import StreamsApp
+
+    named = StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_INSTANCE_ID": "w-1"}))
+    assert named.instance_id == "w-1"
+    assert StreamsApp(named).app.conf.consumer_group_instance_id == "w-1"
+    unnamed = StreamConfig.from_settings(load_settings({}))
+    assert StreamsApp(unnamed).app.conf.consumer_group_instance_id is None
