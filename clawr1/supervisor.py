@@ -176,8 +176,11 @@ def _stderr(message: str) -> None:
 
 
 class Supervisor:
-    """Call ``tick`` often; it returns a message when the stack must stop (a crash loop, or any exit
-    while ``restarting`` is off, as during start-up where an exit means a setup problem)."""
+    """Call ``tick`` often; it returns a message when the stack must stop (a crash loop, or a role
+    exiting on its own while ``restarting`` is off, as during start-up where that means a setup
+    problem). A role killed by a signal is restarted even then: the kill came from outside (an
+    operator, the OOM killer, a chaos test that saw /healthz answer 200 a moment before this loop
+    did), and the role's setup was not what failed."""
 
     def __init__(self, policy: RestartPolicy, *, state_file: Path | None = None,
                  log: Callable[[str], None] = _stderr, clock: Callable[[], float] = time.monotonic) -> None:
@@ -203,7 +206,7 @@ class Supervisor:
                     continue
                 changed = True
                 watch.role.exited()
-                problem = self._exited(watch, describe_exit(code), now, restarting)
+                problem = self._exited(watch, describe_exit(code), now, restarting or code < 0)
             elif now >= watch.restart_at:
                 changed = True
                 problem = self._restart(watch, now, restarting)

@@ -112,6 +112,20 @@ def test_an_exit_during_start_up_stops_at_once() -> None:
     assert problem is not None and problem.startswith("api exited with code 2 during start-up")
 
 
+def test_a_kill_during_start_up_is_restarted_not_a_setup_failure() -> None:
+    logs: list[str] = []
+    supervisor = Supervisor(RestartPolicy(backoff_s=0.01), log=logs.append)
+    supervisor.add(ProcessRole("api", _python("import time; time.sleep(60)")))
+    try:
+        first = supervisor.state()[0]["pid"]
+        os.kill(int(str(first)), signal.SIGKILL)
+        problem = _tick_until(supervisor, lambda: supervisor.state()[0]["restarts"] == 1, restarting=False)
+    finally:
+        supervisor.stop_all()
+    assert problem is None
+    assert any(line.startswith("api killed by SIGKILL; restarting it") for line in logs)
+
+
 def test_a_role_that_cannot_start_counts_as_an_exit() -> None:
     logs: list[str] = []
     attempts: list[int] = []
