@@ -36,14 +36,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import free_port, percentile  # noqa: E402
-from broker.launcher import KafkaBroker  # noqa: E402
+from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.core.settings import Settings  # noqa: E402
 from clawr1.core.signals import stop_loop_on_signals  # noqa: E402
-from gateway.config import GatewayTopics  # noqa: E402
-from gateway.models import StepIn  # noqa: E402
-from gateway.records import step_record  # noqa: E402
-from schemas.codec import codec_for  # noqa: E402
+from clawr1.gateway.config import GatewayTopics  # noqa: E402
+from clawr1.gateway.models import StepIn  # noqa: E402
+from clawr1.gateway.records import step_record  # noqa: E402
+from clawr1.schemas.codec import codec_for  # noqa: E402
 
 PARTITIONS = 4
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
@@ -105,8 +105,8 @@ def baseline(bootstrap: str, topic: str, count: int) -> Phase:
 
 def _serve(bootstrap: str, topics: tuple[str, str, str], port: int) -> None:
     """Gateway process entry point: serve until SIGTERM."""
-    from gateway.app import create_app
-    from gateway.server import serve
+    from clawr1.gateway.app import create_app
+    from clawr1.gateway.server import serve
 
     async def main() -> None:
         stop = stop_loop_on_signals([signal.SIGTERM])

@@ -46,8 +46,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from gateway.client import GatewayClient  # noqa: E402
-from schemas.codec import codec_for  # noqa: E402
+from clawr1.gateway.client import GatewayClient  # noqa: E402
+from clawr1.schemas.codec import codec_for  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
 RESULTS = REPO / "bench" / "results" / "bench_pipeline.json"

@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from pool.migrations import READY_QUEUE, STEP_LOOKUP, id_lookup_sql
-from pool.store import PoolStore, quote_identifier
-from schemas.codec import current_schema
-from sinks.rows import STEP_COLUMNS, Origin, step_row
+from clawr1.pool.migrations import READY_QUEUE, STEP_LOOKUP, id_lookup_sql
+from clawr1.pool.store import PoolStore, quote_identifier
+from clawr1.schemas.codec import current_schema
+from clawr1.sinks.rows import STEP_COLUMNS, Origin, step_row
 
 VOCAB = 151_936
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_pool.json"

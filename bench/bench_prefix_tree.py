@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from prefix_tree import StepTokens, build_tree, pack_tree
+from clawr1.prefix_tree import StepTokens, build_tree, pack_tree
 
 VOCAB = 151_936
 RESULTS = Path(__file__).resolve().parent / "results" / "prefix_tree.json"
@@ -387,7 +387,7 @@ def _torch_workload(
     import torch
     import torch.nn.functional as F
 
-    from prefix_tree import dense_mask, flex_mask_mod
+    from clawr1.prefix_tree import dense_mask, flex_mask_mod
 
     params, forward, target_logprobs = model
 

@@ -48,13 +48,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import free_port  # noqa: E402
-from broker.launcher import KafkaBroker  # noqa: E402
+from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer  # noqa: E402
 
 PARTITIONS = 4
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROXY_MAIN = (
-    "import sys; from clawr1.core.settings import load_settings; from proxy.runner import run_proxy; "
+    "import sys; from clawr1.core.settings import load_settings; from clawr1.proxy.runner import run_proxy; "
     "sys.exit(run_proxy(load_settings(), lambda: print('READY', flush=True), topic=sys.argv[1]))"
 )
 
@@ -254,9 +254,9 @@ def wait_captured(bootstrap: str, target: Target, timeout: float = 60.0) -> int:
 def record_cost_ms(calls: int = 300) -> dict[str, float]:
     """Median ms of ``build_record`` (with redaction) and of Avro encoding, for one latency-phase call."""
     from clawr1.core.topics import RAW_LLM
-    from proxy.hints import Hints
-    from proxy.record import CapturedCall, build_record
-    from schemas.codec import codec_for
+    from clawr1.proxy.hints import Hints
+    from clawr1.proxy.record import CapturedCall, build_record
+    from clawr1.schemas.codec import codec_for
 
     reply = {"id": "chatcmpl-1", "object": "chat.completion", "model": "standin-1",
              "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
@@ -340,7 +340,7 @@ def main() -> int:
         engine_port = free_port()
         stack.enter_context(
             process(
-                [sys.executable, "-m", "demo.standin_engine", "--port", str(engine_port)],
+                [sys.executable, "-m", "clawr1.demo.standin_engine", "--port", str(engine_port)],
                 ready_line="stand-in engine on",
             )
         )

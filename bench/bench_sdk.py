@@ -39,10 +39,10 @@ from fastapi import FastAPI
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package holds the server helper
 
-from consumer_sdk import PoolConsumer  # noqa: E402
-from pool.api import pool_router  # noqa: E402
-from pool.sql import AnalystSql, SqlLimits  # noqa: E402
-from pool.store import PoolStore  # noqa: E402
+from clawr1.consumer_sdk import PoolConsumer  # noqa: E402
+from clawr1.pool.api import pool_router  # noqa: E402
+from clawr1.pool.sql import AnalystSql, SqlLimits  # noqa: E402
+from clawr1.pool.store import PoolStore  # noqa: E402
 from tests.integration.sdk.serving import served  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_sdk.json"

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clickhouse_connect.driver.client import Client  # noqa: E402
 
-from pool.sql import CHUNK_BYTES, AnalystSql, SqlLimits, open_session  # noqa: E402
-from pool.store import PoolError, PoolStore  # noqa: E402
+from clawr1.pool.sql import CHUNK_BYTES, AnalystSql, SqlLimits, open_session  # noqa: E402
+from clawr1.pool.store import PoolError, PoolStore  # noqa: E402
 
 QUERIES = {
     "point": "SELECT 1",

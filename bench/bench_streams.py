@@ -46,12 +46,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
-from broker.launcher import KafkaBroker  # noqa: E402
+from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.conversation import conversation_key  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from schemas.codec import codec_for  # noqa: E402
-from streams.config import StreamTopics  # noqa: E402
-from streams.worker import READY_LINE  # noqa: E402
+from clawr1.schemas.codec import codec_for  # noqa: E402
+from clawr1.streams.config import StreamTopics  # noqa: E402
+from clawr1.streams.worker import READY_LINE  # noqa: E402
 
 PARTITIONS = 4
 TURNS, FIRST_PROMPT, TURN_TOKENS, REPLY_TOKENS = 8, 256, 32, 32
@@ -89,7 +89,7 @@ def reward_for(step_id: str) -> dict[str, Any]:
 
 
 class Worker:
-    """``python -m streams.worker`` with its own topics and app id."""
+    """``python -m clawr1.streams.worker`` with its own topics and app id."""
 
     def __init__(self, bootstrap: str, suffix: str, workdir: Path, profile: str = "") -> None:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -99,8 +99,8 @@ class Worker:
                "CLAWR1_TOPIC_PARTITIONS": str(PARTITIONS)}
         with self.log.open("wb") as log:
             profiler = ["-m", "cProfile", "-o", profile] if profile else []
-            self.process = subprocess.Popen([sys.executable, *profiler, "-m", "streams.worker"], cwd=REPO,
-                                            env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen([sys.executable, *profiler, "-m", "clawr1.streams.worker"],
+                                            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120) -> float:
         deadline = time.monotonic() + timeout

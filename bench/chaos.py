@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.common import free_port  # noqa: E402
-from gateway.client import GatewayClient, GatewayError  # noqa: E402
+from clawr1.gateway.client import GatewayClient, GatewayError  # noqa: E402
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 HEAL_TIMEOUT_S = 90.0

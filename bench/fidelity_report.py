@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from clawr1.core.conversation import prefix_digests
-from streams.linking import LinkState, link_turn, step_ids_of
-from streams.rewards import feedback_fact
-from streams.targets import Target, TargetState, add_feedback, add_target
-from streams.turns import turn_from_llm_call
+from clawr1.streams.linking import LinkState, link_turn, step_ids_of
+from clawr1.streams.rewards import feedback_fact
+from clawr1.streams.targets import Target, TargetState, add_feedback, add_target
+from clawr1.streams.turns import turn_from_llm_call
 from tests.integration.streams.events import feedback, llm_call
 
 RESULTS = Path(__file__).resolve().parent / "results"

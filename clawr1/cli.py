@@ -141,7 +141,7 @@ def _or_exit(command: str, start: Callable[[], None]) -> int:
 
 
 def _cmd_kafka(settings: Settings) -> int:
-    from broker.launcher import run_foreground
+    from clawr1.broker.launcher import run_foreground
 
     return run_foreground(settings.data_dir / "kafka", settings.kafka_port, settings.kafka_heap)
 
@@ -153,16 +153,16 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1 import readiness
     from clawr1.core.metrics import LagSampler, PoolRowsSampler, sample_interval
     from clawr1.core.signals import stop_loop_on_signals
-    from dashboard.api import dashboard_page_router, dashboard_router
-    from gateway.app import create_app
-    from gateway.metrics import RequestMetrics, metrics_router
-    from gateway.server import serve
-    from pool.api import pool_router
-    from pool.sql import AnalystSql, SqlLimits
-    from pool.store import PoolStore
-    from sinks.config import SinkConfig
-    from sinks.pool_sink import routes_for
-    from sinks.runner import run_sink
+    from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+    from clawr1.gateway.app import create_app
+    from clawr1.gateway.metrics import RequestMetrics, metrics_router
+    from clawr1.gateway.server import serve
+    from clawr1.pool.api import pool_router
+    from clawr1.pool.sql import AnalystSql, SqlLimits
+    from clawr1.pool.store import PoolStore
+    from clawr1.sinks.config import SinkConfig
+    from clawr1.sinks.pool_sink import routes_for
+    from clawr1.sinks.runner import run_sink
 
     data_dir = settings.data_dir.resolve()
     # Two stores on one DSN (allowed within a process): a long analyst query never stalls the sink.
@@ -204,7 +204,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         sampler.start()
     servers = [(app, settings.api_port)]
     if settings.compat_port:
-        from compat.app import create_compat_app
+        from clawr1.compat.app import create_compat_app
 
         servers.append((create_compat_app(settings, app.state.gateway), settings.compat_port))
 
@@ -229,7 +229,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "standin-engine":
-        from demo.standin_engine import main as engine_main
+        from clawr1.demo.standin_engine import main as engine_main
 
         return engine_main(["--host", args.host, "--port", str(args.port)])
     try:
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_stack(settings, demo=args.demo)
     if args.command == "sql":
-        from pool.sql_cli import main as sql_main
+        from clawr1.pool.sql_cli import main as sql_main
 
         target = ["--api", args.api] if args.api else ["--dsn", args.dsn or settings.pool_dsn]
         key = ["--api-key", args.api_key] if args.api_key else []
@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":
         from clawr1.core.metrics import serve_role_metrics
-        from streams.config import StreamConfig
-        from streams.worker import run_worker
+        from clawr1.streams.config import StreamConfig
+        from clawr1.streams.worker import run_worker
 
         config = StreamConfig.from_settings(settings)
         t = config.topics  # what the worker's agents read (Faust's group is its app id)
@@ -272,21 +272,21 @@ def main(argv: list[str] | None = None) -> int:
         return served or run_worker(settings, ready=_ready_marker(settings, "worker"), config=config)
     if args.command == "rewarder":
         from clawr1.core.metrics import serve_role_metrics
-        from rewards.worker import RewarderConfig, run_rewarder
+        from clawr1.rewards.worker import RewarderConfig, run_rewarder
 
         rewarder = RewarderConfig.from_settings(settings)
         served = _or_exit("rewarder", lambda: serve_role_metrics(
             settings, "rewarder_metrics_port", {rewarder.group_id: [rewarder.steps_topic]}))
         return served or run_rewarder(settings, ready=_ready_marker(settings, "rewarder"))
     if args.command == "proxy":
-        from proxy.runner import run_proxy
+        from clawr1.proxy.runner import run_proxy
 
         return run_proxy(settings, ready=_ready_marker(settings, "proxy"))
     if args.command == "sink":
         from clawr1.core.metrics import serve_role_metrics
-        from sinks.config import SinkConfig
-        from sinks.pool_sink import routes_for
-        from sinks.runner import run_sink_process
+        from clawr1.sinks.config import SinkConfig
+        from clawr1.sinks.pool_sink import routes_for
+        from clawr1.sinks.runner import run_sink_process
 
         sink = SinkConfig.from_settings(settings)
         served = _or_exit("sink", lambda: serve_role_metrics(
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         run_sink_process(settings)  # its SinkStats are for tests and benchmarks, not an exit status
         return 0
     if args.command == "ca":
-        from proxy.runner import ca_cert_path
+        from clawr1.proxy.runner import ca_cert_path
 
         print(ca_cert_path(settings))
         return 0

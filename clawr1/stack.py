@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from broker.launcher import KafkaBroker
 from clawr1 import readiness
+from clawr1.broker.launcher import KafkaBroker
 from clawr1.core import registry
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings, settings_to_env
@@ -95,7 +95,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
                 env["CLAWR1_REVERSE_PORT"] = str(settings.proxy_port + 1)
         if demo and not settings.role_setting(registry.REWARD_FN):
             # The demo's rewarder scores every step (the default readiness needs a step reward).
-            env |= {"CLAWR1_REWARD_FN": "demo.tasks:demo_reward", "CLAWR1_REWARD_TARGET": "step"}
+            env |= {"CLAWR1_REWARD_FN": "clawr1.demo.tasks:demo_reward", "CLAWR1_REWARD_TARGET": "step"}
         rewarding = bool(env.get("CLAWR1_REWARD_FN"))
         parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
         supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
@@ -145,7 +145,7 @@ def _fail(problem: str, stop: threading.Event) -> int:
 def _start_demo(api_url: str, reverse_url: str, compat_url: str | None,
                 stop: threading.Event) -> threading.Thread:
     """The demo loop runs beside the supervision loop (a role dying during it is restarted) until ``stop``."""
-    from demo.workload import run_demo
+    from clawr1.demo.workload import run_demo
 
     thread = threading.Thread(target=run_demo, name="demo", daemon=True, kwargs={
         "api_url": api_url, "reverse_url": reverse_url, "compat_url": compat_url, "stop": stop})

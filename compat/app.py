@@ -19,10 +19,8 @@ from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.responses import StreamingResponse
 
-from clawr1.core.registry import COMPAT_MAX_TRAJECTORIES, COMPAT_RESPONSE_LENGTH, COMPAT_TIMEOUT_S, REWARD_FN
-from clawr1.core.settings import Settings
-from compat.engines import EngineFailed, EngineRefused, Engines, NoEngine, parse_engines
-from compat.models import (
+from clawr1.compat.engines import EngineFailed, EngineRefused, Engines, NoEngine, parse_engines
+from clawr1.compat.models import (
     CompleteTrajectoryRequest,
     ComputeRewardRequest,
     ComputeRewardResponse,
@@ -35,9 +33,9 @@ from compat.models import (
     SubmitStepsRequest,
     SubmitStepsResponse,
 )
-from compat.registry import Registry
-from compat.relay import Relay, RelayFailed, RelayUnavailable
-from compat.steps import (
+from clawr1.compat.registry import Registry
+from clawr1.compat.relay import Relay, RelayFailed, RelayUnavailable
+from clawr1.compat.steps import (
     EngineReplyError,
     Problem,
     Refused,
@@ -49,13 +47,15 @@ from compat.steps import (
     policy_version_of,
     steps_in,
 )
-from gateway.app import INGESTS, GatewayState, authorizer, encode_items, publish
-from gateway.errors import ApiError
-from gateway.hosts import LoopbackHostMiddleware
-from gateway.limits import BodyLimitMiddleware
-from gateway.metrics import RequestMetrics
-from gateway.models import Channel
-from rewards import RewardFn, RewardFnError, compute_reward, load_reward_fn
+from clawr1.core.registry import COMPAT_MAX_TRAJECTORIES, COMPAT_RESPONSE_LENGTH, COMPAT_TIMEOUT_S, REWARD_FN
+from clawr1.core.settings import Settings
+from clawr1.gateway.app import INGESTS, GatewayState, authorizer, encode_items, publish
+from clawr1.gateway.errors import ApiError
+from clawr1.gateway.hosts import LoopbackHostMiddleware
+from clawr1.gateway.limits import BodyLimitMiddleware
+from clawr1.gateway.metrics import RequestMetrics
+from clawr1.gateway.models import Channel
+from clawr1.rewards import RewardFn, RewardFnError, compute_reward, load_reward_fn
 
 REWARD_FN_ENV = REWARD_FN.name
 MAX_TRAJECTORIES_ENV = COMPAT_MAX_TRAJECTORIES.name
@@ -257,7 +257,7 @@ def create_compat_app(settings: Settings, gateway: GatewayState) -> FastAPI:
     app = FastAPI(title="Claw-R1 compat port", version="1", lifespan=lifespan,
                   description="The seed Claw-R1 gateway's protocol; see docs/compat.md.",
                   telemetry={"tracing": False, "metrics": False, "logs": False})
-    app.state.gateway = gateway  # gateway.server.serve checks the bind against its keys
+    app.state.gateway = gateway  # clawr1.gateway.server.serve checks the bind against its keys
     _install_error_shape(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=gateway.config.max_request_bytes)
     if not gateway.keys.enabled:

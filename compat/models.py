@@ -1,7 +1,7 @@
 """Request and response bodies of the seed gateway (``claw_r1/gateway/models.py``): same field names,
 defaults and response shapes, so its clients parse our answers unchanged.
 
-Numbers are as strict and bounded as on our own API (``gateway.models``): whatever validates here
+Numbers are as strict and bounded as on our own API (``clawr1.gateway.models``): whatever validates here
 always encodes. Unknown fields are refused, as everywhere in Claw-R1: a misspelled field would
 otherwise be dropped silently.
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StringConstraints
 
-from gateway.models import Channel, Index, JsonObject, Long, Real, TokenIds
+from clawr1.gateway.models import Channel, Index, JsonObject, Long, Real, TokenIds
 
 Uid = Annotated[str, StringConstraints(max_length=256)]
 

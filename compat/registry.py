@@ -12,7 +12,7 @@ import json
 import sqlite3
 from pathlib import Path
 
-from compat.steps import Registration
+from clawr1.compat.steps import Registration
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS registrations (

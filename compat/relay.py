@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 import httpx
 from starlette.responses import StreamingResponse
 
+from clawr1.compat.steps import response_headers
 from clawr1.core.settings import Settings
-from compat.steps import response_headers
 
 _WILDCARD_HOSTS = {"", "0.0.0.0", "::", "[::]"}
 

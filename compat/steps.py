@@ -13,10 +13,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from compat.models import GenerateRequest, GenerateResponse, StepPayload
-from gateway.errors import FieldError
-from gateway.models import FeedbackIn, StepIn
-from gateway.validation import check_step
+from clawr1.compat.models import GenerateRequest, GenerateResponse, StepPayload
+from clawr1.gateway.errors import FieldError
+from clawr1.gateway.models import FeedbackIn, StepIn
+from clawr1.gateway.validation import check_step
 
 # Our StepIn field -> the seed's StepPayload field, to name a refused field as the client sent it.
 SEED_FIELD = {

@@ -1,6 +1,6 @@
 """Claw-R1 consumer SDK: trainers pull curated, training-ready step batches from the pool.
 
-    from consumer_sdk import PoolConsumer
+    from clawr1.consumer_sdk import PoolConsumer
 
     with PoolConsumer("http://127.0.0.1:8000", "grpo-run-1", token_provenance="engine") as consumer:
         for batch in consumer:
@@ -11,9 +11,9 @@
 Needs only numpy, pyarrow, httpx and clickhouse-connect; torch is optional (``StepBatch.to_torch``).
 """
 
-from consumer_sdk.batch import PaddedBatch, Step, StepBatch
-from consumer_sdk.consumer import PoolConsumer
-from consumer_sdk.errors import (
+from clawr1.consumer_sdk.batch import PaddedBatch, Step, StepBatch
+from clawr1.consumer_sdk.consumer import PoolConsumer
+from clawr1.consumer_sdk.errors import (
     ConsumerClosed,
     ConsumerError,
     DataError,
@@ -26,8 +26,8 @@ from consumer_sdk.errors import (
     TransportError,
     UsageError,
 )
-from consumer_sdk.filters import Filters
-from consumer_sdk.presets import list_presets, load_preset, save_preset
+from clawr1.consumer_sdk.filters import Filters
+from clawr1.consumer_sdk.presets import list_presets, load_preset, save_preset
 
 __all__ = [
     "ConsumerClosed",

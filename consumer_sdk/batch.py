@@ -23,9 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer_sdk.errors import DataError, MissingDependency, UsageError
-from prefix_tree.packing import PackedTree, pack_tree
-from prefix_tree.tree import StepTokens
+from clawr1.consumer_sdk.errors import DataError, MissingDependency, UsageError
+from clawr1.prefix_tree.packing import PackedTree, pack_tree
+from clawr1.prefix_tree.tree import StepTokens
 
 __all__ = ["PaddedBatch", "Step", "StepBatch"]
 
@@ -419,7 +419,7 @@ class StepBatch(Sequence[Step]):
         pad_to_multiple: int | None = None,
         pad_id: int = 0,
     ) -> PackedTree:
-        """The batch as one prefix-tree-packed sequence (``prefix_tree.packing.pack_tree``).
+        """The batch as one prefix-tree-packed sequence (``clawr1.prefix_tree.packing.pack_tree``).
 
         Steps sharing prefixes (a GRPO group's prompt, a trajectory's earlier turns) are stored
         once; ``advantages`` holds one value per step in batch order; captured logprobs travel along.

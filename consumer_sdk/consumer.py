@@ -36,11 +36,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumer_sdk.batch import StepBatch
-from consumer_sdk.errors import ConsumerClosed, UsageError
-from consumer_sdk.filters import Filters, filter_sql, to_epoch_ms
-from consumer_sdk.presets import read_preset
-from consumer_sdk.queries import (
+from clawr1.consumer_sdk.batch import StepBatch
+from clawr1.consumer_sdk.errors import ConsumerClosed, UsageError
+from clawr1.consumer_sdk.filters import Filters, filter_sql, to_epoch_ms
+from clawr1.consumer_sdk.presets import read_preset
+from clawr1.consumer_sdk.queries import (
     LATEST_FLOOR_SQL,
     POSITION_SQL,
     Scope,
@@ -54,9 +54,9 @@ from consumer_sdk.queries import (
     version_columns,
     whole_groups_sql,
 )
-from consumer_sdk.source import TransportKind, parse_source
-from consumer_sdk.transport import Transport, open_transport
-from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
+from clawr1.consumer_sdk.source import TransportKind, parse_source
+from clawr1.consumer_sdk.transport import Transport, open_transport
+from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
 
 __all__ = ["PoolConsumer"]
 
@@ -92,8 +92,8 @@ class PoolConsumer:
     """Pull batches of curated steps for consumer group ``group`` from ``source``.
 
     ``source`` is the stack's API URL (``http(s)://``) or a ClickHouse DSN (``chdb:///path``,
-    ``clickhouse[+http|+https]://``); ``transport`` forces one reading (see ``consumer_sdk.source``), or is
-    an open ``Transport`` to read through (closed with the consumer).
+    ``clickhouse[+http|+https]://``); ``transport`` forces one reading (see
+    ``clawr1.consumer_sdk.source``), or is an open ``Transport`` to read through (closed with the consumer).
     ``preset`` names saved filters; keyword ``filters`` (see :class:`Filters`) refine them.
     """
 
@@ -201,7 +201,7 @@ class PoolConsumer:
         declared ``prompt_group_size``; ``channel`` overrides the consumer's channel for this call. A
         group that never completes (a crashed rollout) does not hold back the groups behind it.
         Delivery is like :meth:`poll`: the steps are in flight until :meth:`commit`.
-        ``batch.to_verl()`` gives the veRL layout. See :func:`consumer_sdk.queries.rollout_groups_sql`.
+        ``batch.to_verl()`` gives the veRL layout. See :func:`clawr1.consumer_sdk.queries.rollout_groups_sql`.
         """
         _positive_int("batch_size", batch_size)
         _positive_int("n_rollouts", n_rollouts, allow_none=True)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from datetime import datetime
 from typing import Any
 
-from consumer_sdk.errors import InvalidFilter, UsageError
+from clawr1.consumer_sdk.errors import InvalidFilter, UsageError
 
 __all__ = ["Filters", "filter_sql", "to_epoch_ms"]
 

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from consumer_sdk.errors import PresetNotFound, UsageError
-from consumer_sdk.filters import Filters
-from consumer_sdk.queries import PRESETS_SQL
-from consumer_sdk.source import TransportKind, parse_source
-from consumer_sdk.transport import Transport, open_transport
-from pool.consumer_tables import PRESETS_TABLE
+from clawr1.consumer_sdk.errors import PresetNotFound, UsageError
+from clawr1.consumer_sdk.filters import Filters
+from clawr1.consumer_sdk.queries import PRESETS_SQL
+from clawr1.consumer_sdk.source import TransportKind, parse_source
+from clawr1.consumer_sdk.transport import Transport, open_transport
+from clawr1.pool.consumer_tables import PRESETS_TABLE
 
 __all__ = ["list_presets", "load_preset", "save_preset"]
 

@@ -27,8 +27,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
-from pool.migrations import READY_QUEUE, STEP_FIELDS
+from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
+from clawr1.pool.migrations import READY_QUEUE, STEP_FIELDS
 
 STEPS_VIEW = "steps"
 

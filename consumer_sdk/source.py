@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit, urlunsplit
 
-from consumer_sdk.errors import InvalidSource
+from clawr1.consumer_sdk.errors import InvalidSource
 
 TransportKind = Literal["api", "direct"]
 

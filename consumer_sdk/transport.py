@@ -15,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 import pyarrow as pa
 
-from consumer_sdk.errors import MissingDependency, PoolRequestError, PoolUnavailable
-from consumer_sdk.source import Source
+from clawr1.consumer_sdk.errors import MissingDependency, PoolRequestError, PoolUnavailable
+from clawr1.consumer_sdk.source import Source
 
 API_KEY_ENV = "CLAWR1_API_KEY"
 
@@ -38,7 +38,7 @@ class DirectTransport:
         try:
             from clickhouse_connect.driver.exceptions import ClickHouseError, OperationalError
 
-            from pool.store import PoolError, PoolStore
+            from clawr1.pool.store import PoolError, PoolStore
         except ImportError as exc:
             raise MissingDependency(
                 f"a ClickHouse DSN source needs the pool extra (chDB, clickhouse-connect): "

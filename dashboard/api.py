@@ -24,19 +24,19 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from consumer_sdk import ConsumerError
-from dashboard.curation import (
+from clawr1.consumer_sdk import ConsumerError
+from clawr1.dashboard.curation import (
     MAX_CURATED_STEPS,
     PREVIEW_MAX_STEPS,
     CurateRequest,
     curation_feedback,
     preview_batch,
 )
-from dashboard.panels import Dashboard
-from gateway.app import INGESTS, encode_items, gateway_state, publish
-from gateway.auth import ANONYMOUS
-from gateway.models import FeedbackIn
-from pool.store import PoolError, PoolStore
+from clawr1.dashboard.panels import Dashboard
+from clawr1.gateway.app import INGESTS, encode_items, gateway_state, publish
+from clawr1.gateway.auth import ANONYMOUS
+from clawr1.gateway.models import FeedbackIn
+from clawr1.pool.store import PoolError, PoolStore
 
 STATIC_DIR = Path(__file__).parent / "static"
 ASSETS: dict[str, str] = {
@@ -61,7 +61,7 @@ _POOL_DOWN: dict[int | str, dict[str, Any]] = {
 
 
 class StepsPage(BaseModel):
-    """One page of the latest-steps table and its equality filters (``dashboard.queries.STEP_FILTERS``)."""
+    """One page of the latest-steps table and its filters (``clawr1.dashboard.queries.STEP_FILTERS``)."""
 
     model_config = ConfigDict(extra="forbid")
 

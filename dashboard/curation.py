@@ -5,7 +5,7 @@ Curation never edits a row. It becomes feedback records (``source = "curation"``
 ``source_name``) on the feedback topic, so it is audited and replayed like any other feedback: the
 streams fold each label into the step's ``quality_labels`` and a note into its feedback history.
 Labels only accumulate (the join unions them), so a curation cannot be withdrawn by another one.
-``excluded`` and ``untrainable`` (``consumer_sdk.filters.CURATION_EXCLUDED_LABELS``) take a step out
+``excluded`` and ``untrainable`` (``clawr1.consumer_sdk.filters.CURATION_EXCLUDED_LABELS``) take a step out
 of every consumer's batches; ``quality:<grade>`` is a label too, since the join's ``quality_score`` is
 a human *reward* and curation must not change rewards.
 """
@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from consumer_sdk import PoolConsumer, StepBatch
-from pool.store import PoolStore
-from prefix_tree.packing import PackedTree, dense_mask, pack_tree
-from prefix_tree.tree import StepTokens
+from clawr1.consumer_sdk import PoolConsumer, StepBatch
+from clawr1.pool.store import PoolStore
+from clawr1.prefix_tree.packing import PackedTree, dense_mask, pack_tree
+from clawr1.prefix_tree.tree import StepTokens
 
 SOURCE = "curation"
 MAX_CURATED_STEPS = 1000

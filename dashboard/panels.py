@@ -1,4 +1,4 @@
-"""The dashboard's data: runs ``dashboard.queries`` on a pool store and shapes the JSON each panel draws.
+"""The dashboard's data: runs ``clawr1.dashboard.queries`` on a pool store, shapes the JSON each panel draws.
 
 The shaping is a set of small pure functions (bucket widths, zero-filled time series, histogram edges,
 JSON-safe values) so that the numbers a panel shows can be checked without a browser. The pool is read
@@ -13,9 +13,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from dashboard import queries as q
-from dashboard.curation import scope_tree
-from pool.store import PoolStore
+from clawr1.dashboard import queries as q
+from clawr1.dashboard.curation import scope_tree
+from clawr1.pool.store import PoolStore
 
 CHANNELS: Mapping[str, str] = {
     "blackbox_agent": "proxy",

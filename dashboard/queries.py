@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
+from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
 
 # --- collection ------------------------------------------------------------------------------------
 
@@ -360,7 +360,7 @@ WHERE if({scope_kind:String} = 'prompt_group', prompt_group_id = {scope_id:Strin
 ORDER BY trajectory_id, step_index, step_id
 LIMIT {limit:UInt32}
 """
-"""The steps merged into a scope (``streams.join.scope_of`` and ``mergeable``)."""
+"""The steps merged into a scope (``clawr1.streams.join.scope_of`` and ``mergeable``)."""
 
 SCOPE_SAVINGS_SQL = """
 SELECT scope_kind, scope_id, total_tokens, tree_tokens, saved_tokens, savings_ratio, forks, num_nodes

@@ -1,7 +1,7 @@
 """The demo's pure parts: its settings, tasks, the grep tool, the policy clock and its reward function.
 
 Kept free of I/O (except the tool's own temp directory) so tests can check what the live loop in
-``demo.workload`` does with them: which task a group gets, what the tool answers, when the policy
+``clawr1.demo.workload`` does with them: which task a group gets, what the tool answers, when the policy
 version moves and what a step is worth.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from rewards.rules import format_check, math_answer
+from clawr1.rewards.rules import format_check, math_answer
 
 ENV_PREFIX = "CLAWR1_DEMO_"
 
@@ -228,7 +228,7 @@ def run_tool(root: Path, name: str, arguments: str) -> str:
 # --- reward -----------------------------------------------------------------------------------------
 
 def demo_reward(**fields: Any) -> dict[str, Any]:
-    """The demo's ``CLAWR1_REWARD_FN`` (``demo.tasks:demo_reward``), built on ``rewards.rules``.
+    """The demo's ``CLAWR1_REWARD_FN`` (``clawr1.demo.tasks:demo_reward``), built on ``clawr1.rewards.rules``.
 
     A step with a ground truth (the white-box math tasks) scores with ``math_answer`` plus a small
     bonus from ``format_check``; a tool call scores 1 when its arguments are a JSON object with a

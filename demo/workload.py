@@ -1,6 +1,6 @@
 """The live demo loop `clawr1 up --demo` (`make run`) drives until Ctrl-C.
 
-Every way into the pool runs at once, each in a thread that paces itself (``demo.tasks.DemoConfig``):
+Every way into the pool runs at once, each in a thread that paces itself (``clawr1.demo.tasks.DemoConfig``):
 
 - black-box agents through the capture proxy with the official openai SDK (streamed and plain) and
   one with the anthropic SDK: multi-turn, calling a real grep tool over a temp directory, GRPO groups
@@ -12,7 +12,7 @@ Every way into the pool runs at once, each in a thread that paces itself (``demo
 - a trainer on the consumer SDK (``whole_groups=True``, the ``demo-train`` preset) that commits each
   batch and bumps the policy version every ``bump_every`` batches; every agent reports that version.
 
-Rewards come from the ``clawr1 rewarder`` role, started by the stack with ``demo.tasks:demo_reward``.
+Rewards come from the ``clawr1 rewarder`` role, started by the stack with ``clawr1.demo.tasks:demo_reward``.
 One progress line every ``progress_s`` seconds says what the pool holds and how far the trainer is.
 """
 
@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from demo.standin_engine import EOS, encode, render_prompt, toy_logprob
-from demo.tasks import (
+from clawr1.demo.standin_engine import EOS, encode, render_prompt, toy_logprob
+from clawr1.demo.tasks import (
     GREP_TOOL,
     AgentTask,
     DemoConfig,
@@ -45,8 +45,8 @@ from demo.tasks import (
     run_tool,
     write_workspace,
 )
-from gateway.client import GatewayClient
-from pool.consumer_tables import COMMITS_TABLE
+from clawr1.gateway.client import GatewayClient
+from clawr1.pool.consumer_tables import COMMITS_TABLE
 
 MODEL = "demo-policy"
 TRAINER_GROUP = "demo-trainer"
@@ -319,7 +319,7 @@ class Trainer:
     per batch, and a new policy version every ``bump_every`` batches."""
 
     def __init__(self, demo: Demo) -> None:
-        from consumer_sdk import PoolConsumer, save_preset
+        from clawr1.consumer_sdk import PoolConsumer, save_preset
 
         self.demo = demo
         save_preset(demo.api_url, PRESET, exclude_quality_labels=[OFF_TOPIC],

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from consumer_sdk import PaddedBatch, PoolConsumer
+from clawr1.consumer_sdk import PaddedBatch, PoolConsumer
 
 VOCAB = 32
 CLIP = 0.2
@@ -99,7 +99,7 @@ def train(source: str, group: str, iterations: int, max_steps: int, idle_timeout
 
 def seed_demo_pool(dsn: str, groups: int = 24, group_size: int = 4, seed: int = 0) -> None:
     """Synthetic GRPO groups written straight into the pool: reward = share of 'good' (low-id) tokens."""
-    from pool.store import PoolStore
+    from clawr1.pool.store import PoolStore
 
     rng = np.random.default_rng(seed)
     columns = ["step_id", "version", "trajectory_id", "step_index", "prompt_group_id", "prompt_group_size",

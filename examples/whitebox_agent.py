@@ -12,7 +12,7 @@ import argparse
 import random
 import uuid
 
-from gateway.client import GatewayClient
+from clawr1.gateway.client import GatewayClient
 
 
 def rollout(group_id: str, group_size: int, turns: int, rng: random.Random) -> list[dict[str, object]]:

@@ -23,17 +23,17 @@ from pydantic import BaseModel
 
 from clawr1.core.settings import Settings
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
-from gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
-from gateway.config import GatewayConfig, GatewayTopics
-from gateway.errors import ApiError, ErrorBody, install_error_handlers
-from gateway.hosts import LoopbackHostMiddleware
-from gateway.idempotency import IdempotencyConflict, IdempotencyStore
-from gateway.limits import BodyLimitMiddleware
-from gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn, Health, StepIn, TurnPayload
-from gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
-from gateway.records import Outgoing, event_record, feedback_record, step_record
-from gateway.validation import Check, check_event, check_feedback, check_step, parse_items
-from schemas.codec import AvroCodec, EncodeError, codec_for
+from clawr1.gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
+from clawr1.gateway.config import GatewayConfig, GatewayTopics
+from clawr1.gateway.errors import ApiError, ErrorBody, install_error_handlers
+from clawr1.gateway.hosts import LoopbackHostMiddleware
+from clawr1.gateway.idempotency import IdempotencyConflict, IdempotencyStore
+from clawr1.gateway.limits import BodyLimitMiddleware
+from clawr1.gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn, Health, StepIn, TurnPayload
+from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
+from clawr1.gateway.records import Outgoing, event_record, feedback_record, step_record
+from clawr1.gateway.validation import Check, check_event, check_feedback, check_step, parse_items
+from clawr1.schemas.codec import AvroCodec, EncodeError, codec_for
 
 log = logging.getLogger(__name__)
 

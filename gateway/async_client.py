@@ -1,5 +1,5 @@
 """The gateway client for asyncio agents: the same calls, batching, Idempotency-Key and retry policy
-as ``gateway.client.GatewayClient`` (its ``Retries``), without blocking the event loop.
+as ``clawr1.gateway.client.GatewayClient`` (its ``Retries``), without blocking the event loop.
 
 Batches of one call are sent one after another (their order is kept); run several clients' calls
 concurrently with ``asyncio.gather`` for more throughput.
@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from gateway.client import GatewayClient, Retries, _chunks
+from clawr1.gateway.client import GatewayClient, Retries, _chunks
 
 
 class AsyncGatewayClient:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import ErrorBody
-from gateway.server import is_loopback
+from clawr1.gateway.errors import ErrorBody
+from clawr1.gateway.server import is_loopback
 
 
 def host_name(host: str) -> str:

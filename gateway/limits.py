@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import ErrorBody
+from clawr1.gateway.errors import ErrorBody
 
 
 class BodyLimitMiddleware:

@@ -61,7 +61,7 @@ def _given(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"required": [name], "properties": {name: schema}}
 
 
-# The cross-field rules of gateway.validation, as far as JSON Schema can say them, so the published
+# The cross-field rules of clawr1.gateway.validation, as far as JSON Schema can say them, so the published
 # spec tells clients (and generated tests) what a complete submission is.
 _STEP_RULES: JsonDict = {"allOf": [
     {"anyOf": [_given("prompt_token_ids", {"minItems": 1}),
@@ -77,7 +77,7 @@ _FEEDBACK_RULES: JsonDict = {"allOf": [
 ]}
 _TURN_RULES: JsonDict = {"anyOf": [_given("response_text", {"type": "string"}),
                          _given("tool_calls", {"type": "array", "minItems": 1})]}
-# Merged into the published EventIn by gateway.app: pydantic cannot resolve a reference to another
+# Merged into the published EventIn by clawr1.gateway.app: pydantic cannot resolve a reference to another
 # top-level component from inside a model's own schema.
 EVENT_TURN_RULE = {"if": _given("kind", {"const": "turn"}),
                    "then": _given("payload", {"$ref": "#/components/schemas/TurnPayload"})}

@@ -18,7 +18,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
+from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
 
 ID_NAMESPACE = uuid.UUID("6f1d2c1e-5b0a-4c55-9a36-2f0b7c1e8d42")
 

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from gateway.errors import ApiError, FieldError, field_errors, field_path
-from gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
-from gateway.records import compact_json
+from clawr1.gateway.errors import ApiError, FieldError, field_errors, field_path
+from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
+from clawr1.gateway.records import compact_json
 
 M = TypeVar("M", bound=BaseModel)
 Check = Callable[[Any], list[FieldError]]

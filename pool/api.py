@@ -2,7 +2,7 @@
 
 - ``POST /v1/sql``: one read-only query, answered in the requested ClickHouse format.
 - ``POST /v1/pool/insert/{table}``: JSON rows into one of the consumer SDK's tables
-  (``pool.consumer_tables.CONSUMER_WRITABLE_TABLES``); ClickHouse parses and type-checks them.
+  (``clawr1.pool.consumer_tables.CONSUMER_WRITABLE_TABLES``); ClickHouse parses and type-checks them.
 
 chDB allows one process per data path, so the SDK, dashboard and SQL CLI of other processes read and
 write the embedded pool through these two routes.
@@ -18,9 +18,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
-from pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
-from pool.sql import MAX_QUERY_CHARS, OUTPUT_FORMATS, AnalystSql, SqlBusy, SqlError, WriteRefused
-from pool.store import PoolError, PoolStore
+from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
+from clawr1.pool.sql import MAX_QUERY_CHARS, OUTPUT_FORMATS, AnalystSql, SqlBusy, SqlError, WriteRefused
+from clawr1.pool.store import PoolError, PoolStore
 
 MAX_INSERT_ROWS = 100_000
 # A misspelled column must fail loudly, not vanish.

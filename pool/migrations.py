@@ -3,7 +3,7 @@
 Each migration is ``(id, sql)``; ``sql`` may hold several statements, each ending with ``;`` at the end
 of a line. A migration runs once per database (its id is recorded after all its statements succeed) and
 every statement is written to be re-runnable (``IF NOT EXISTS``), so a crash between a statement and the
-record only repeats harmless work. The consumer SDK's own tables (``pool.consumer_tables``) run after
+record only repeats harmless work. The consumer SDK's own tables (``clawr1.pool.consumer_tables``) run after
 the pool's, in the order listed.
 
 Layout (why it looks like this):
@@ -24,11 +24,11 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from pool.consumer_tables import CONSUMER_MIGRATIONS
+from clawr1.pool.consumer_tables import CONSUMER_MIGRATIONS
 
 
 class MigrationStore(Protocol):
-    """What migrations need from a store (``pool.store.PoolStore`` is one); declared here so this
+    """What migrations need from a store (``clawr1.pool.store.PoolStore`` is one); declared here so this
     module does not import the store, which imports it to migrate."""
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None,

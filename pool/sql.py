@@ -2,7 +2,7 @@
 
 Three layers, each enough against what the one before could miss:
 
-1. ``pool.sql_guard``: ClickHouse's own parser reads the text (one statement, no regex) and an
+1. ``clawr1.pool.sql_guard``: ClickHouse's own parser reads the text (one statement, no regex) and an
    allow-list of statements, functions, table functions and tables decides whether it may run.
 2. Its own session: every query runs on a client opened with ``readonly = 1`` set last, after the
    limits, so nothing in a query can change a setting, write, or loosen a limit. Sessions are apart from
@@ -32,7 +32,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from clawr1.core import registry
 from clawr1.core.settings import Settings
-from pool.sql_guard import (
+from clawr1.pool.sql_guard import (
     CATALOGUE_QUERY,
     COMBINATORS_QUERY,
     Catalogue,
@@ -41,7 +41,7 @@ from pool.sql_guard import (
     check_canonical,
     check_tree,
 )
-from pool.store import PoolError, is_embedded, pool_error
+from clawr1.pool.store import PoolError, is_embedded, pool_error
 
 OUTPUT_FORMATS: dict[str, str] = {
     "JSONEachRow": "application/x-ndjson",

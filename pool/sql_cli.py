@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import httpx
 
-from pool.sql import AnalystSql, SqlError, WriteRefused
-from pool.store import PoolError
+from clawr1.pool.sql import AnalystSql, SqlError, WriteRefused
+from clawr1.pool.store import PoolError
 
 PROMPT = "pool> "
 CONTINUE_PROMPT = "   -> "

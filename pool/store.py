@@ -19,7 +19,7 @@ import clickhouse_connect
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DataError
 
-from pool.migrations import apply_migrations
+from clawr1.pool.migrations import apply_migrations
 
 # Where ClickHouse's own text starts in a driver message. Only for display: the HTTP driver prefixes
 # "Received ClickHouse exception, code: N, server response: " and appends the URL; chDB's text starts

@@ -4,8 +4,8 @@
 ``packing`` lays a tree out as one training sequence with its attention rule.
 """
 
-from prefix_tree.packing import PackedTree, dense_mask, flex_mask_mod, pack_tree, tree_mask_mod
-from prefix_tree.tree import Node, PrefixTree, StepTokens, build_tree
+from clawr1.prefix_tree.packing import PackedTree, dense_mask, flex_mask_mod, pack_tree, tree_mask_mod
+from clawr1.prefix_tree.tree import Node, PrefixTree, StepTokens, build_tree
 
 __all__ = [
     "Node",

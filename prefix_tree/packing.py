@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from prefix_tree.tree import TOKEN_DTYPE, StepTokens, build_tree
+from clawr1.prefix_tree.tree import TOKEN_DTYPE, StepTokens, build_tree
 
 __all__ = ["PackedTree", "dense_mask", "flex_mask_mod", "pack_tree", "tree_mask_mod"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from proxy.apis.base import Json
-from proxy.apis.openai_responses import request_messages
+from clawr1.proxy.apis.base import Json
+from clawr1.proxy.apis.openai_responses import request_messages
 
 # Opens the note of a call whose parent response this proxy does not know.
 UNKNOWN_PARENT_NOTE = "previous_response_id unknown to this proxy"

@@ -23,7 +23,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from clawr1.core.kafka_io import Fatal, RebuildingProducer, Undeliverable, classify, ensure_topics
 from clawr1.core.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
-from proxy.spool import Spool, encode_frame
+from clawr1.proxy.spool import Spool, encode_frame
 
 logger = logging.getLogger("clawr1.proxy.emitter")
 T = TypeVar("T")

@@ -140,11 +140,11 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         serve_metrics,
     )
     from clawr1.core.topics import RAW_LLM
-    from proxy.chains import ResponseChains
-    from proxy.emitter import Emitter
-    from proxy.record import CapturedCall, build_record
-    from proxy.spool import SpoolBusyError
-    from schemas.codec import codec_for
+    from clawr1.proxy.chains import ResponseChains
+    from clawr1.proxy.emitter import Emitter
+    from clawr1.proxy.record import CapturedCall, build_record
+    from clawr1.proxy.spool import SpoolBusyError
+    from clawr1.schemas.codec import codec_for
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("clawr1").setLevel(logging.INFO)

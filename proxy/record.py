@@ -14,14 +14,14 @@ from typing import Any
 from mitmproxy.net import encoding as content_encoding
 
 from clawr1.core.conversation import conversation_key
-from proxy.apis import BY_NAME, Assembled
-from proxy.apis.base import error_text
-from proxy.apis.openai_responses import NAME as RESPONSES_API
-from proxy.chains import ResponseChains
-from proxy.hints import Hints
-from proxy.redact import redact_headers, redact_record, redact_url
-from proxy.sse import parse_stream
-from proxy.token_ids import Injection, dump, strip_json
+from clawr1.proxy.apis import BY_NAME, Assembled
+from clawr1.proxy.apis.base import error_text
+from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
+from clawr1.proxy.chains import ResponseChains
+from clawr1.proxy.hints import Hints
+from clawr1.proxy.redact import redact_headers, redact_record, redact_url
+from clawr1.proxy.sse import parse_stream
+from clawr1.proxy.token_ids import Injection, dump, strip_json
 
 Headers = tuple[tuple[str, str], ...]
 # Opens the note of a stream that ended without its finish (the steps' ``truncated`` status reads it).

@@ -45,12 +45,12 @@ from clawr1.core.registry import PROXY_INSTANCE, PROXY_PROCESSES, UPSTREAM_CA_FI
 from clawr1.core.settings import Settings
 from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
-from proxy.addons import build_addons
-from proxy.addons.auth import ProxyAuthHeader
-from proxy.addons.own_ports import StackPortsGuard, stack_ports
-from proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
-from proxy.record import CapturedCall
-from proxy.token_ids import TokenIdPolicy
+from clawr1.proxy.addons import build_addons
+from clawr1.proxy.addons.auth import ProxyAuthHeader
+from clawr1.proxy.addons.own_ports import StackPortsGuard, stack_ports
+from clawr1.proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
+from clawr1.proxy.record import CapturedCall
+from clawr1.proxy.token_ids import TokenIdPolicy
 
 logger = logging.getLogger("clawr1.proxy")
 CA_BASENAME = "mitmproxy"
@@ -249,7 +249,7 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
                       drain_s: float = DRAIN_S) -> None:
     """Run until ``stop`` is set (or the task is cancelled); ``ready`` is called once all modes listen.
 
-    Records are built and delivered by an emitter process (``proxy.emitter_process``). With
+    Records are built and delivered by an emitter process (``clawr1.proxy.emitter_process``). With
     ``CLAWR1_PROXY_PROCESSES`` > 1, more proxy processes serve the same ports (SO_REUSEPORT: the
     kernel spreads connections over them), all feeding that one emitter. On the way out, captured calls
     get ``drain_s`` to reach Kafka; the rest stay spooled for the next start. Raises ProxyStartError

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from proxy.sse import event_lines, split_events
-from proxy.token_ids import dump
+from clawr1.proxy.sse import event_lines, split_events
+from clawr1.proxy.token_ids import dump
 
 Json = dict[str, Any]
 

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.apis import openai_chat, openai_completions
+from clawr1.proxy.apis import openai_chat, openai_completions
 
 Json = dict[str, Any]
 TOKEN_ID_APIS = frozenset({openai_chat.NAME, openai_completions.NAME})

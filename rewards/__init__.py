@@ -4,6 +4,6 @@ The same ``module:function`` reward function serves the compat port's ``/compute
 ``clawr1 rewarder`` role, so a user writes it once.
 """
 
-from rewards.loader import RewardFn, RewardFnError, RewardResult, compute_reward, load_reward_fn
+from clawr1.rewards.loader import RewardFn, RewardFnError, RewardResult, compute_reward, load_reward_fn
 
 __all__ = ["RewardFn", "RewardFnError", "RewardResult", "compute_reward", "load_reward_fn"]

@@ -1,4 +1,4 @@
-"""A reward model behind HTTP, usable wherever a reward function is (``rewards.http_model:reward_model``).
+"""A reward model behind HTTP, usable as any reward function (``clawr1.rewards.http_model:reward_model``).
 
 Wire shape (the seed system's ``/compute_reward``, so a Claw-R1 compat port or any server speaking it
 can be the model): ``POST <url>`` with JSON
@@ -95,7 +95,7 @@ class HttpRewardModel:
 def _from_environment() -> HttpRewardModel:
     url = REWARD_MODEL_URL.read(os.environ)
     if not url:
-        raise RewardModelError(f"set {REWARD_MODEL_URL.name} to use rewards.http_model:reward_model")
+        raise RewardModelError(f"set {REWARD_MODEL_URL.name} to use clawr1.rewards.http_model:reward_model")
     return HttpRewardModel(
         url,
         api_key=REWARD_MODEL_API_KEY.read(os.environ),
@@ -104,6 +104,6 @@ def _from_environment() -> HttpRewardModel:
 
 
 def reward_model(**fields: Any) -> dict[str, Any]:
-    """``CLAWR1_REWARD_FN=rewards.http_model:reward_model``: the model at ``CLAWR1_REWARD_MODEL_URL``
+    """``CLAWR1_REWARD_FN=clawr1.rewards.http_model:reward_model``: the model at ``CLAWR1_REWARD_MODEL_URL``
     (optional ``CLAWR1_REWARD_MODEL_API_KEY`` as a Bearer token, ``CLAWR1_REWARD_MODEL_TIMEOUT_S``)."""
     return _from_environment()(**fields)

@@ -36,10 +36,10 @@ from clawr1.core import registry, topics
 from clawr1.core.kafka_io import consumed_at, ensure_topics, make_consumer, make_producer
 from clawr1.core.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
 from clawr1.core.settings import Settings
-from gateway.records import deterministic_id
-from rewards.loader import RewardFn, RewardFnError, compute_reward, load_reward_fn
-from schemas.codec import AvroCodec, CodecError, codec_for
-from streams.dead_letters import dead_letter
+from clawr1.gateway.records import deterministic_id
+from clawr1.rewards.loader import RewardFn, RewardFnError, compute_reward, load_reward_fn
+from clawr1.schemas.codec import AvroCodec, CodecError, codec_for
+from clawr1.streams.dead_letters import dead_letter
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from sinks.rows import Origin
+from clawr1.sinks.rows import Origin
 
 
 @dataclass

@@ -27,11 +27,11 @@ from clawr1.core.metrics import (
     SINK_MESSAGES_IN,
     SINK_ROWS_OUT,
 )
-from pool.store import PoolDataError, PoolError, PoolStore
-from schemas.codec import AvroCodec, DecodeError
-from sinks.batch import Batch, TableRows
-from sinks.config import SinkConfig
-from sinks.rows import (
+from clawr1.pool.store import PoolDataError, PoolError, PoolStore
+from clawr1.schemas.codec import AvroCodec, DecodeError
+from clawr1.sinks.batch import Batch, TableRows
+from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.rows import (
     DEAD_LETTER_COLUMNS,
     DLQ_ROUTE,
     FEEDBACK_ROUTE,

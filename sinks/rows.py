@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
-from pool.migrations import STEP_FIELDS
+from clawr1.pool.migrations import STEP_FIELDS
 
 REWARD_STATES = frozenset({"pending", "final"})
 _MAX_EPOCH_MS = 10_000_000_000_000  # year 2286, inside DateTime64(3)'s range

@@ -1,6 +1,6 @@
 """Entry points of the pool sink: in a thread of the process that owns the pool, or as its own process.
 
-``python -m sinks.runner`` runs ``run_sink_process(load_settings())`` (what ``clawr1 sink`` calls).
+``python -m clawr1.sinks.runner`` runs ``run_sink_process(load_settings())`` (what ``clawr1 sink`` calls).
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from clawr1.core.settings import Settings, load_settings
 from clawr1.core.signals import stop_on_signals
-from pool.store import PoolStore
-from schemas.codec import codec_for
-from sinks.config import SinkConfig
-from sinks.pool_sink import PoolSink, SinkStats
+from clawr1.pool.store import PoolStore
+from clawr1.schemas.codec import codec_for
+from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.pool_sink import PoolSink, SinkStats
 
 
 def run_sink(settings: Settings, store: PoolStore, stop: threading.Event,

@@ -1,5 +1,5 @@
 """Stream processors: raw captured events -> normalized, reward-joined, versioned steps.
 
-Entry point: ``streams.worker.run_worker(settings, ready)``; the flow is drawn in
-``streams.app`` and described in docs/streams.md.
+Entry point: ``clawr1.streams.worker.run_worker(settings, ready)``; the flow is drawn in
+``clawr1.streams.app`` and described in docs/streams.md.
 """

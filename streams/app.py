@@ -40,13 +40,13 @@ from clawr1.core.metrics import (
     STREAM_EVENTS_OUT,
     STREAM_SKIPS_RECOVERED,
 )
-from prefix_tree import PrefixTree
-from schemas.codec import DecodeError, codec_for
-from streams import messages
-from streams.config import StreamConfig
-from streams.dead_letters import dead_letter
-from streams.gaps import EventLike, GapGuard, KafkaReader
-from streams.join import (
+from clawr1.prefix_tree import PrefixTree
+from clawr1.schemas.codec import DecodeError, codec_for
+from clawr1.streams import messages
+from clawr1.streams.config import StreamConfig
+from clawr1.streams.dead_letters import dead_letter
+from clawr1.streams.gaps import EventLike, GapGuard, KafkaReader
+from clawr1.streams.join import (
     StepState,
     TrajectoryState,
     apply_feedback,
@@ -58,13 +58,13 @@ from streams.join import (
     mergeable,
     scope_of,
 )
-from streams.linking import LinkState, link_turn, step_ids_of
-from streams.normalize import StepFact, step_from_whitebox, steps_from_turn
-from streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
-from streams.rewards import feedback_fact
-from streams.targets import Refusal, Target, TargetState, add_feedback, add_target
-from streams.tokenization import Retokenizer
-from streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
+from clawr1.streams.linking import LinkState, link_turn, step_ids_of
+from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from clawr1.streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
+from clawr1.streams.rewards import feedback_fact
+from clawr1.streams.targets import Refusal, Target, TargetState, add_feedback, add_target
+from clawr1.streams.tokenization import Retokenizer
+from clawr1.streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
 
 log = logging.getLogger(__name__)
 

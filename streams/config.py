@@ -14,7 +14,7 @@ from pathlib import Path
 from clawr1.core import registry as r
 from clawr1.core import topics
 from clawr1.core.settings import Settings
-from streams.readiness import ReadinessRule
+from clawr1.streams.readiness import ReadinessRule
 
 DEFAULT_APP_ID = r.STREAMS_APP_ID.default
 

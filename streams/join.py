@@ -28,9 +28,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from streams.normalize import StepFact
-from streams.readiness import TRAINABLE_STATUSES, ReadinessRule
-from streams.rewards import distinct_facts, fact_digest, fold_rewards, human_score, labels_of
+from clawr1.streams.normalize import StepFact
+from clawr1.streams.readiness import TRAINABLE_STATUSES, ReadinessRule
+from clawr1.streams.rewards import distinct_facts, fact_digest, fold_rewards, human_score, labels_of
 
 
 @dataclass

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from clawr1.core.conversation import prefix_digests
-from streams.turns import InvalidEvent, Turn
+from clawr1.streams.turns import InvalidEvent, Turn
 
 LINKED, ROOT, AMBIGUOUS, COMPACTED, SUPERSEDED = "linked", "root", "ambiguous", "compacted", "superseded"
 

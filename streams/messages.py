@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from streams.normalize import StepFact
+from clawr1.streams.normalize import StepFact
 
 # clawr1.internal.trajectories (key: trajectory id)
 STEP = "step"  # {"fact": StepFact}
@@ -17,7 +17,7 @@ STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
 SUPERSEDE = "supersede"  # {"step_id"}
 # clawr1.internal.targets (key: target id)
-TARGET = "target"  # {"step_id", "target": streams.targets.Target fields}
+TARGET = "target"  # {"step_id", "target": clawr1.streams.targets.Target fields}
 FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
 
 

@@ -1,7 +1,7 @@
 """Raw events to *step facts*: the source's part of a normalized step (step.avsc field names).
 
 A step fact holds what the source said about one step: identity, prompt, reply, tokens and their
-provenance, timings. Rewards and feedback are joined later (``streams.join``); a reward that came
+provenance, timings. Rewards and feedback are joined later (``clawr1.streams.join``); a reward that came
 with the step (white-box, service turn) travels beside it as an inline feedback fact. Normalizing
 is deterministic: the same event always gives the same fact, which is what makes replays harmless.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.conversation import prefix_digests
-from streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
-from streams.rewards import inline_fact
-from streams.tokenization import Retokenizer
-from streams.turns import Reply, Turn, turn_from_whitebox
+from clawr1.streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
+from clawr1.streams.rewards import inline_fact
+from clawr1.streams.tokenization import Retokenizer
+from clawr1.streams.turns import Reply, Turn, turn_from_whitebox
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def _response_id(turn: Turn, reply: Reply, single: bool, prompt_id: str) -> str:
     return _sha([prompt_id, reply.token_ids, reply.text])
 
 
-# The proxy's note on a stream cut before its end (proxy.record.TRUNCATED_NOTE).
+# The proxy's note on a stream cut before its end (clawr1.proxy.record.TRUNCATED_NOTE).
 TRUNCATED_NOTE = "stream truncated"
 
 

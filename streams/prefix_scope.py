@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefix_tree import PrefixTree, StepTokens
+from clawr1.prefix_tree import PrefixTree, StepTokens
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from streams.turns import InvalidEvent
+from clawr1.streams.turns import InvalidEvent
 
 TARGET_KINDS = ("step", "response", "trajectory")
 

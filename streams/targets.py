@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from streams.rewards import fact_digest
+from clawr1.streams.rewards import fact_digest
 
 
 @dataclass

@@ -4,7 +4,7 @@ Used only when ``settings.tokenizer`` names a Hugging Face ``tokenizers`` tokeni
 ``tokenizer.json`` (or a folder holding one), or a hub name found in the local Hugging Face cache
 (there is no network). When the tokenizer's folder has the model's chat template
 (``tokenizer_config.json``'s ``chat_template`` or ``chat_template.jinja``), prompts and replies are
-rendered with it as the engine would (streams.chat_template); otherwise with a fixed ChatML rendering
+rendered with it as the engine would (clawr1.streams.chat_template); otherwise with a fixed ChatML rendering
 (documented in docs/streams.md). Steps tokenized here are marked ``retokenized`` with the identity
 ``<name>@sha256:<first 16 hex of the tokenizer.json>``, followed by ``+chat_template@sha256:<16 hex>``
 when the model's template rendered them, so a trainer can tell them from engine ids and from each other.
@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from streams.chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
+from clawr1.streams.chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
 
 _TEXT_PARTS = {"text", "input_text", "output_text"}
 

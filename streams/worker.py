@@ -1,7 +1,7 @@
 """Run the stream processors as a blocking Faust worker (``clawr1 worker``, ``clawr1 up``).
 
 Start several with the same app id (``CLAWR1_STREAMS_APP_ID``) and they split the partitions.
-``python -m streams.worker`` runs one from the ``CLAWR1_*`` environment and prints a line when
+``python -m clawr1.streams.worker`` runs one from the ``CLAWR1_*`` environment and prints a line when
 it is ready (tables recovered, agents running).
 """
 
@@ -16,8 +16,8 @@ import faust
 
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings, load_settings
-from streams.app import StreamsApp
-from streams.config import StreamConfig
+from clawr1.streams.app import StreamsApp
+from clawr1.streams.config import StreamConfig
 
 READY_LINE = "clawr1 streams worker ready"
 

@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from bench.common import free_port
-from broker.launcher import KafkaBroker
-from pool.store import PoolStore, quote_identifier
+from clawr1.broker.launcher import KafkaBroker
+from clawr1.pool.store import PoolStore, quote_identifier
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 

@@ -319,12 +319,13 @@ REWARD_SKIP_REWARDED = option("REWARD_SKIP_REWARDED", bool, True,
                               "leave targets that already carry a reward", ("rewarder",))
 REWARD_CONCURRENCY = option("REWARD_CONCURRENCY", int, 4, "reward calls in flight (threads)", ("rewarder",))
 REWARD_MODEL_URL = option("REWARD_MODEL_URL", str, "",
-                          "`rewards.http_model:reward_model`: the reward model's URL", ("rewarder", "api"))
+                          "`clawr1.rewards.http_model:reward_model`: the reward model's URL",
+                          ("rewarder", "api"))
 REWARD_MODEL_API_KEY = option("REWARD_MODEL_API_KEY", str, "",
-                              "`rewards.http_model`: sent as `Authorization: Bearer …`", ("rewarder", "api"),
-                              secret=True)
-REWARD_MODEL_TIMEOUT_S = option("REWARD_MODEL_TIMEOUT_S", float, 30.0, "`rewards.http_model`: timeout (s)",
-                                ("rewarder", "api"))
+                              "`clawr1.rewards.http_model`: sent as `Authorization: Bearer …`",
+                              ("rewarder", "api"), secret=True)
+REWARD_MODEL_TIMEOUT_S = option("REWARD_MODEL_TIMEOUT_S", float, 30.0,
+                                "`clawr1.rewards.http_model`: timeout (s)", ("rewarder", "api"))
 
 # -- proxy -------------------------------------------------------------------------------------------
 

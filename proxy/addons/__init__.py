@@ -5,11 +5,11 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from proxy.addons.capture import Capture
-from proxy.addons.hints import ClawHints
-from proxy.addons.token_ids import TokenIdCapture
-from proxy.record import CapturedCall
-from proxy.token_ids import TokenIdPolicy
+from clawr1.proxy.addons.capture import Capture
+from clawr1.proxy.addons.hints import ClawHints
+from clawr1.proxy.addons.token_ids import TokenIdCapture
+from clawr1.proxy.record import CapturedCall
+from clawr1.proxy.token_ids import TokenIdPolicy
 
 
 def build_addons(submit: Callable[[CapturedCall], None], token_ids: TokenIdPolicy | None,

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 from mitmproxy import http
 
-from proxy.addons.state import STATE_KEY, CallState, call_state, is_event_stream
-from proxy.record import CapturedCall
-from proxy.stream import StreamTee
+from clawr1.proxy.addons.state import STATE_KEY, CallState, call_state, is_event_stream
+from clawr1.proxy.record import CapturedCall
+from clawr1.proxy.stream import StreamTee
 
 # Cheap test for a streaming request; a false positive only costs response compression.
 _STREAM_REQUESTED = re.compile(rb'"stream"\s*:\s*true')

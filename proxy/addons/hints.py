@@ -6,8 +6,8 @@ import json
 
 from mitmproxy import http
 
-from proxy.addons.state import call_state
-from proxy.hints import HintError, hint_header_names, parse_hints
+from clawr1.proxy.addons.state import call_state
+from clawr1.proxy.hints import HintError, hint_header_names, parse_hints
 
 
 def bad_request(reason: str) -> http.Response:

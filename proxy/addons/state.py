@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from mitmproxy import http
 
-from proxy.apis import ApiSpec, detect_api
-from proxy.hints import Hints
-from proxy.stream import SseRewriter, StreamTee
-from proxy.token_ids import Injection
+from clawr1.proxy.apis import ApiSpec, detect_api
+from clawr1.proxy.hints import Hints
+from clawr1.proxy.stream import SseRewriter, StreamTee
+from clawr1.proxy.token_ids import Injection
 
 STATE_KEY = "clawr1.call"
 

@@ -16,9 +16,9 @@ from dataclasses import replace
 import httpx
 from mitmproxy import http
 
-from proxy.addons.state import CallState, call_state, is_encoded, is_event_stream
-from proxy.stream import SseRewriter
-from proxy.token_ids import (
+from clawr1.proxy.addons.state import CallState, call_state, is_encoded, is_event_stream
+from clawr1.proxy.stream import SseRewriter
+from clawr1.proxy.token_ids import (
     SGLEXT_HEADERS,
     TOKEN_ID_APIS,
     Injection,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.apis import anthropic_messages, openai_chat, openai_completions, openai_responses
-from proxy.apis.base import ApiSpec, Assembled, AssembledChoice
+from clawr1.proxy.apis import anthropic_messages, openai_chat, openai_completions, openai_responses
+from clawr1.proxy.apis.base import ApiSpec, Assembled, AssembledChoice
 
 # Order matters: "/chat/completions" must win over "/completions".
 APIS: tuple[ApiSpec, ...] = tuple(

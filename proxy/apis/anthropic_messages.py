@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from proxy.apis.base import (
+from clawr1.proxy.apis.base import (
     Assembled,
     AssembledChoice,
     Json,
@@ -20,7 +20,7 @@ from proxy.apis.base import (
     json_events,
     json_object,
 )
-from proxy.sse import SseEvent
+from clawr1.proxy.sse import SseEvent
 
 NAME = "anthropic.messages"
 PATH_SUFFIX = "/messages"

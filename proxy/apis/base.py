@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.sse import SseEvent
+from clawr1.proxy.sse import SseEvent
 
 Json = dict[str, Any]
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.apis.base import (
+from clawr1.proxy.apis.base import (
     Assembled,
     AssembledChoice,
     Json,
@@ -25,7 +25,7 @@ from proxy.apis.base import (
     token_list,
     unfinished,
 )
-from proxy.sse import SseEvent
+from clawr1.proxy.sse import SseEvent
 
 NAME = "openai.completions"
 PATH_SUFFIX = "/completions"

@@ -12,7 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.apis.base import (
+from clawr1.proxy.apis.base import (
     Assembled,
     AssembledChoice,
     Json,
@@ -22,7 +22,7 @@ from proxy.apis.base import (
     json_events,
     json_object,
 )
-from proxy.sse import SseEvent
+from clawr1.proxy.sse import SseEvent
 
 NAME = "openai.responses"
 PATH_SUFFIX = "/responses"

@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, kill_role, run_faults
 from clawr1.core.topics import RAW_STEPS
-from gateway.client import GatewayClient
+from clawr1.gateway.client import GatewayClient
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from pool.api import pool_router
+from clawr1.pool.api import pool_router
 from tests.conftest import fresh_pool_store
 from tests.integration.sdk.conftest import Pool, database_dsn, step
 from tests.integration.sdk.serving import served
@@ -34,8 +34,8 @@ POOL_ONLY = {"chdb", "clickhouse_connect", "pydantic"}
 
 CHILD_SCRIPT = """
 import importlib.util, json, sys
-import consumer_sdk
-from consumer_sdk import MissingDependency, PoolConsumer
+from clawr1 import consumer_sdk
+from clawr1.consumer_sdk import MissingDependency, PoolConsumer
 
 result = {"file": consumer_sdk.__file__,
           "absent": sorted(m for m in %(absent)r if importlib.util.find_spec(m) is None)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common import free_port
-from broker.launcher import KafkaBroker
+from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 
 MESSAGES = 5000

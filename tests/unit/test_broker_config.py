@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from unittest import mock
 
-from broker import launcher
+from clawr1.broker import launcher
 
 
 def test_cluster_ids_never_start_with_a_dash() -> None:

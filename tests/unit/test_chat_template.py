@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from streams.chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
-from streams.tokenization import Retokenizer, render_turn
+from clawr1.streams.chat_template import ChatTemplate, ChatTemplateError, template_messages, template_tools
+from clawr1.streams.tokenization import Retokenizer, render_turn
 
 FIXTURES = Path(__file__).parent / "chat_templates"
 

@@ -10,11 +10,11 @@ import pytest
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
+from clawr1.compat.app import create_compat_app
 from clawr1.core.settings import load_settings
-from compat.app import create_compat_app
-from gateway.app import create_app
-from gateway.auth import ROUTE_KINDS
-from rewards import RewardFnError
+from clawr1.gateway.app import create_app
+from clawr1.gateway.auth import ROUTE_KINDS
+from clawr1.rewards import RewardFnError
 
 
 def _client(tmp_path: Path, **env: str) -> Iterator[TestClient]:

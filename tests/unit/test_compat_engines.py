@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from bench.common import free_port
-from compat.engines import EngineFailed, Engines, parse_engines
-from demo.standin_engine import StandinEngine
+from clawr1.compat.engines import EngineFailed, Engines, parse_engines
+from clawr1.demo.standin_engine import StandinEngine
 
 
 def test_upstream_lists_engine_origins() -> None:

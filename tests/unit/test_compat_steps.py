@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from compat.models import GenerateRequest, StepPayload
-from compat.registry import Registry
-from compat.steps import (
+from clawr1.compat.models import GenerateRequest, StepPayload
+from clawr1.compat.registry import Registry
+from clawr1.compat.steps import (
     Refused,
     Registration,
     forward_headers,
@@ -18,7 +18,7 @@ from compat.steps import (
     policy_version_of,
     step_in,
 )
-from demo.standin_engine import completion_prompts
+from clawr1.demo.standin_engine import completion_prompts
 
 
 def test_a_seed_step_becomes_a_whitebox_step() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dashboard.api import sse
-from dashboard.curation import CurateRequest, curation_feedback, mask_thumbnail, sharing_runs
-from prefix_tree.packing import pack_tree
-from prefix_tree.tree import StepTokens
+from clawr1.dashboard.api import sse
+from clawr1.dashboard.curation import CurateRequest, curation_feedback, mask_thumbnail, sharing_runs
+from clawr1.prefix_tree.packing import pack_tree
+from clawr1.prefix_tree.tree import StepTokens
 
 
 def test_a_curation_is_one_labelled_feedback_per_label_and_the_note_once() -> None:

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dashboard.panels import (
+from clawr1.dashboard.panels import (
     BUCKET_WIDTHS_MS,
     MAX_BUCKETS,
     bucket_width_ms,

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from dashboard import queries
-from dashboard.api import StepsPage
+from clawr1.dashboard import queries
+from clawr1.dashboard.api import StepsPage
 
 
 def test_filters_become_typed_placeholders_with_bound_values() -> None:

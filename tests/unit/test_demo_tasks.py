@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.tasks import (
+from clawr1.demo.tasks import (
     MAX_MATCHES,
     DemoConfig,
     MathTask,

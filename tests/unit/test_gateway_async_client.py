@@ -12,8 +12,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.async_client import AsyncGatewayClient
-from gateway.client import GatewayError
+from clawr1.gateway.async_client import AsyncGatewayClient
+from clawr1.gateway.client import GatewayError
 
 
 def client(handler: Callable[[httpx.Request], httpx.Response], **kwargs: object) -> AsyncGatewayClient:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth import INGEST_KINDS, ApiKeyError, parse_api_keys
-from gateway.server import InsecureBindError, bind_address, check_bind, is_loopback
+from clawr1.gateway.auth import INGEST_KINDS, ApiKeyError, parse_api_keys
+from clawr1.gateway.server import InsecureBindError, bind_address, check_bind, is_loopback
 
 
 def test_entries_with_and_without_kinds() -> None:
@@ -98,7 +98,7 @@ def test_a_mounted_route_missing_from_the_matrix_is_refused_to_every_key() -> No
     from fastapi.testclient import TestClient
 
     from clawr1.core.settings import Settings
-    from gateway.app import create_app
+    from clawr1.gateway.app import create_app
 
     router = APIRouter()
 
@@ -118,7 +118,7 @@ def test_the_security_guide_names_every_keyed_route() -> None:
     """docs/security.md's matrix is written by hand: a new route must show up there too."""
     from pathlib import Path
 
-    from gateway.auth import ROUTE_KINDS
+    from clawr1.gateway.auth import ROUTE_KINDS
 
     guide = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     missing = [route for route in ROUTE_KINDS if route.rsplit("/", 1)[-1] not in guide]

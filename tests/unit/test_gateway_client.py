@@ -12,7 +12,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from gateway.client import GatewayClient, GatewayError
+from clawr1.gateway.client import GatewayClient, GatewayError
 
 
 def client(handler: Callable[[httpx.Request], httpx.Response], **kwargs: object) -> GatewayClient:

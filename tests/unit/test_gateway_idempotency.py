@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.idempotency import IdempotencyConflict, IdempotencyStore
+from clawr1.gateway.idempotency import IdempotencyConflict, IdempotencyStore
 
 
 class Clock:

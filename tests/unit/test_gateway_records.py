@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import uuid
 
-from gateway.models import EventIn, FeedbackIn, StepIn
-from gateway.records import deterministic_id, event_record, feedback_record, step_record
-from schemas.codec import codec_for
+from clawr1.gateway.models import EventIn, FeedbackIn, StepIn
+from clawr1.gateway.records import deterministic_id, event_record, feedback_record, step_record
+from clawr1.schemas.codec import codec_for
 
 STEP = StepIn(trajectory_id="traj", step_index=2, prompt_token_ids=[1, 2], response_token_ids=[3],
               response_logprobs=[-0.1], prompt_messages=[{"role": "user", "content": "hi"}],

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import ApiError
-from gateway.models import EventIn, FeedbackIn, StepIn
-from gateway.validation import check_event, check_feedback, check_step, parse_items
+from clawr1.gateway.errors import ApiError
+from clawr1.gateway.models import EventIn, FeedbackIn, StepIn
+from clawr1.gateway.validation import check_event, check_feedback, check_step, parse_items
 
 STEP: dict[str, Any] = {
     "trajectory_id": "traj-1", "step_index": 0, "prompt_token_ids": [1, 2, 3],

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-import gateway.publisher as publisher_module
-import proxy.emitter as emitter_module
+import clawr1.gateway.publisher as publisher_module
+import clawr1.proxy.emitter as emitter_module
 from clawr1.core import kafka_io
 from clawr1.core.kafka_io import Fatal, RebuildingProducer, Retriable, Undeliverable, classify, error_code
-from gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
-from proxy.emitter import Emitter
+from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
+from clawr1.proxy.emitter import Emitter
 
 # --- classify -----------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pool.consumer_tables import CONSUMER_MIGRATIONS
-from pool.migrations import POOL_MIGRATIONS, STEP_FIELDS, all_migrations, split_statements
+from clawr1.pool.consumer_tables import CONSUMER_MIGRATIONS
+from clawr1.pool.migrations import POOL_MIGRATIONS, STEP_FIELDS, all_migrations, split_statements
 
 STEP_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "step.avsc"
 
@@ -42,7 +42,7 @@ def test_split_statements_cuts_at_line_ending_semicolons_only() -> None:
 
 
 def test_duplicate_ids_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pool.migrations as migrations
+    import clawr1.pool.migrations as migrations
 
     monkeypatch.setattr(migrations, "CONSUMER_MIGRATIONS", [(POOL_MIGRATIONS[0][0], "SELECT 1")])
     with pytest.raises(ValueError, match="duplicate migration id"):

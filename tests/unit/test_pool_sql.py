@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pool.sql import SqlLimits
-from pool.sql_guard import Catalogue, GuardRefusal, check_canonical
+from clawr1.pool.sql import SqlLimits
+from clawr1.pool.sql_guard import Catalogue, GuardRefusal, check_canonical
 
 
 def row(name: str, category: str, alias_to: str = "", case_insensitive: int = 0, aggregate: int = 0) -> dict:

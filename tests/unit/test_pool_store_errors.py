@@ -7,7 +7,7 @@ import sys
 
 from clickhouse_connect.driver.exceptions import ClickHouseError, DatabaseError, OperationalError
 
-from pool.store import PoolError, pool_error
+from clawr1.pool.store import PoolError, pool_error
 
 _BODY = "Code: 60. DB::Exception: Unknown table expression identifier 'nope'. (UNKNOWN_TABLE)"
 
@@ -35,5 +35,5 @@ def test_errors_without_a_code_have_none() -> None:
 
 
 def test_migrations_do_not_import_the_store() -> None:
-    code = "import sys, pool.migrations; sys.exit('pool.store' in sys.modules)"
+    code = "import sys, clawr1.pool.migrations; sys.exit('clawr1.pool.store' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

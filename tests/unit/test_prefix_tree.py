@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_tree import (
+from clawr1.prefix_tree import (
     PrefixTree,
     StepTokens,
     build_tree,

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prefix_tree import PackedTree, StepTokens, dense_mask, pack_tree, tree_mask_mod
+from clawr1.prefix_tree import PackedTree, StepTokens, dense_mask, pack_tree, tree_mask_mod
 
 VOCAB = 23
 

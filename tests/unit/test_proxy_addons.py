@@ -9,9 +9,9 @@ import json
 from mitmproxy import http
 from mitmproxy.test import tflow
 
-from proxy.addons import build_addons
-from proxy.record import CapturedCall
-from proxy.token_ids import TokenIdPolicy
+from clawr1.proxy.addons import build_addons
+from clawr1.proxy.record import CapturedCall
+from clawr1.proxy.token_ids import TokenIdPolicy
 
 CHAT_URL = "http://up:8000/v1/chat/completions"
 

@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
-from proxy.apis import anthropic_messages, detect_api, openai_chat, openai_completions, openai_responses
-from proxy.sse import SseEvent, parse_stream
+from clawr1.proxy.apis import (
+    anthropic_messages,
+    detect_api,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
+from clawr1.proxy.sse import SseEvent, parse_stream
 
 
 def sse(*chunks: Any, event: str | None = None) -> list[SseEvent]:

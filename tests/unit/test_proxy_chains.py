@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.chains import UNKNOWN_PARENT_NOTE, ResponseChains
+from clawr1.proxy.chains import UNKNOWN_PARENT_NOTE, ResponseChains
 
 
 def user(text: str) -> dict:

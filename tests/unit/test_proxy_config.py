@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clawr1.core.settings import Settings
-from proxy.runner import ProxyStartError, ca_cert_path, proxy_config
+from clawr1.proxy.runner import ProxyStartError, ca_cert_path, proxy_config
 
 
 def test_both_modes_listen_on_the_proxy_host(tmp_path: Path) -> None:

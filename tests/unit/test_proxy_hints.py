@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.hints import HintError, Hints, hint_header_names, parse_hints
+from clawr1.proxy.hints import HintError, Hints, hint_header_names, parse_hints
 
 
 def test_all_hints_are_read() -> None:

@@ -7,12 +7,12 @@ import json
 from dataclasses import replace
 
 from clawr1.core.conversation import conversation_key
-from proxy.hints import Hints
-from proxy.record import CapturedCall, build_record
-from proxy.token_ids import Injection
-from schemas.codec import codec_for
-from streams.normalize import step_status
-from streams.turns import turn_from_llm_call
+from clawr1.proxy.hints import Hints
+from clawr1.proxy.record import CapturedCall, build_record
+from clawr1.proxy.token_ids import Injection
+from clawr1.schemas.codec import codec_for
+from clawr1.streams.normalize import step_status
+from clawr1.streams.turns import turn_from_llm_call
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 SECRET = "sk-proj-supersecret0123456789"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.redact import redact_headers, redact_url
+from clawr1.proxy.redact import redact_headers, redact_url
 
 
 def test_credential_headers_are_dropped_and_the_rest_kept() -> None:

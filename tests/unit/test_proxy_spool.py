@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.spool import SUFFIX, Spool, SpoolBusyError
+from clawr1.proxy.spool import SUFFIX, Spool, SpoolBusyError
 
 
 def _records(n: int, start: int = 0) -> list[tuple[bytes, bytes]]:
@@ -89,7 +89,7 @@ def test_a_failed_write_leaves_nothing_half_written(tmp_path: Path, monkeypatch:
     def disk_full(fd: int, data: bytes) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("proxy.spool.os.write", disk_full)
+    monkeypatch.setattr("clawr1.proxy.spool.os.write", disk_full)
     with pytest.raises(OSError, match="No space left"):
         spool.append(_records(2, start=1))
     monkeypatch.undo()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.sse import SseEvent, parse_event, parse_stream, split_events
+from clawr1.proxy.sse import SseEvent, parse_event, parse_stream, split_events
 
 
 def test_split_keeps_the_unfinished_event_for_later() -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from proxy.stream import SseRewriter, StreamTee
-from proxy.token_ids import (
+from clawr1.proxy.stream import SseRewriter, StreamTee
+from clawr1.proxy.token_ids import (
     Injection,
     TokenIdPolicy,
     inject,

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.hints import Hints
-from proxy.record import CapturedCall, build_record
-from proxy.redact import (
+from clawr1.proxy.hints import Hints
+from clawr1.proxy.record import CapturedCall, build_record
+from clawr1.proxy.redact import (
     REDACTED,
     REDACTED_WITH_TOKEN_IDS,
     SECRET_TOKEN,
@@ -27,7 +27,7 @@ from proxy.redact import (
     redact_text,
     redact_url,
 )
-from schemas.codec import codec_for
+from clawr1.schemas.codec import codec_for
 
 ALNUM = string.ascii_letters + string.digits
 UPPER_DIGITS = string.ascii_uppercase + string.digits

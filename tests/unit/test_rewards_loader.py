@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from rewards.loader import RewardFnError, RewardResult, compute_reward, load_reward_fn
+from clawr1.rewards.loader import RewardFnError, RewardResult, compute_reward, load_reward_fn
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import json
 import httpx
 import pytest
 
-from rewards.http_model import HttpRewardModel, RewardModelError
-from rewards.loader import RewardFnError, RewardResult, compute_reward, load_reward_fn
-from rewards.rules import exact_match, extract_answer, format_check, math_answer, normalize_answer
+from clawr1.rewards.http_model import HttpRewardModel, RewardModelError
+from clawr1.rewards.loader import RewardFnError, RewardResult, compute_reward, load_reward_fn
+from clawr1.rewards.rules import exact_match, extract_answer, format_check, math_answer, normalize_answer
 
 
 def fields(response: str, truth: object = None, **dataset: object) -> dict[str, object]:
@@ -19,7 +19,7 @@ def fields(response: str, truth: object = None, **dataset: object) -> dict[str, 
 
 
 def test_builtins_load_by_spec_and_follow_the_contract() -> None:
-    fn = load_reward_fn("rewards.rules:math_answer")
+    fn = load_reward_fn("clawr1.rewards.rules:math_answer")
     assert compute_reward(fn, **fields(r"so \boxed{4}", "4")) == RewardResult(1.0, {"pred": "4", "acc": True})
 
 

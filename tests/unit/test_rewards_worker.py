@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from clawr1.core.settings import load_settings
-from rewards.worker import (
+from clawr1.rewards.worker import (
     RewarderConfig,
     already_scored,
     feedback_id_of,
@@ -17,7 +17,7 @@ from rewards.worker import (
     reward_fields,
     target_of,
 )
-from schemas.codec import AvroCodec
+from clawr1.schemas.codec import AvroCodec
 from tests.integration.pool.records import step as step_record
 
 
@@ -72,10 +72,10 @@ def test_feedback_record_is_valid_avro_and_keeps_extra_info() -> None:
 
 
 def test_config_from_environment() -> None:
-    env = {"CLAWR1_REWARD_FN": "rewards.rules:exact_match", "CLAWR1_TOPIC_SUFFIX": ".x",
+    env = {"CLAWR1_REWARD_FN": "clawr1.rewards.rules:exact_match", "CLAWR1_TOPIC_SUFFIX": ".x",
            "CLAWR1_REWARD_TARGET": "step", "CLAWR1_KAFKA_BOOTSTRAP": "k:9092"}
     config = RewarderConfig.from_settings(load_settings(env))
-    assert config.name == "rewards.rules:exact_match" and config.target == "step"
+    assert config.name == "clawr1.rewards.rules:exact_match" and config.target == "step"
     assert (config.steps_topic, config.feedback_topic, config.dlq_topic) == (
         "clawr1.steps.x", "clawr1.raw.feedback.x", "clawr1.dlq.x")
     with pytest.raises(ValueError, match="CLAWR1_REWARD_TARGET"):

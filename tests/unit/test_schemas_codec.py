@@ -13,7 +13,7 @@ import fastavro
 import httpx
 import pytest
 
-from schemas.codec import (
+from clawr1.schemas.codec import (
     SCHEMA_DIR,
     AvroCodec,
     DecodeError,
@@ -22,7 +22,7 @@ from schemas.codec import (
     history_versions,
     schema_names,
 )
-from schemas.compat import incompatibilities
+from clawr1.schemas.compat import incompatibilities
 
 EXPECTED = {
     "raw_llm_call",
@@ -153,7 +153,7 @@ def test_old_writer_versions_decode_into_the_current_schema(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A message written with an older version resolves to the current reader schema, defaults filled."""
-    import schemas.codec as codec_module
+    import clawr1.schemas.codec as codec_module
 
     old = copy.deepcopy(current_schema("feedback").raw)
     old["fields"] = [f for f in old["fields"] if f["name"] != "comment"]

@@ -8,8 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from consumer_sdk import DataError, MissingDependency, StepBatch, UsageError
-from prefix_tree.packing import dense_mask
+from clawr1.consumer_sdk import DataError, MissingDependency, StepBatch, UsageError
+from clawr1.prefix_tree.packing import dense_mask
 
 TOKENS = pa.list_(pa.uint32())
 

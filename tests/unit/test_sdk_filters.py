@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from consumer_sdk.errors import InvalidFilter, UsageError
-from consumer_sdk.filters import Filters, filter_sql
-from consumer_sdk.queries import Scope, steps_sql, whole_groups_sql
+from clawr1.consumer_sdk.errors import InvalidFilter, UsageError
+from clawr1.consumer_sdk.filters import Filters, filter_sql
+from clawr1.consumer_sdk.queries import Scope, steps_sql, whole_groups_sql
 
 PLACEHOLDER = re.compile(r"\{(\w+):([^}]+)\}")
 

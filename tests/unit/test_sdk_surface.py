@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import consumer_sdk
-from consumer_sdk import errors
-from consumer_sdk.source import Source, parse_source
+from clawr1 import consumer_sdk
+from clawr1.consumer_sdk import errors
+from clawr1.consumer_sdk.source import Source, parse_source
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,8 +96,8 @@ def test_sdk_imports_without_kafka_faust_mitmproxy_or_torch() -> None:
         "import sys\n"
         f"for name in {blocked!r}:\n"
         "    sys.modules[name] = None\n"
-        "import consumer_sdk\n"
-        "from consumer_sdk.source import parse_source\n"
+        "from clawr1 import consumer_sdk\n"
+        "from clawr1.consumer_sdk.source import parse_source\n"
         "parse_source('http://127.0.0.1:1')\n"
         f"loaded = sorted(n for n in {blocked!r} if sys.modules.get(n) is not None)\n"
         "assert not loaded, loaded\n"

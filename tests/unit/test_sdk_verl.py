@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from consumer_sdk import DataError, MissingDependency, StepBatch
+from clawr1.consumer_sdk import DataError, MissingDependency, StepBatch
 
 TOKENS = pa.list_(pa.uint32())
 SCHEMA = pa.schema([

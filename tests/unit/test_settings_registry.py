@@ -90,8 +90,8 @@ def test_every_declaration_is_well_formed() -> None:
 
 
 def test_role_modules_take_their_defaults_from_the_registry() -> None:
-    from demo.tasks import DemoConfig
-    from streams.readiness import DEFAULT_RULE
+    from clawr1.demo.tasks import DemoConfig
+    from clawr1.streams.readiness import DEFAULT_RULE
 
     assert r.READY_RULE.default == DEFAULT_RULE
     demo = DemoConfig()

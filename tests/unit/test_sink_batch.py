@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from clawr1.core.settings import load_settings
-from sinks.batch import Batch
-from sinks.config import SinkConfig
-from sinks.rows import Origin
+from clawr1.sinks.batch import Batch
+from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.rows import Origin
 
 
 def origin(partition: int, offset: int, topic: str = "steps") -> Origin:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sinks.rows import (
+from clawr1.sinks.rows import (
     DEAD_LETTER_COLUMNS,
     FEEDBACK_COLUMNS,
     PREFIX_NODE_COLUMNS,

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from clawr1.core.settings import load_settings
-from streams.config import StreamConfig, StreamTopics
-from streams.readiness import ReadinessRule
+from clawr1.streams.config import StreamConfig, StreamTopics
+from clawr1.streams.readiness import ReadinessRule
 
 
 def test_defaults_follow_the_project_topics() -> None:
@@ -51,7 +51,7 @@ def test_bad_values_fail_fast_with_the_variable() -> None:
 
 def test_static_membership_only_when_named() -> None:
     """An instance id makes the worker a static group member of Faust's consumer; none, a dynamic one."""
-    from streams.app import StreamsApp
+    from clawr1.streams.app import StreamsApp
 
     named = StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_INSTANCE_ID": "w-1"}))
     assert named.instance_id == "w-1"

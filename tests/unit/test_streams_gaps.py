@@ -6,9 +6,9 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from streams.app import StreamsApp
-from streams.config import StreamConfig
-from streams.gaps import GapGuard, GapTracker, SkippedEvent, SkippedMessage
+from clawr1.streams.app import StreamsApp
+from clawr1.streams.config import StreamConfig
+from clawr1.streams.gaps import GapGuard, GapTracker, SkippedEvent, SkippedMessage
 
 TP = ("clawr1.raw.steps", 3)
 

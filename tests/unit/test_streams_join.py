@@ -7,8 +7,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.record import TRUNCATED_NOTE
-from streams.join import (
+from clawr1.proxy.record import TRUNCATED_NOTE
+from clawr1.streams.join import (
     StepState,
     TrajectoryState,
     apply_feedback,
@@ -19,11 +19,11 @@ from streams.join import (
     mergeable,
     scope_of,
 )
-from streams.linking import Assignment
-from streams.normalize import StepFact, step_from_whitebox, steps_from_turn
-from streams.readiness import ReadinessRule
-from streams.rewards import feedback_fact
-from streams.turns import turn_from_llm_call
+from clawr1.streams.linking import Assignment
+from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from clawr1.streams.readiness import ReadinessRule
+from clawr1.streams.rewards import feedback_fact
+from clawr1.streams.turns import turn_from_llm_call
 from tests.integration.streams.events import feedback, llm_call, user, whitebox_step
 
 RULE = ReadinessRule()

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streams.linking import Assignment, LinkState, link_turn, step_ids_of
-from streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
+from clawr1.streams.linking import Assignment, LinkState, link_turn, step_ids_of
+from clawr1.streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
 from tests.integration.streams.events import assistant, llm_call, service_event, user
 
 SYSTEM = {"role": "system", "content": "be brief"}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from prefix_tree import build_tree
-from streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
+from clawr1.prefix_tree import build_tree
+from clawr1.streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
 
 BOUNDS = Bounds(max_steps=3, max_tokens=100)
 

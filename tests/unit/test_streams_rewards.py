@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streams.rewards import distinct_facts, feedback_fact, fold_rewards, human_score, labels_of
-from streams.turns import InvalidEvent
+from clawr1.streams.rewards import distinct_facts, feedback_fact, fold_rewards, human_score, labels_of
+from clawr1.streams.turns import InvalidEvent
 from tests.integration.streams.events import feedback
 
 

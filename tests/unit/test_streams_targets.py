@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from streams.rewards import feedback_fact
-from streams.targets import Forward, Refusal, Target, TargetState, add_feedback, add_target
+from clawr1.streams.rewards import feedback_fact
+from clawr1.streams.targets import Forward, Refusal, Target, TargetState, add_feedback, add_target
 from tests.integration.streams.events import feedback
 
 WINDOW = 60_000

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from streams.tokenization import Retokenizer, render_prompt, render_response
+from clawr1.streams.tokenization import Retokenizer, render_prompt, render_response
 from tests.integration.streams.events import build_tokenizer
 
 

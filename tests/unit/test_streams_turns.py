@@ -6,7 +6,12 @@ import json
 
 import pytest
 
-from streams.turns import MAX_METADATA_HEADER_BYTES, InvalidEvent, turn_from_llm_call, turn_from_service_event
+from clawr1.streams.turns import (
+    MAX_METADATA_HEADER_BYTES,
+    InvalidEvent,
+    turn_from_llm_call,
+    turn_from_service_event,
+)
 from tests.integration.streams.events import assistant, llm_call, service_event, user
 
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from consumer_sdk import PoolConsumer
+from clawr1.consumer_sdk import PoolConsumer
 from examples import seed_blackbox_agent, seed_whitebox_agent
 from tests.integration.compat.conftest import KEYS, Stack, auth
 

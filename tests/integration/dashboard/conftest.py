@@ -1,6 +1,6 @@
 """Dashboard fixtures: the real router over a migrated chDB pool, filled the way the sink fills it.
 
-Rows are built by the sink's own row functions (``sinks.rows``) from complete Avro records, so the
+Rows are built by the sink's own row functions (``clawr1.sinks.rows``) from complete Avro records, so the
 tables hold exactly what a running stack would write. ``SCENARIO`` is small enough to count by hand:
 the tests assert each panel's numbers against the comments below.
 """
@@ -15,10 +15,10 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from dashboard.api import dashboard_page_router, dashboard_router
-from pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
-from pool.store import PoolStore
-from sinks.rows import DLQ_ROUTE, FEEDBACK_ROUTE, PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, TableRoute
+from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
+from clawr1.pool.store import PoolStore
+from clawr1.sinks.rows import DLQ_ROUTE, FEEDBACK_ROUTE, PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, TableRoute
 from tests.conftest import fresh_pool_store
 from tests.integration.pool.records import record
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pool.store import PoolStore
-from sinks.rows import STEPS_ROUTE
+from clawr1.pool.store import PoolStore
+from clawr1.sinks.rows import STEPS_ROUTE
 from tests.integration.dashboard.conftest import T0, client_for, insert, step
 
 STATIC = Path(__file__).resolve().parents[3] / "dashboard" / "static"

@@ -9,10 +9,10 @@ from urllib.parse import urljoin, urlsplit
 from fastapi.testclient import TestClient
 
 from clawr1.core.settings import Settings
-from dashboard.api import dashboard_page_router, dashboard_router
-from gateway.app import create_app
-from pool.api import pool_router
-from pool.store import PoolStore
+from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+from clawr1.gateway.app import create_app
+from clawr1.pool.api import pool_router
+from clawr1.pool.store import PoolStore
 
 PAGE_URL = "http://testserver/dashboard"
 

@@ -19,10 +19,10 @@ from fastapi import FastAPI
 from bench.common import free_port
 from clawr1.core.kafka_io import make_consumer
 from clawr1.core.settings import Settings
-from gateway.app import create_app
-from gateway.config import GatewayTopics
-from gateway.server import serve
-from schemas.codec import codec_for
+from clawr1.gateway.app import create_app
+from clawr1.gateway.config import GatewayTopics
+from clawr1.gateway.server import serve
+from clawr1.schemas.codec import codec_for
 
 TEST_PARTITIONS = 2
 

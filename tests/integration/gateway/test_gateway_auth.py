@@ -11,8 +11,8 @@ import pytest
 
 from bench.common import free_port
 from clawr1.core.settings import Settings
-from gateway.app import create_app
-from gateway.server import InsecureBindError, serve
+from clawr1.gateway.app import create_app
+from clawr1.gateway.server import InsecureBindError, serve
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
 
 KEYS = "trainer:key-trainer-1:steps|feedback,svc:key-svc-2:events,rater:key-rater-3:feedback"

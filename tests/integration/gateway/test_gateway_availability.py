@@ -11,9 +11,9 @@ import httpx
 from fastapi import APIRouter
 
 from bench.common import free_port
-from broker.launcher import KafkaBroker
+from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.settings import Settings
-from gateway.config import DELIVERY_TIMEOUT_ENV, MAX_IN_FLIGHT_ENV
+from clawr1.gateway.config import DELIVERY_TIMEOUT_ENV, MAX_IN_FLIGHT_ENV
 from tests.integration.gateway.conftest import running_gateway, wait_healthy
 
 STEP = {"step_index": 0, "prompt_token_ids": [1, 2], "response_token_ids": [3]}

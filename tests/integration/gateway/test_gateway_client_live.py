@@ -10,8 +10,8 @@ from pathlib import Path
 
 from bench.common import free_port
 from clawr1.core.settings import Settings
-from gateway.app import create_app
-from gateway.client import GatewayClient
+from clawr1.gateway.app import create_app
+from clawr1.gateway.client import GatewayClient
 from tests.integration.gateway.conftest import (
     TEST_PARTITIONS,
     LiveGateway,

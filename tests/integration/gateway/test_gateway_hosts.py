@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from clawr1.core.settings import Settings
-from dashboard.api import dashboard_page_router, dashboard_router
+from clawr1.dashboard.api import dashboard_page_router, dashboard_router
 from tests.conftest import fresh_pool_store
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
 

@@ -13,12 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from clawr1.consumer_sdk import PoolConsumer, PoolRequestError, save_preset
 from clawr1.core.settings import Settings
-from consumer_sdk import PoolConsumer, PoolRequestError, save_preset
-from dashboard.api import dashboard_page_router, dashboard_router
-from gateway.metrics import metrics_router
-from pool.api import pool_router
-from pool.store import PoolStore
+from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+from clawr1.gateway.metrics import metrics_router
+from clawr1.pool.api import pool_router
+from clawr1.pool.store import PoolStore
 from tests.conftest import fresh_pool_store
 from tests.integration.gateway.conftest import LiveGateway, running_gateway
 from tests.integration.sdk.conftest import Pool, database_dsn, step

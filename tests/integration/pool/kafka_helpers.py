@@ -9,7 +9,7 @@ from typing import Any
 from confluent_kafka import KafkaException, TopicPartition
 
 from clawr1.core.kafka_io import make_consumer, make_producer
-from schemas.codec import codec_for
+from clawr1.schemas.codec import codec_for
 
 
 def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str, str, dict[str, Any] | bytes]]) -> int:

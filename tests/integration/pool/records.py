@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from schemas.codec import current_schema
+from clawr1.schemas.codec import current_schema
 
 _REQUIRED_SAMPLES: dict[str, Any] = {
     "string": "x", "int": 0, "long": 0, "double": 0.0, "boolean": False, "bytes": b"",

@@ -19,11 +19,11 @@ from hypercorn.asyncio import serve
 from hypercorn.config import Config
 
 from bench.common import free_port
-from pool.api import pool_router
-from pool.sql import SqlError, WriteRefused
-from pool.sql_cli import SqlTarget, interactive, run_sql
-from pool.store import PoolStore
-from sinks.rows import (
+from clawr1.pool.api import pool_router
+from clawr1.pool.sql import SqlError, WriteRefused
+from clawr1.pool.sql_cli import SqlTarget, interactive, run_sql
+from clawr1.pool.store import PoolStore
+from clawr1.sinks.rows import (
     DEAD_LETTER_COLUMNS,
     PREFIX_NODE_COLUMNS,
     STEP_COLUMNS,

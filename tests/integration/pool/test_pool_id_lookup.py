@@ -3,9 +3,9 @@ read by primary key (a handful of granules of step_versions), through a query th
 
 from __future__ import annotations
 
-from pool.migrations import ID_COLUMNS, POOL_MIGRATIONS, STEP_LOOKUP, id_lookup_sql, split_statements
-from pool.sql import AnalystSql
-from pool.store import PoolStore
+from clawr1.pool.migrations import ID_COLUMNS, POOL_MIGRATIONS, STEP_LOOKUP, id_lookup_sql, split_statements
+from clawr1.pool.sql import AnalystSql
+from clawr1.pool.store import PoolStore
 from tests.integration.pool.test_pool_indexes import granules
 
 STEPS = 200_000

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pool.store import PoolStore
+from clawr1.pool.store import PoolStore
 from tests.conftest import fresh_pool_store
 
 STEPS = 1_000_000

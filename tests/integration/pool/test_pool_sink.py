@@ -11,10 +11,10 @@ import threading
 from pathlib import Path
 
 from clawr1.core.settings import Settings
-from pool.store import PoolStore
-from sinks.config import SinkConfig
-from sinks.pool_sink import EXIT_AFTER_INSERT_CODE
-from sinks.runner import run_sink
+from clawr1.pool.store import PoolStore
+from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.pool_sink import EXIT_AFTER_INSERT_CODE
+from clawr1.sinks.runner import run_sink
 from tests.integration.pool.kafka_helpers import committed_lag, produce, wait_committed
 from tests.integration.pool.records import record, step
 
@@ -106,7 +106,7 @@ def _sink_env(config: SinkConfig, bootstrap: str, pool_path: Path, exit_after_in
 
 def _query_pool(pool_path: Path, sql: str) -> list[dict[str, object]]:
     """Read the sink's pool from another process: this test process holds the session's chDB path."""
-    out = subprocess.run([sys.executable, "-m", "pool.sql_cli", "--dsn", f"chdb://{pool_path}",
+    out = subprocess.run([sys.executable, "-m", "clawr1.pool.sql_cli", "--dsn", f"chdb://{pool_path}",
                           "--format", "JSONEachRow", sql],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -122,7 +122,7 @@ def test_sink_killed_between_insert_and_commit_keeps_each_step_once(
         *[(f"s{i}", "step", step(f"s{i}", 3, trajectory_id=f"t{i % 4}", step_index=i, reward=1.0,
                                  reward_status="final")) for i in range(0, 50, 5)],
     ])
-    sink = [sys.executable, "-m", "sinks.runner"]
+    sink = [sys.executable, "-m", "clawr1.sinks.runner"]
 
     crashed = subprocess.run(sink, env=_sink_env(config, kafka_bootstrap, pool_path, True), cwd=REPO,
                              capture_output=True, text=True, timeout=120)

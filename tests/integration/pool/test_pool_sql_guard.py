@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pool.sql import AnalystSql, SqlError, SqlLimits, WriteRefused
-from pool.sql_guard import TABLE_FUNCTIONS
-from pool.store import PoolStore
+from clawr1.pool.sql import AnalystSql, SqlError, SqlLimits, WriteRefused
+from clawr1.pool.sql_guard import TABLE_FUNCTIONS
+from clawr1.pool.store import PoolStore
 from tests.integration.pool.test_pool_api import api_url  # noqa: F401  (the live-HTTP fixture)
 
 
@@ -245,7 +245,7 @@ def test_every_refused_function_and_table_function_is_refused(api_url: str,  # n
 
 def test_session_is_read_only_from_its_start(pool_store: PoolStore) -> None:
     """Even past the guard, the engine session itself refuses writes and setting changes."""
-    from pool.sql import open_session
+    from clawr1.pool.sql import open_session
 
     client = open_session(pool_store.dsn, pool_store.database, SqlLimits(max_result_rows=7))
     try:

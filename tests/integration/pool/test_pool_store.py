@@ -7,13 +7,13 @@ import threading
 import pyarrow as pa
 import pytest
 
-from pool.migrations import POOL_MIGRATIONS, STEP_FIELDS, all_migrations
-from pool.store import PoolDataError, PoolError, PoolStore
-from schemas.codec import codec_for
-from sinks.batch import TableRows
-from sinks.config import SinkConfig
-from sinks.pool_sink import PoolSink
-from sinks.rows import STEP_COLUMNS, Origin, step_row
+from clawr1.pool.migrations import POOL_MIGRATIONS, STEP_FIELDS, all_migrations
+from clawr1.pool.store import PoolDataError, PoolError, PoolStore
+from clawr1.schemas.codec import codec_for
+from clawr1.sinks.batch import TableRows
+from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.pool_sink import PoolSink
+from clawr1.sinks.rows import STEP_COLUMNS, Origin, step_row
 from tests.integration.pool.records import step
 
 ORIGIN = Origin("clawr1.steps", 0, 0, None, None)

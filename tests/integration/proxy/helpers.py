@@ -29,9 +29,9 @@ from cryptography.x509.oid import NameOID
 
 from clawr1.core.kafka_io import make_consumer
 from clawr1.core.settings import Settings, env_names
-from demo.standin_engine import StandinEngine
-from proxy.runner import ca_cert_path, serve_proxy
-from schemas.codec import codec_for
+from clawr1.demo.standin_engine import StandinEngine
+from clawr1.proxy.runner import ca_cert_path, serve_proxy
+from clawr1.schemas.codec import codec_for
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 T = TypeVar("T")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from clawr1.core.settings import load_settings
-from proxy.runner import run_proxy
+from clawr1.proxy.runner import run_proxy
 
 
 def main() -> int:

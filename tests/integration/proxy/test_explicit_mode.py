@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from demo.standin_engine import DEFAULT_MODEL, make_reply, render_prompt
+from clawr1.demo.standin_engine import DEFAULT_MODEL, make_reply, render_prompt
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, client_context, marked
 
 SECRET = "sk-proj-explicit-secret-77aa"

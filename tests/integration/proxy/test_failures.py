@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from bench.common import free_port
-from demo.standin_engine import DEFAULT_MODEL
+from clawr1.demo.standin_engine import DEFAULT_MODEL
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
 

@@ -10,8 +10,8 @@ import anthropic
 import httpx
 import openai
 
-from demo.standin_engine import DEFAULT_MODEL, REFUSAL, make_reply, render_prompt
-from proxy.token_ids import SGLEXT_HEADERS
+from clawr1.demo.standin_engine import DEFAULT_MODEL, REFUSAL, make_reply, render_prompt
+from clawr1.proxy.token_ids import SGLEXT_HEADERS
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
 SECRET = "sk-proj-fidelity-secret-31c9"

@@ -7,7 +7,7 @@ import uuid
 
 import httpx
 
-from demo.standin_engine import DEFAULT_MODEL
+from clawr1.demo.standin_engine import DEFAULT_MODEL
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
 HF = "hf_" + "Q7x" * 12

@@ -17,7 +17,7 @@ import pytest
 from bench.common import free_port
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
-from demo.standin_engine import DEFAULT_MODEL
+from clawr1.demo.standin_engine import DEFAULT_MODEL
 from tests.integration.proxy.helpers import (
     REPO_ROOT,
     ProxyProcess,

@@ -7,7 +7,7 @@ import time
 import uuid
 from pathlib import Path
 
-from proxy.emitter import Emitter
+from clawr1.proxy.emitter import Emitter
 
 
 def test_rejected_records_are_kept_owner_only(kafka_bootstrap: str, tmp_path: Path) -> None:

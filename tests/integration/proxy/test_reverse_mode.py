@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from clawr1.core.conversation import conversation_key
-from demo.standin_engine import (
+from clawr1.demo.standin_engine import (
     DEFAULT_MODEL,
     completion_prompt_ids,
     decode,
@@ -22,7 +22,7 @@ from demo.standin_engine import (
     render_prompt,
     toy_logprob,
 )
-from proxy.chains import UNKNOWN_PARENT_NOTE
+from clawr1.proxy.chains import UNKNOWN_PARENT_NOTE
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
 SECRET = "sk-proj-test-secret-4f9d2c7e1a"

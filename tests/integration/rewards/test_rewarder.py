@@ -13,11 +13,11 @@ import pytest
 from confluent_kafka import Consumer
 
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
-from rewards.worker import Rewarder, RewarderConfig, feedback_id_of
-from schemas.codec import AvroCodec
+from clawr1.rewards.worker import Rewarder, RewarderConfig, feedback_id_of
+from clawr1.schemas.codec import AvroCodec
 from tests.integration.pool.records import step as step_record
 
-SPEC = "rewards.rules:math_answer"
+SPEC = "clawr1.rewards.rules:math_answer"
 CODEC = AvroCodec()
 
 

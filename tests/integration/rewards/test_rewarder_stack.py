@@ -13,7 +13,7 @@ from bench.common import free_port
 from tests.integration.live_stack import clawr1_up
 from tests.integration.test_stack import _sql, scrape, total
 
-SPEC = "rewards.rules:math_answer"
+SPEC = "clawr1.rewards.rules:math_answer"
 
 
 @pytest.fixture(scope="module")

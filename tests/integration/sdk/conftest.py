@@ -20,11 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 from fastapi import FastAPI
 
-from pool.api import pool_router
-from pool.consumer_tables import CONSUMER_WRITABLE_TABLES
-from pool.migrations import READY_QUEUE
-from pool.store import PoolStore, quote_identifier
-from sinks.rows import STEPS_ROUTE, Origin
+from clawr1.pool.api import pool_router
+from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES
+from clawr1.pool.migrations import READY_QUEUE
+from clawr1.pool.store import PoolStore, quote_identifier
+from clawr1.sinks.rows import STEPS_ROUTE, Origin
 from tests.conftest import fresh_pool_store
 from tests.integration.pool.records import step as step_record
 from tests.integration.sdk.serving import served

@@ -7,7 +7,14 @@ from typing import Any
 
 import pytest
 
-from consumer_sdk import InvalidFilter, PoolConsumer, PresetNotFound, list_presets, load_preset, save_preset
+from clawr1.consumer_sdk import (
+    InvalidFilter,
+    PoolConsumer,
+    PresetNotFound,
+    list_presets,
+    load_preset,
+    save_preset,
+)
 from tests.integration.sdk.conftest import Pool, step
 
 T0 = 1_760_000_000_000

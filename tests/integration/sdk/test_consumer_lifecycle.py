@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from bench.common import free_port
-from consumer_sdk import (
+from clawr1.consumer_sdk import (
     ConsumerClosed,
     PoolConsumer,
     PoolRequestError,
     PoolUnavailable,
     UsageError,
 )
-from pool.store import PoolStore
+from clawr1.pool.store import PoolStore
 from tests.integration.sdk.conftest import Pool, database_dsn, sdk_direct_source, step
 
 

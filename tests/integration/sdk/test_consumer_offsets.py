@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from consumer_sdk import PoolConsumer
+from clawr1.consumer_sdk import PoolConsumer
 from tests.integration.sdk.conftest import Pool, step
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,7 +50,7 @@ def test_crash_before_commit_redelivers_to_the_next_process(pool: Pool, api_url:
     pool.write(*(step(s) for s in ids(6)))
     child = (
         "import json, sys, time\n"
-        "from consumer_sdk import PoolConsumer\n"
+        "from clawr1.consumer_sdk import PoolConsumer\n"
         "c = PoolConsumer(sys.argv[1], 'crashy')\n"
         "done = c.poll(max_steps=2); c.commit()\n"
         "held = c.poll(max_steps=2)\n"

@@ -4,8 +4,8 @@ version, and a page of stale or filtered entries never hides the eligible steps 
 
 from __future__ import annotations
 
-from consumer_sdk import PoolConsumer
-from pool.migrations import POOL_MIGRATIONS, READY_QUEUE, split_statements
+from clawr1.consumer_sdk import PoolConsumer
+from clawr1.pool.migrations import POOL_MIGRATIONS, READY_QUEUE, split_statements
 from tests.integration.sdk.conftest import Pool, step
 
 T0 = 1_760_000_000_000

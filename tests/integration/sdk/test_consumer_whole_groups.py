@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from consumer_sdk import PoolConsumer
+from clawr1.consumer_sdk import PoolConsumer
 from tests.integration.sdk.conftest import Pool, step
 
 

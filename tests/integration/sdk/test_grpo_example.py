@@ -33,7 +33,7 @@ def test_grpo_loss_takes_token_ids_from_any_vocabulary() -> None:
     import numpy as np
     from grpo_trainer_loop import VOCAB, clipped_loss_and_grad
 
-    from consumer_sdk import PaddedBatch
+    from clawr1.consumer_sdk import PaddedBatch
 
     arrays = PaddedBatch(
         input_ids=np.array([[5, 151_000, 200, 7]]),

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
-from schemas.codec import codec_for
-from streams.config import StreamTopics
-from streams.worker import READY_LINE
+from clawr1.schemas.codec import codec_for
+from clawr1.streams.config import StreamTopics
+from clawr1.streams.worker import READY_LINE
 from tests.integration.streams.events import build_tokenizer
 from tests.integration.streams.mix import (
     EXPECTED_DEAD_LETTERS,
@@ -70,7 +70,7 @@ class WorkerRun:
         }
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "streams.worker"],
+                [sys.executable, "-m", "clawr1.streams.worker"],
                 cwd=REPO,
                 env=env,
                 stdout=log,

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from clawr1.core.conversation import conversation_key
-from schemas.codec import codec_for
+from clawr1.schemas.codec import codec_for
 
 CODEC = codec_for()
 

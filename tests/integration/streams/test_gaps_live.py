@@ -7,7 +7,7 @@ import uuid
 from confluent_kafka import TopicPartition
 
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
-from streams.gaps import KafkaReader
+from clawr1.streams.gaps import KafkaReader
 
 
 def test_the_reader_finds_the_resume_point_and_reads_a_range(kafka_bootstrap: str) -> None:

@@ -12,7 +12,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from clawr1.core.kafka_io import make_consumer
-from streams.config import StreamTopics
+from clawr1.streams.config import StreamTopics
 from tests.integration.streams.conftest import (
     PARTITIONS,
     Outputs,
