@@ -4,6 +4,9 @@ Offline and fast: the wheel is built from a copy of the sources with this enviro
 build-system's, no isolation), installed with ``--no-deps`` into a fresh venv, and given exactly the
 distributions its core ``Requires-Dist`` needs (their closure, linked from this environment), so
 anything the wheel forgot to declare, or imported without declaring, is missing in the child.
+
+The wheel installs one top-level name, ``clawr1``: the role folders (pool/, proxy/, ...) are its
+subpackages through the links in clawr1/, and none of their bare names lands on a trainer's import path.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from tests.integration.sdk.serving import served
 REPO = Path(__file__).resolve().parents[2]
 # Top-level folders that are not shipped: the tests themselves.
 NOT_SHIPPED = {"tests"}
+# The one name the distribution puts on the import path.
+TOP_LEVEL = "clawr1"
 POOL_ONLY = {"chdb", "clickhouse_connect", "pydantic"}
 
 CHILD_SCRIPT = """
@@ -38,7 +43,8 @@ from clawr1 import consumer_sdk
 from clawr1.consumer_sdk import MissingDependency, PoolConsumer
 
 result = {"file": consumer_sdk.__file__,
-          "absent": sorted(m for m in %(absent)r if importlib.util.find_spec(m) is None)}
+          "absent": sorted(m for m in %(absent)r if importlib.util.find_spec(m) is None),
+          "bare": sorted(m for m in %(bare)r if importlib.util.find_spec(m) is not None)}
 with PoolConsumer(sys.argv[1], "install-check") as consumer:
     batch = consumer.poll()
     result["steps"] = sorted(batch.step_ids)
@@ -52,7 +58,12 @@ print(json.dumps(result))
 
 
 def shipped_packages() -> set[str]:
+    """The package folders the wheel is built from: clawr1/ and the role folders it links to."""
     return {p.parent.name for p in REPO.glob("*/__init__.py")} - NOT_SHIPPED
+
+
+def role_packages() -> set[str]:
+    return shipped_packages() - {TOP_LEVEL}
 
 
 def run(*args: str | Path, cwd: Path) -> str:
@@ -67,7 +78,9 @@ def build_wheel(tmp: Path) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
     for package in shipped_packages():
-        shutil.copytree(REPO / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
+        # Links kept as links (clawr1/pool -> ../pool): the build itself must follow them.
+        shutil.copytree(REPO / package, source / package, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
         "-w", tmp / "dist", source, cwd=tmp)
     (wheel,) = (tmp / "dist").glob("claw_r1-*.whl")
@@ -106,6 +119,8 @@ def child_venv(tmp: Path, wheel: Path, requires: list[str]) -> Path:
             if not target.exists():
                 target.symlink_to(Path(str(dist.locate_file(top))).resolve())
     (site,) = (venv / "lib").glob("python3*/site-packages")
+    installed = {p.name for p in site.iterdir() if not p.name.endswith((".dist-info", ".pth"))}
+    assert installed == {TOP_LEVEL}, f"the wheel installed {sorted(installed)} at the top of site-packages"
     (site / "core-deps.pth").write_text(f"{deps}\n")
     return python
 
@@ -126,17 +141,27 @@ def test_core_wheel_polls_the_api_without_chdb(tmp_path: Path, api_url: str) -> 
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
-    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == shipped_packages()
-    assert any(n.startswith("schemas/") and n.endswith(".avsc") for n in names)
+        top_level = archive.read(next(n for n in names if n.endswith(".dist-info/top_level.txt"))).decode()
+    assert top_level.split() == [TOP_LEVEL], "the distribution's top-level names are exactly clawr1"
+    assert {n.split("/")[0] for n in names if ".dist-info/" not in n} == {TOP_LEVEL}
+    # Every role folder is in the wheel as clawr1.<folder>, package data included.
+    subpackages = {n.split("/")[1] for n in names if n.startswith(f"{TOP_LEVEL}/") and n.count("/") > 1}
+    assert subpackages >= role_packages()
+    assert any(n.startswith("clawr1/schemas/") and n.endswith(".avsc") for n in names)
+    assert any(n.startswith("clawr1/schemas/history/") and n.endswith(".avsc") for n in names)
+    assert "clawr1/broker/pom.xml" in names
+    assert any(n.startswith("clawr1/dashboard/static/") for n in names)
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
     core = sorted(canonicalize_name(Requirement(r).name) for r in requires if "extra ==" not in r)
     assert core == ["fastavro", "httpx", "numpy", "pyarrow"]
 
     python = child_venv(tmp_path, wheel, requires)
-    out = run(python, "-I", "-c", CHILD_SCRIPT % {"absent": sorted(POOL_ONLY)}, api_url, cwd=tmp_path)
+    script = CHILD_SCRIPT % {"absent": sorted(POOL_ONLY), "bare": sorted(role_packages())}
+    out = run(python, "-I", "-c", script, api_url, cwd=tmp_path)
     result = json.loads(out.strip().splitlines()[-1])
     assert result["absent"] == sorted(POOL_ONLY), "the core install must not bring the pool's engine"
+    assert result["bare"] == [], "only clawr1 is importable from the install, not pool, proxy, ..."
     assert Path(result["file"]).is_relative_to(python.parent.parent), "imported from the repo, not the wheel"
     assert result["steps"] == ["s1", "s2"] and result["committed"] == 2
     assert "pip install 'claw-r1[pool]'" in result["direct"]
