@@ -27,6 +27,7 @@ import base64
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import faust
 from faust.streams import current_event
@@ -39,6 +40,7 @@ from clawr1.core.metrics import (
     STREAM_EVENTS_IN,
     STREAM_EVENTS_OUT,
     STREAM_SKIPS_RECOVERED,
+    STREAM_TAILS_REFETCHED,
 )
 from clawr1.prefix_tree import PrefixTree
 from clawr1.schemas.codec import DecodeError, codec_for
@@ -68,6 +70,9 @@ from clawr1.streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_fr
 
 log = logging.getLogger(__name__)
 
+# How often, and after how long idle, an agent's partitions are checked for a dropped tail.
+TAIL_CHECK_S = 1.0
+TAIL_IDLE_S = 2.0
 _SEP = "\x1f"  # joins a scope / trajectory id and a step id into one table key
 
 
@@ -149,6 +154,31 @@ class StreamsApp:
         ]
         for name, topic, handler, stage in agents:
             self.app.agent(topic, name=name)(self._agent_body(name, handler, stage))
+        self.agent_topics = {topic.get_topic_name() for _, topic, _, _ in agents}
+        self.app.timer(TAIL_CHECK_S, name="recover_dropped_tails")(self._recover_dropped_tails)
+
+    async def _recover_dropped_tails(self) -> None:
+        """Fetch again what Faust dropped at the end of a partition, where no later event reveals it.
+
+        Only while an agent has been idle for a while and no rebalance or recovery holds the flow;
+        a needless seek lands where the fetcher would have been anyway (streams/gaps.py).
+        """
+        app = self.app
+        if app.rebalancing or not app.flow_control.is_active():
+            return
+        consumer = app.consumer
+        generation = int(app.consumer_generation_id or 0)
+        paused: set[Any] = getattr(consumer, "_paused_partitions", set())
+        for tp in sorted(consumer.assignment()):
+            if tp.topic not in self.agent_topics or tp in paused or not self.gaps.idle(tp.topic, TAIL_IDLE_S):
+                continue
+            highwater = consumer.highwater(tp)
+            offset = await self.gaps.dropped_tail((tp.topic, tp.partition), generation, highwater)
+            if offset is not None:
+                log.warning("%s[%s]: offsets %s-%s reached no agent and nothing came after; fetching them "
+                            "again", tp.topic, tp.partition, offset, highwater - 1)
+                STREAM_TAILS_REFETCHED.inc()
+                await consumer.seek(tp, offset)
 
     # ------------------------------------------------------------------ plumbing
     def _topic(self, name: str) -> faust.TopicT:
@@ -167,6 +197,7 @@ class StreamsApp:
         async def body(stream: faust.StreamT) -> None:
             async for event in stream.events():
                 events_in.inc()
+                self.gaps.handling(event)
                 for skipped in await self.gaps.skipped_before(event):  # see streams/gaps.py
                     recovered.inc()
                     await self._guarded(skipped, handler, stage)

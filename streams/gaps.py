@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
@@ -109,6 +110,20 @@ class GapTracker:
             else max(candidates)
         return range(baseline, offset) if offset > baseline else range(0)
 
+    def owed(self, tp: TP, generation: int, highwater: int | None,
+             committed: int | None = None) -> int | None:
+        """Where to fetch again from when the log holds offsets past all an idle agent was handed.
+
+        That is a dropped tail: no later event will reveal it. The start is this generation's own
+        progress, else the group's committed offset; None when nothing is owed.
+        """
+        position = self._positions.get(tp)
+        start = position.next_offset if position is not None and position.generation == generation \
+            else committed
+        if start is None or highwater is None or start >= highwater:
+            return None
+        return start
+
     def processed(self, tp: TP, generation: int, offset: int) -> None:
         position = self._positions.get(tp)
         if position is None or position.generation != generation:
@@ -178,6 +193,9 @@ class GapGuard:
         self._make_reader = reader
         self._reader: KafkaReader | None = None
         self._lock = asyncio.Lock()  # one client: reads from several agents take turns
+        self._busy: dict[str, int] = {}  # topic -> events being handled
+        self._since: dict[str, float] = {}  # topic -> when its agent last finished an event
+        self._started = time.monotonic()
 
     @property
     def reader(self) -> KafkaReader:
@@ -211,7 +229,27 @@ class GapGuard:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
+    def handling(self, event: EventLike) -> None:
+        topic = event.message.topic
+        self._busy[topic] = self._busy.get(topic, 0) + 1
+
     def processed(self, event: EventLike) -> None:
         msg = event.message
         self.tracker.processed((msg.topic, msg.partition), int(getattr(msg, "generation_id", 0) or 0),
                                msg.offset)
+        self._busy[msg.topic] -= 1
+        self._since[msg.topic] = time.monotonic()
+
+    def idle(self, topic: str, seconds: float) -> bool:
+        """No event of ``topic`` in hand, and none finished for ``seconds``: its queue is empty."""
+        finished = self._since.get(topic, self._started)
+        return not self._busy.get(topic) and time.monotonic() - finished >= seconds
+
+    async def dropped_tail(self, tp: TP, generation: int, highwater: int | None) -> int | None:
+        """The offset to fetch ``tp`` again from, when its idle agent never saw the log's last records."""
+        if highwater is None:
+            return None
+        committed = None
+        if self.tracker.needs_committed(tp, generation):
+            committed = await self._retrying(self.reader.committed, *tp)
+        return self.tracker.owed(tp, generation, highwater, committed)

@@ -47,6 +47,9 @@ STREAM_DEAD_LETTERS = Counter("clawr1_stream_dead_letters", "events the stream w
 STREAM_SKIPS_RECOVERED = Counter(
     "clawr1_stream_skips_recovered", "records Faust handed to no agent, read back from Kafka and processed "
     "(streams/gaps.py)", ["agent"])
+STREAM_TAILS_REFETCHED = Counter(
+    "clawr1_stream_tails_refetched", "partitions fetched again because Faust dropped their last records "
+    "and no later event revealed it (streams/gaps.py)")
 
 # -- pool sink (in the API process) ------------------------------------------------------------------
 SINK_MESSAGES_IN = Counter("clawr1_sink_messages_in", "messages the sink consumed", ["topic"])

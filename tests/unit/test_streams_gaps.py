@@ -109,3 +109,30 @@ def test_the_agent_body_handles_a_dropped_record_before_the_one_that_revealed_it
     asyncio.run(body(_Stream([_event(33, 1), _event(35, 2), _event(36, 2)])))  # type: ignore[arg-type]
     assert seen == [b"v33", b"v34", b"v35", b"v36"]
     assert reader.reads == [(34, 35)]  # read once, after one failed try
+
+
+def test_a_dropped_tail_is_owed_from_the_generation_s_own_progress_or_the_commit() -> None:
+    tracker = GapTracker()
+    tracker.processed(TP, 4, 20)
+    assert tracker.owed(TP, 4, highwater=21) is None  # all seen
+    assert tracker.owed(TP, 4, highwater=24) == 21  # 21-23 were handed to no agent
+    assert tracker.owed(TP, 5, highwater=24, committed=23) == 23  # a new generation: the commit
+    assert tracker.owed(TP, 5, highwater=24) is None  # no baseline: nothing to say
+    assert tracker.owed(TP, 4, highwater=None) is None  # the fetcher knows no end yet
+
+
+def test_idle_means_nothing_in_hand_and_nothing_finished_lately() -> None:
+    guard = GapGuard(lambda: _Reader({}, committed=0))
+    guard._started -= 10  # an agent that has seen nothing for 10 s
+    assert guard.idle(TP[0], 2.0)
+    guard.handling(_event(1, 1))
+    assert not guard.idle(TP[0], 2.0)
+    guard.processed(_event(1, 1))
+    assert not guard.idle(TP[0], 2.0) and guard.idle(TP[0], 0.0)
+
+
+def test_the_tail_check_asks_the_commit_once_per_generation() -> None:
+    reader = _Reader({}, committed=7)
+    guard = GapGuard(lambda: reader)
+    assert asyncio.run(guard.dropped_tail(TP, 2, highwater=9)) == 7
+    assert asyncio.run(guard.dropped_tail(TP, 2, highwater=None)) is None
