@@ -178,7 +178,7 @@ class StreamsApp:
                 log.warning("%s[%s]: offsets %s-%s reached no agent and nothing came after; fetching them "
                             "again", tp.topic, tp.partition, offset, highwater - 1)
                 STREAM_TAILS_REFETCHED.inc()
-                await consumer.seek(tp, offset)
+                await _seek_in_consumer_thread(consumer, tp, offset)
 
     # ------------------------------------------------------------------ plumbing
     def _topic(self, name: str) -> faust.TopicT:
@@ -442,6 +442,21 @@ class StreamsApp:
         for row in merge.rows:
             await self._send(self.out_prefix_nodes, step.scope_id,
                              self.codec.encode(topics.PREFIX_NODES.schema, row))
+
+
+async def _seek_in_consumer_thread(consumer: Any, tp: Any, offset: int) -> None:
+    """Seek on the thread that runs aiokafka's consumer, as Faust's own seeks do.
+
+    ``consumer.seek`` would call aiokafka from this loop's thread while its fetcher iterates the same
+    partition's records on the other (seen: the fetcher crashed with a KeyError and the worker hung).
+    """
+    thread = consumer._thread
+
+    async def seek() -> None:
+        thread._ensure_consumer().seek(tp, offset)
+
+    await thread.call_thread(seek)
+    consumer._read_offset[tp] = offset  # so Faust takes the records again (it drops those below it)
 
 
 def _scope_signature(state: StepState, trajectory: TrajectoryState) -> tuple[str, str | None] | None:
