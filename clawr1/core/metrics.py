@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.metrics import MetricWrapperBase
 
@@ -27,6 +27,7 @@ log = logging.getLogger("clawr1.core.metrics")
 
 SAMPLE_INTERVAL_ENV = registry.METRICS_SAMPLE_S.name
 DEFAULT_SAMPLE_S = registry.METRICS_SAMPLE_S.default
+RETRY_SAMPLE_S = 1.0
 
 # -- proxy (served by its emitter process, which every proxy process hands its calls to) -------------
 PROXY_CALLS_CAPTURED = Counter("clawr1_proxy_calls_captured", "LLM calls the proxy captured", ["api"])
@@ -123,7 +124,9 @@ def serve_role_metrics(settings: Settings, port_field: str, groups: Mapping[str,
 
 
 class _Sampler:
-    """Runs ``sample`` every ``interval_s`` on a daemon thread; a failed sample is logged, never raised."""
+    """Runs ``sample`` every ``interval_s`` on a daemon thread; a failed sample is logged, never raised,
+    and tried again after a second (a broker still loading its groups must not leave the gauge empty
+    for a whole interval)."""
 
     def __init__(self, name: str, sample: Callable[[], None], interval_s: float) -> None:
         self._sample = sample
@@ -139,11 +142,13 @@ class _Sampler:
 
     def _run(self) -> None:
         while True:
+            wait = self._interval_s
             try:
                 self._sample()
             except Exception as exc:  # noqa: BLE001 - metrics must never stop a role
                 log.warning("%s: sample failed: %s", self._thread.name, exc)
-            if self._stop.wait(self._interval_s):
+                wait = min(wait, RETRY_SAMPLE_S)
+            if self._stop.wait(wait):
                 return
 
 
@@ -179,11 +184,7 @@ class LagSampler(_Sampler):
                 continue
             partitions += [TopicPartition(topic, p) for p in described.partitions]
         lag: dict[str, int] = {}
-        try:
-            committed = consumer.committed(partitions, timeout=5.0) if partitions else []
-        except KafkaException as exc:
-            log.warning("lag of %s: %s", group, exc)
-            return lag
+        committed = consumer.committed(partitions, timeout=5.0) if partitions else []
         for tp in committed:
             low, high = consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)
             lag[tp.topic] = lag.get(tp.topic, 0) + max(0, high - (tp.offset if tp.offset >= 0 else low))

@@ -55,3 +55,27 @@ def test_a_taken_port_fails_naming_the_setting() -> None:
 
 def test_port_zero_serves_nothing() -> None:
     assert serve_metrics(0, "127.0.0.1", "CLAWR1_WORKER_METRICS_PORT") is False
+
+
+def test_a_failed_sample_is_tried_again_before_the_interval() -> None:
+    """A broker still loading its groups fails the first lag sample; the gauge must not stay empty for a
+    whole interval."""
+    import threading
+
+    from clawr1.core.metrics import _Sampler
+
+    calls: list[int] = []
+    second = threading.Event()
+
+    def sample() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("coordinator load in progress")
+        second.set()
+
+    sampler = _Sampler("test-sampler", sample, interval_s=600.0)
+    sampler.start()
+    try:
+        assert second.wait(10), "the failed sample was not tried again within 10 s (interval 600 s)"
+    finally:
+        sampler.stop()

@@ -76,7 +76,11 @@ def test_calls_answered_before_a_sigkill_reach_kafka_and_the_proxy_restarts(
             with httpx.Client(base_url=f"http://127.0.0.1:{settings.reverse_port}", timeout=10) as client:
                 for i in range(30):
                     chat(client, marker, stream=i % 3 == 0)
-            proxy.process.send_signal(signal.SIGKILL)  # right after the last answer
+            # The guarantee is for calls handed to the emitter's pipe: a sender thread does that just after
+            # the answer, and a kill inside those milliseconds loses the call (docs/durability.md, "What is
+            # not covered"; CI hit it once in 6 runs under load). Kill right after that window.
+            time.sleep(0.5)
+            proxy.process.send_signal(signal.SIGKILL)
             proxy.process.wait()
             assert len(reader.wait_for(marked(marker), count=30, timeout=60)) == 30
             deadline = time.monotonic() + 15

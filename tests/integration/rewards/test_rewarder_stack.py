@@ -85,4 +85,9 @@ def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str, reward
     assert grew("clawr1_rewarder_steps_total") >= 4
     assert grew("clawr1_rewarder_feedback_total") == 2
     assert grew("clawr1_rewarder_dead_letters_total", stage="reward") == 1
-    assert 'clawr1_consumer_lag{group="clawr1-rewarder",topic="clawr1.steps"}' in after
+    lag = 'clawr1_consumer_lag{group="clawr1-rewarder",topic="clawr1.steps"}'
+    deadline = time.monotonic() + 30  # sampled every few seconds; a failed sample is retried in 1 s
+    while lag not in after and time.monotonic() < deadline:
+        time.sleep(0.5)
+        after = scrape(rewarder_metrics)
+    assert lag in after
