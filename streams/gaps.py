@@ -206,10 +206,8 @@ class GapGuard:
     async def skipped_before(self, event: EventLike) -> list[SkippedEvent]:
         msg = event.message
         tp: TP = (msg.topic, msg.partition)
-        generation = int(getattr(msg, "generation_id", 0) or 0)
-        committed = None
-        if self.tracker.needs_committed(tp, generation):
-            committed = await self._retrying(self.reader.committed, *tp)
+        generation = _generation(msg)
+        committed = await self._committed_if_new(tp, generation)
         missing = self.tracker.missing(tp, generation, msg.offset, committed)
         if not missing:
             return []
@@ -235,8 +233,7 @@ class GapGuard:
 
     def processed(self, event: EventLike) -> None:
         msg = event.message
-        self.tracker.processed((msg.topic, msg.partition), int(getattr(msg, "generation_id", 0) or 0),
-                               msg.offset)
+        self.tracker.processed((msg.topic, msg.partition), _generation(msg), msg.offset)
         self._busy[msg.topic] -= 1
         self._since[msg.topic] = time.monotonic()
 
@@ -249,7 +246,15 @@ class GapGuard:
         """The offset to fetch ``tp`` again from, when its idle agent never saw the log's last records."""
         if highwater is None:
             return None
-        committed = None
-        if self.tracker.needs_committed(tp, generation):
-            committed = await self._retrying(self.reader.committed, *tp)
-        return self.tracker.owed(tp, generation, highwater, committed)
+        return self.tracker.owed(tp, generation, highwater, await self._committed_if_new(tp, generation))
+
+    async def _committed_if_new(self, tp: TP, generation: int) -> int | None:
+        """The group's committed offset, asked only when ``tp`` has no position in this generation."""
+        if not self.tracker.needs_committed(tp, generation):
+            return None
+        return await self._retrying(self.reader.committed, *tp)
+
+
+def _generation(msg: Any) -> int:
+    """The consumer generation a Faust message was fetched in (0 for records read back here)."""
+    return int(getattr(msg, "generation_id", 0) or 0)

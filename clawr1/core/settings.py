@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 from clawr1.core import registry as r
 from clawr1.core.registry import (
@@ -94,21 +94,9 @@ class Settings:
     def is_embedded_pool(self) -> bool:
         return self.pool_dsn.startswith("chdb://")
 
-    @overload
-    def role_setting(self, option: Option[T]) -> T: ...
-
-    @overload
-    def role_setting(self, option: str, default: T) -> T: ...
-
-    def role_setting(self, option: Option[Any] | str, default: Any = None) -> Any:
+    def role_setting(self, option: Option[T]) -> T:
         """A role's own variable (gateway, sink, worker, proxy tuning), typed and checked by its
-        declaration; unset or empty means its default; a malformed value raises SettingsError naming it.
-
-        ``role_setting("CLAWR1_...", default)`` (the older form) still works for a registered name."""
-        if isinstance(option, str):
-            declared = r.lookup(option)
-            raw = self.extra.get(option, "")
-            return default if raw == "" else declared.parse(raw)
+        declaration; unset or empty means its default; a malformed value raises SettingsError naming it."""
         return option.read(self.extra)
 
     def with_overrides(self, **overrides: object) -> Settings:

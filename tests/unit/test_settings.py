@@ -65,9 +65,6 @@ def test_role_settings_are_typed_like_their_declaration_and_name_the_variable() 
     assert settings.role_setting(r.SINK_GROUP) == "n"
     assert settings.role_setting(r.SINK_SESSION_TIMEOUT_MS) == 10_000  # empty: the default
     assert settings.role_setting(r.SINK_DLQ_TOPIC) == "clawr1.dlq"  # unset: the default
-    # The older form still works for a registered name (its default is the caller's).
-    assert settings.role_setting("CLAWR1_SINK_BATCH_ROWS", 5000) == 10
-    assert settings.role_setting("CLAWR1_STREAMS_WEB_PORT", 3) == 3
     with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):
         load_settings({"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting(r.SINK_BATCH_ROWS)
     with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):

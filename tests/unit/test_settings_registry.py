@@ -59,7 +59,7 @@ def test_an_unknown_name_is_refused_with_the_closest_known_one() -> None:
     with pytest.raises(UnknownSettingError, match="CLAWR1_ZZZ, CLAWR1_ZZZZ"):
         load_settings({"CLAWR1_ZZZZ": "", "CLAWR1_ZZZ": ""})  # all of them, even empty; no guess for these
     with pytest.raises(UnknownSettingError, match="did you mean CLAWR1_PROXY_PORT"):
-        Settings().role_setting("CLAWR1_PROXY_PROT", 1)
+        r.lookup("CLAWR1_PROXY_PROT")
     # Other variables are none of Claw-R1's business.
     assert load_settings({"CLAWR1": "x", "MY_CLAWR1_THING": "y", "PATH": "/bin"}) == Settings()
 
