@@ -64,6 +64,9 @@ _COMMIT_COLUMNS = ["group_name", "epoch", "step_id", "step_version", "consumer_i
 _POSITION_COLUMNS = ["group_name", "epoch", "floor_ms", "set_at_ns", "consumer_id"]
 _FIRST_WAIT_S = 0.05
 _MAX_WAIT_S = 1.0
+READ_AHEAD_MAX_AGE_S = 1.0
+"""How long steps read ahead (``read_ahead``) may wait in the consumer before they are read again."""
+_READ_AHEAD_MAX_ROWS = 16_384
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -88,6 +91,13 @@ def _within(table: pa.Table, max_steps: int, max_tokens: int | None) -> pa.Table
     return table.slice(0, max(1, int(np.searchsorted(running, max_tokens, side="right"))))
 
 
+def _fills(table: pa.Table, max_steps: int, max_tokens: int | None) -> bool:
+    """Whether ``table`` holds a whole batch: ``max_steps`` steps or ``max_tokens`` tokens."""
+    if table.num_rows >= max_steps:
+        return True
+    return max_tokens is not None and int(pc.sum(_token_counts(table)).as_py() or 0) >= max_tokens
+
+
 class PoolConsumer:
     """Pull batches of curated steps for consumer group ``group`` from ``source``.
 
@@ -110,11 +120,13 @@ class PoolConsumer:
         transport: TransportKind | Transport | None = None,
         api_key: str | None = None,
         request_timeout: float = 30.0,
+        read_ahead: int = 4,
         **filters: Any,
     ) -> None:
         if not isinstance(group, str) or not group or len(group) > 256:
             raise UsageError(f"group must be a non-empty string of at most 256 characters, got {group!r}")
         _positive_int("members", members)
+        _positive_int("read_ahead", read_ahead)
         if isinstance(member, bool) or not isinstance(member, int) or not 0 <= member < members:
             raise UsageError(f"member must be an integer in [0, {members}), got {member!r}")
         explicit = Filters.from_kwargs(**filters)
@@ -128,6 +140,12 @@ class PoolConsumer:
         self._policy_version: int | None = None
         self._epoch: str | None = None
         self._in_flight: dict[str, tuple[str, int]] = {}
+        self.read_ahead = read_ahead
+        # Ready steps read ahead and not handed out yet (not in flight): the rest of the last page, with
+        # the epoch and policy version it was read under and when (time.monotonic()).
+        self._ahead: pa.Table | None = None
+        self._ahead_key: tuple[str, int | None] = ("", None)
+        self._ahead_at = 0.0
         self._transport: Transport | None = (
             open_transport(parse_source(source, transport), api_key=api_key, request_timeout=request_timeout)
             if transport is None or isinstance(transport, str)
@@ -163,6 +181,8 @@ class PoolConsumer:
         """The policy version the trainer is at now; ``max_staleness`` counts back from it."""
         if isinstance(version, bool) or not isinstance(version, int):
             raise UsageError(f"policy version must be an integer, got {version!r}")
+        if version != self._policy_version:
+            self._ahead = None  # read under the old version's max_staleness
         self._policy_version = version
 
     # -- fetching ------------------------------------------------------------------------------
@@ -230,6 +250,7 @@ class PoolConsumer:
         if epoch != self._epoch:
             # The group was sought elsewhere: what this consumer holds belongs to a forgotten epoch.
             self._in_flight.clear()
+            self._ahead = None
             self._epoch = epoch
         return Scope(self.group, epoch, floor_ms, tuple(self._in_flight), self.member, self.members)
 
@@ -241,21 +262,45 @@ class PoolConsumer:
                 self._select, clauses, scope, max_steps, max_tokens, max_groups
             )
         elif self.filters.ready is True:
-            return self._deliver(StepBatch(self._ready_steps(clauses, params, scope, max_steps, max_tokens)),
+            return self._deliver(StepBatch(self._ready_batch(clauses, params, scope, max_steps, max_tokens)),
                                  scope.epoch)
         else:
             sql, scope_params = steps_sql(self._select, clauses, scope, max_steps, max_tokens)
         return self._deliver(StepBatch(self._link().query(sql, {**params, **scope_params})), scope.epoch)
 
-    def _ready_steps(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
+    def _ready_batch(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
                      max_tokens: int | None) -> pa.Table:
-        """Pages of the ready queue (see ``ready_steps_sql``) until the batch is full or the queue ends;
-        usually one page, one query."""
+        """The next ready batch: from what was read ahead when it holds a full batch read under the same
+        epoch and policy version less than ``READ_AHEAD_MAX_AGE_S`` ago, else from a fresh read of up to
+        ``read_ahead`` batches (the rest is kept for the next polls).
+
+        A read costs about the same for one batch as for several (its cost is the pool granules the
+        scattered steps sit in, and a query's fixed cost), so a fast loop reads each granule once per
+        ``read_ahead`` batches. Steps read ahead are not in flight: a crash or ``close()`` forgets them
+        and nothing is lost; a seek (here or by another member, seen by the position read every poll)
+        or a new policy version drops them."""
+        ahead, key = self._ahead, (scope.epoch, self._policy_version)
+        self._ahead = None
+        fresh = ahead is not None and self._ahead_key == key and (
+            time.monotonic() - self._ahead_at < READ_AHEAD_MAX_AGE_S)
+        if not (fresh and ahead is not None and _fills(ahead, max_steps, max_tokens)):
+            scan = max(max_steps, min(max_steps * self.read_ahead, _READ_AHEAD_MAX_ROWS))
+            ahead = self._ready_steps(clauses, params, scope, max_steps, max_tokens, scan)
+            self._ahead_at = time.monotonic()
+        batch = _within(ahead, max_steps, max_tokens)
+        if batch.num_rows < ahead.num_rows:
+            self._ahead, self._ahead_key = ahead.slice(batch.num_rows), key
+        return batch
+
+    def _ready_steps(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
+                     max_tokens: int | None, scan: int) -> pa.Table:
+        """Pages of ``scan`` ready-queue entries (see ``ready_steps_sql``) until a batch is full or the
+        queue ends; usually one page, one query."""
         pages: list[pa.Table] = []
         rows = tokens = 0
         after: tuple[int, str] | None = None
         while True:
-            sql, page_params = ready_steps_sql(self._columns, clauses, scope, max_steps, after)
+            sql, page_params = ready_steps_sql(self._columns, clauses, scope, scan, after)
             page = newest_matching(self._link().query(sql, {**params, **page_params}))
             if pages:  # a step with entries on two pages is delivered once
                 taken = pa.array([s for p in pages for s in p.column("step_id").to_pylist()], pa.string())
@@ -265,12 +310,12 @@ class PoolConsumer:
             tokens += int(pc.sum(_token_counts(page)).as_py() or 0)
             if rows >= max_steps or (max_tokens is not None and tokens >= max_tokens):
                 break
-            sql, end_params = queue_page_end_sql(scope, max_steps, after)
+            sql, end_params = queue_page_end_sql(scope, scan, after)
             end = self._link().query(sql, end_params).to_pylist()[0]
-            if int(end["entries"]) < max_steps:
+            if int(end["entries"]) < scan:
                 break
             after = (int(end["at_ms"]), str(end["step_id"]))
-        return _within(pa.concat_tables(pages), max_steps, max_tokens)
+        return pa.concat_tables(pages)
 
     def _fetch_groups(self, filters: Filters, batch_size: int, n_rollouts: int | None) -> StepBatch:
         scope = self._scope()
@@ -343,12 +388,14 @@ class PoolConsumer:
         link.insert(POSITIONS_TABLE, [[self.group, epoch, floor_ms, time.time_ns(), self.consumer_id]],
                     _POSITION_COLUMNS)
         self._in_flight.clear()
+        self._ahead = None
         self._epoch = epoch
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> None:
         """Release the connection. Uncommitted deliveries are not committed: they will come again."""
+        self._ahead = None
         if self._transport is not None:
             transport, self._transport = self._transport, None
             transport.close()
