@@ -307,7 +307,8 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
     lengths = [int(x) for x in args.lengths.split(",") if x]
     by_length = []
     for length in lengths:
-        by_length.append(throughput(bootstrap, "whitebox", args.whitebox, length, 1))
+        profile = f"{args.profile}.whitebox{length}" if args.profile else ""
+        by_length.append(throughput(bootstrap, "whitebox", args.whitebox, length, 1, profile))
         phase("whitebox_by_trajectory_length", by_length)
     if len(by_length) > 1:
         phase("whitebox_cpu_per_step_longest_vs_shortest", round(
@@ -323,7 +324,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=50.0, help="calls/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
-    parser.add_argument("--profile", default="", help="run the worker under cProfile, stats to this file")
+    parser.add_argument("--profile", default="", help="run the first worker of each throughput phase under cProfile, stats to this file "
+                        "(white-box phases add .whitebox<length>)")
     parser.add_argument("--workers", type=int, default=2, help="also run the black-box load on this many")
     parser.add_argument("--whitebox", type=int, default=2000, help="white-box steps per trajectory length")
     parser.add_argument("--lengths", default="10,200", help="white-box trajectory lengths to compare")

@@ -3,7 +3,8 @@
 Flow (every arrow a Kafka topic, every box one agent; tables in brackets)::
 
     raw.llm ----> ingest_llm    [links: per raw key] --+--> internal.trajectories (key trajectory)
-    raw.events -> ingest_events [links]               -+--> internal.targets (key step / response id)
+    raw.events -> ingest_events [links]               -+--> internal.targets (packed per partition of
+                                                                                step / response id)
     raw.steps --> ingest_steps (joins in place when keyed by its trajectory) -+
     raw.feedback -> ingest_feedback --> internal.targets, or internal.trajectories (trajectory rewards)
     internal.targets --> resolve_targets [targets: per target id] --> internal.trajectories
@@ -11,6 +12,9 @@ Flow (every arrow a Kafka topic, every box one agent; tables in brackets)::
                               merged in place [scopes, scope_steps]; prompt groups --> internal.scopes
     internal.scopes --> merge_prefixes [scopes, scope_steps] --> prefix_nodes
     any agent --> dlq (events it cannot use, with the reason; feedback no single step takes)
+
+Agents take events in batches (``CLAWR1_STREAMS_BATCH``), and Faust acks a batch only once it is handled.
+A batch's index entries for the targets table leave as one message per partition, before those acks.
 
 Co-partitioning: all topics and changelogs have ``config.partitions`` partitions and every key is
 hashed with murmur2, so a table key always lives in the partition of the events that touch it.
@@ -25,12 +29,14 @@ from __future__ import annotations
 
 import base64
 import logging
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, cast
 
 import faust
-from faust.streams import current_event
+from faust.streams import _current_event
 from faust.types import TableT
 
 from clawr1.core import topics
@@ -73,6 +79,9 @@ log = logging.getLogger(__name__)
 # How often, and after how long idle, an agent's partitions are checked for a dropped tail.
 TAIL_CHECK_S = 1.0
 TAIL_IDLE_S = 2.0
+# The event a handler is working on (a dead letter cites it), and its agent's batch of index entries.
+_HANDLING: ContextVar[EventLike] = ContextVar("clawr1_handling")
+_OUTBOX: ContextVar[list[tuple[str, dict[str, Any]]]] = ContextVar("clawr1_outbox")
 _SEP = "\x1f"  # joins a scope / trajectory id and a step id into one table key
 
 
@@ -110,9 +119,10 @@ class StreamsApp:
             topic_disable_leader=True,
             consumer_auto_offset_reset="earliest",
             producer_acks=-1,
-            # Batch a few ms of sends per request, compressed: table changelogs and step records repeat
-            # field names and token ids, and lz4 costs less CPU than sending them as they are.
-            producer_linger=0.005,
+            # Gather sends per partition for a while, compressed: a step's outputs go to as many
+            # partitions, so a few ms of linger sent requests of one record each; table changelogs and
+            # step records repeat field names and token ids, and lz4 costs less CPU than sending them bare.
+            producer_linger=config.linger_ms / 1000,
             producer_compression_type="lz4",
             producer_max_batch_size=1 << 20,
             # No standby copies of other workers' tables: with them every worker also reads every
@@ -195,20 +205,49 @@ class StreamsApp:
         recovered = STREAM_SKIPS_RECOVERED.labels(agent=name)
 
         async def body(stream: faust.StreamT) -> None:
-            async for event in stream.events():
-                events_in.inc()
-                self.gaps.handling(event)
-                for skipped in await self.gaps.skipped_before(event):  # see streams/gaps.py
-                    recovered.inc()
-                    await self._guarded(skipped, handler, stage)
-                await self._guarded(event, handler, stage)
-                self.gaps.processed(event)
+            def arrived(value: Any) -> Any:  # as an event enters the batch: its topic is not idle
+                if stream.current_event is not None:
+                    self.gaps.handling(stream.current_event)
+                return value
+
+            stream.add_processor(arrived)
+            # Faust acks a batch's events only after this body has handled all of them (StreamT lacks
+            # take_events).
+            within = self.config.batch_within_ms / 1000
+            batches = cast(faust.Stream, stream).take_events(self.config.batch, within=within)
+            async for batch in batches:
+                outbox: list[tuple[str, dict[str, Any]]] = []
+                token = _OUTBOX.set(outbox)
+                try:
+                    for event in batch:
+                        events_in.inc()
+                        # Table writes go to the changelog partition of the event being handled.
+                        _current_event.set(weakref.ref(event))
+                        for skipped in await self.gaps.skipped_before(event):  # see streams/gaps.py
+                            recovered.inc()
+                            await self._guarded(skipped, handler, stage)
+                        await self._guarded(event, handler, stage)
+                        self.gaps.processed(event)
+                    await self._send_packed_targets(outbox)
+                finally:
+                    _OUTBOX.reset(token)
 
         return body
+
+    async def _send_packed_targets(self, entries: list[tuple[str, dict[str, Any]]]) -> None:
+        """A batch's index entries: one message per partition of the targets topic, before the acks."""
+        if not entries:
+            return
+        name = self.targets_topic.get_topic_name()
+        partitions = self.app.consumer.topic_partitions(name) or self.config.partitions
+        for partition, packed in messages.pack_targets(entries, partitions).items():
+            await self.targets_topic.send(key=None, value=packed, partition=partition)
+            STREAM_EVENTS_OUT.labels(topic=self.targets_topic.get_topic_name()).inc()
 
     async def _guarded(self, event: EventLike, handler: Callable[[EventLike], Awaitable[None]],
                        stage: str) -> None:
         """Run ``handler``; whatever the event does wrong ends in the dead-letter topic, never a crash."""
+        token = _HANDLING.set(event)
         try:
             if event.value is None:
                 raise InvalidEvent("empty message (no value)")
@@ -221,6 +260,8 @@ class StreamsApp:
             log.exception("%s failed on %s[%s]@%s", stage, event.message.topic, event.message.partition,
                           event.message.offset)
             await self._dead_letter(event, stage, f"{type(exc).__name__}: {exc}")
+        finally:
+            _HANDLING.reset(token)
 
     async def _dead_letter(self, event: EventLike, stage: str, reason: str) -> None:
         await self._send_dead_letter(stage, reason, self._origin(event))
@@ -279,8 +320,9 @@ class StreamsApp:
                                        Target(c.trajectory_id, c.created_at_ms, choice=True, continued=True))
 
     async def _publish_target(self, target_id: str, step_id: str, target: Target) -> None:
-        await self._send(self.targets_topic, target_id, messages.encode(
-            messages.TARGET, step_id=step_id, target=target.__dict__))
+        """Index entries leave packed at the end of the agent's batch (``_send_packed_targets``)."""
+        _OUTBOX.get().append((target_id, {"kind": messages.TARGET, "step_id": step_id,
+                                          "target": target.__dict__}))
 
     async def _on_whitebox_step(self, event: EventLike) -> None:
         _, record = self.codec.decode(event.value, expect=topics.RAW_STEPS.schema)
@@ -318,8 +360,17 @@ class StreamsApp:
 
     # ------------------------------------------------------------------ resolve
     async def _on_target_message(self, event: EventLike) -> None:
-        key = _text(event.key) or ""
-        message = messages.decode(event.value)
+        if event.key is None:  # a batch's index entries for this partition, each keyed by its target id
+            for key, message in messages.unpack_targets(event.value):
+                try:
+                    await self._resolve(key, message)
+                except Exception as exc:  # noqa: BLE001 - one bad entry must not cost the others theirs
+                    log.exception("resolving target %s failed", key)
+                    await self._dead_letter(event, "join", f"target {key}: {type(exc).__name__}: {exc}")
+        else:
+            await self._resolve(_text(event.key) or "", messages.decode(event.value))
+
+    async def _resolve(self, key: str, message: dict[str, Any]) -> None:
         state = TargetState.from_json(self.targets.get(key))
         window = self.config.feedback_window_ms
         if message["kind"] == messages.TARGET:
@@ -406,8 +457,7 @@ class StreamsApp:
         try:
             await self._merge(step)
         except Exception as exc:  # noqa: BLE001 - the step itself was published; only its merge failed
-            event = current_event()
-            assert event is not None  # merges run inside an agent, on the event that emitted the step
+            event = _HANDLING.get()
             log.exception("prefix merge of %s failed", step.step_id)
             await self._dead_letter(event, "prefix", f"{type(exc).__name__}: {exc}")
 

@@ -74,6 +74,10 @@ class StreamConfig:
     # Static group membership when set (CLAWR1_STREAMS_INSTANCE_ID): a restart keeps the partitions.
     instance_id: str = r.STREAMS_INSTANCE_ID.default
     log_level: str = r.STREAMS_LOG_LEVEL.default
+    # Throughput knobs: the producer's linger, and how many events an agent takes at once.
+    linger_ms: int = r.STREAMS_LINGER_MS.default
+    batch: int = r.STREAMS_BATCH.default
+    batch_within_ms: int = r.STREAMS_BATCH_WITHIN_MS.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamConfig:
@@ -97,4 +101,7 @@ class StreamConfig:
             session_timeout_s=knob(r.STREAMS_SESSION_TIMEOUT_S),
             instance_id=knob(r.STREAMS_INSTANCE_ID),
             log_level=knob(r.STREAMS_LOG_LEVEL),
+            linger_ms=knob(r.STREAMS_LINGER_MS),
+            batch=knob(r.STREAMS_BATCH),
+            batch_within_ms=knob(r.STREAMS_BATCH_WITHIN_MS),
         )

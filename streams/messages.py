@@ -7,7 +7,10 @@ contract); every message names its ``kind``.
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from typing import Any
+
+from aiokafka.partitioner import murmur2
 
 from clawr1.streams.normalize import StepFact
 
@@ -19,6 +22,8 @@ SUPERSEDE = "supersede"  # {"step_id"}
 # clawr1.internal.targets (key: target id)
 TARGET = "target"  # {"step_id", "target": clawr1.streams.targets.Target fields}
 FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
+# ... or, with no key: one batch's TARGET messages for one partition, {"entries": [[target id, message]]}
+TARGETS = "targets"
 
 
 def encode(kind: str, **fields: Any) -> bytes:
@@ -34,3 +39,27 @@ def decode(data: bytes) -> dict[str, Any]:
 
 def step_message(fact: StepFact) -> bytes:
     return encode(STEP, fact=fact.to_json())
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition Java's murmur2 partitioner gives ``key``: where feedback for it lands."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def pack_targets(entries: list[tuple[str, dict[str, Any]]], partitions: int) -> dict[int, bytes]:
+    """Index entries as one message per partition, each entry in the partition its target id hashes to.
+
+    One message instead of one per entry: a step has two target ids, and each was a message to produce,
+    an event to consume and a Faust ack; a packed batch costs that once per partition.
+    """
+    by_partition: dict[int, list[list[Any]]] = defaultdict(list)
+    for target_id, message in entries:
+        by_partition[partition_of(target_id, partitions)].append([target_id, message])
+    return {p: encode(TARGETS, entries=packed) for p, packed in sorted(by_partition.items())}
+
+
+def unpack_targets(data: bytes) -> list[tuple[str, dict[str, Any]]]:
+    message = decode(data)
+    if message["kind"] != TARGETS:
+        raise ValueError(f"a keyless targets message must be packed, not {message['kind']!r}")
+    return [(str(target_id), entry) for target_id, entry in message["entries"]]

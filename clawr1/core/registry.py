@@ -302,6 +302,16 @@ STREAMS_INSTANCE_ID = option("STREAMS_INSTANCE_ID", str, "",
                              "partitions back at once, without waiting out the session timeout or a "
                              "rebalance (empty = dynamic; every worker of a group needs its own id)",
                              ("worker",))
+STREAMS_LINGER_MS = option("STREAMS_LINGER_MS", int, 50,
+                            "how long the worker's producer gathers records per partition before sending: "
+                            "each of a step's outputs goes to another partition, so a short linger sends "
+                            "requests of one record each", ("worker",), check=positive)
+STREAMS_BATCH = option("STREAMS_BATCH", int, 256,
+                       "events an agent takes at once; their index records travel packed, one message per "
+                       "partition", ("worker",), check=positive)
+STREAMS_BATCH_WITHIN_MS = option("STREAMS_BATCH_WITHIN_MS", int, 20,
+                                 "how long an agent waits to fill a batch before it works on what it has",
+                                 ("worker",), check=positive)
 STREAMS_LOG_LEVEL = option("STREAMS_LOG_LEVEL", str, "warning", "the worker's log level", ("worker",))
 
 # -- rewarder ----------------------------------------------------------------------------------------

@@ -87,12 +87,25 @@ def _event(offset: int, generation: int) -> _Event:
 
 
 class _Stream:
-    def __init__(self, events: list[_Event]) -> None:
-        self._events = events
+    """Faust's stream as the agent body uses it: processors run as events arrive, then batches."""
 
-    async def events(self):  # noqa: ANN201 - an async generator, as Faust's stream.events()
-        for event in self._events:
-            yield event
+    def __init__(self, events: list[_Event], batch: int = 2) -> None:
+        self._events = events
+        self._batch = batch
+        self._processors: list = []
+        self.current_event: _Event | None = None
+
+    def add_processor(self, processor) -> None:  # noqa: ANN001
+        self._processors.append(processor)
+
+    async def take_events(self, max_: int, within: float):  # noqa: ANN201 - an async generator, as Faust's
+        for start in range(0, len(self._events), self._batch):
+            batch = self._events[start:start + self._batch]
+            for event in batch:
+                self.current_event = event
+                for processor in self._processors:
+                    processor(event.value)
+            yield batch
 
 
 def test_the_agent_body_handles_a_dropped_record_before_the_one_that_revealed_it(tmp_path: Path) -> None:
