@@ -11,7 +11,7 @@ import pytest
 from clawr1.streams.linking import Assignment, LinkState, link_turn
 from clawr1.streams.normalize import step_from_whitebox, steps_from_turn
 from clawr1.streams.tokenization import Retokenizer, render_prompt, render_response
-from clawr1.streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
+from clawr1.streams.turns import InvalidEvent, Turn, _token_ids, turn_from_llm_call, turn_from_service_event
 from tests.integration.streams.events import build_tokenizer, llm_call, service_event, user, whitebox_step
 
 FIRST = [Assignment("T", 0, None)]
@@ -167,3 +167,10 @@ def test_normalizing_is_deterministic(retokenizer: Retokenizer) -> None:
     first = steps_from_turn(turn, placed(turn), retokenizer)
     again = steps_from_turn(turn_from_llm_call(record), placed(turn), retokenizer)
     assert [f.to_json() for f in first] == [f.to_json() for f in again]
+
+
+@pytest.mark.parametrize("bad", [[1, True], [1, -1], [1.0], ["1"], "abc", [None], {"a": 1}])
+def test_token_ids_must_be_non_negative_integers(bad: object) -> None:
+    with pytest.raises(InvalidEvent, match="non-negative integers"):
+        _token_ids(bad, "prompt_token_ids")
+    assert _token_ids([0, 5, 2**40], "x") == [0, 5, 2**40] and _token_ids(None, "x") == []
