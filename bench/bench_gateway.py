@@ -1,12 +1,20 @@
 """Gateway throughput and latency against Kafka's own producer, measured in the same run.
 
-Baseline: confluent-kafka producing the very Avro payloads the gateway would produce (idempotent,
-acks=all, same topic layout), as fast as the broker acknowledges them. Gateway: steps accepted (202,
-i.e. acknowledged by the broker) per second over HTTP on loopback, one step per request and 100 per
-request, with p50/p99 request latency. Everything runs on this machine: the gateway in its own
-process (hypercorn), the load generator in this one.
+Baseline: confluent-kafka producing the very Avro payloads the gateway would produce (same producer
+settings as the gateway's: idempotent, acks=all, lz4, linger 5 ms; same keys, same topic layout), as
+fast as the broker acknowledges them. Gateway: steps accepted (202, i.e. acknowledged by the broker)
+per second over HTTP on loopback, one step per request and 100 per request, with p50/p99 request
+latency, sent by plain httpx keep-alive connections with an Idempotency-Key per request, as
+``GatewayClient`` sends them. Everything runs on this machine: the gateway in its own process
+(hypercorn), the load generator in this one.
 
-    .venv/bin/python bench/bench_gateway.py [--bootstrap HOST:PORT] [--seconds 8]
+On a small shared machine the direct producer's rate moves by 2x between runs, so one baseline and
+one gateway phase prove nothing. After a warm-up, ``--rounds`` rounds each run the baseline and then
+both gateway phases back to back; every round gives its own ratios, and the result is the median
+ratio with its range over the rounds.
+
+    .venv/bin/python bench/bench_gateway.py [--bootstrap HOST:PORT] [--rounds 5] [--seconds 4]
+        [--profile DIR]   # cProfile of the gateway process, written to DIR/gateway.prof
 
 Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
 Results: bench/results/bench_gateway.json.
@@ -25,6 +33,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +56,7 @@ from clawr1.schemas.codec import codec_for  # noqa: E402
 
 PARTITIONS = 4
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
+PHASES = (("batch_100", 100, 4), ("batch_1", 1, 16))  # name, steps per request, concurrent requests
 
 
 @dataclass
@@ -72,39 +82,57 @@ def make_step(n: int) -> dict[str, Any]:
     }
 
 
-def baseline(bootstrap: str, topic: str, count: int) -> Phase:
-    """Kafka's own producer with the same Avro bytes, keys and producer settings as the gateway."""
+def gateway_producer_settings(delivery_timeout_s: float = 30.0) -> dict[str, Any]:
+    """The settings KafkaPublisher adds to make_producer's, so the baseline produces the same way."""
+    return {"message.timeout.ms": int(delivery_timeout_s * 1000), "queue.buffering.max.messages": 100_000}
+
+
+def encoded_steps(count: int) -> list[tuple[str, bytes]]:
+    """(key, Avro value) of the steps the gateway would produce from make_step(0..count-1)."""
     codec = codec_for("")
     messages = []
     for n in range(count):
         out = step_record(StepIn.model_validate(make_step(n)), "bench", int(time.time() * 1000))
         messages.append((out.key, codec.encode("whitebox_step", out.record)))
-    producer = make_producer(bootstrap)
-    acked = 0
+    return messages
 
-    def on_delivery(error: Any, _message: Any) -> None:
-        nonlocal acked
+
+class Baseline:
+    """Kafka's own producer with the same Avro bytes, keys and producer settings as the gateway; one
+    producer for every round (its start-up, the idempotent producer id, is not measured)."""
+
+    def __init__(self, bootstrap: str, topic: str, messages: list[tuple[str, bytes]]) -> None:
+        self.topic = topic
+        self.messages = messages
+        self.producer = make_producer(bootstrap, **gateway_producer_settings())
+        self.acked = 0
+
+    def _on_delivery(self, error: Any, _message: Any) -> None:
         if error is None:
-            acked += 1
+            self.acked += 1
 
-    started = time.perf_counter()
-    for key, value in messages:
-        while True:
-            try:
-                producer.produce(topic, value, key, on_delivery=on_delivery)
-                break
-            except BufferError:
-                producer.poll(0.01)
-        producer.poll(0)
-    left = producer.flush(60)
-    elapsed = time.perf_counter() - started
-    if left or acked != count:
-        raise RuntimeError(f"baseline: {count - acked} messages not acknowledged")
-    return Phase("kafka_producer_direct", count, elapsed, count / elapsed)
+    def run(self, count: int) -> Phase:
+        producer, topic, messages = self.producer, self.topic, self.messages
+        self.acked = 0
+        started = time.perf_counter()
+        for n in range(count):
+            key, value = messages[n % len(messages)]
+            while True:
+                try:
+                    producer.produce(topic, value, key, on_delivery=self._on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            producer.poll(0)
+        left = producer.flush(60)
+        elapsed = time.perf_counter() - started
+        if left or self.acked != count:
+            raise RuntimeError(f"baseline: {count - self.acked} messages not acknowledged")
+        return Phase("kafka_producer_direct", count, elapsed, count / elapsed)
 
 
-def _serve(bootstrap: str, topics: tuple[str, str, str], port: int) -> None:
-    """Gateway process entry point: serve until SIGTERM."""
+def _serve(bootstrap: str, topics: tuple[str, str, str], port: int, profile: str) -> None:
+    """Gateway process entry point: serve until SIGTERM (under cProfile when ``profile`` names a file)."""
     from clawr1.gateway.app import create_app
     from clawr1.gateway.server import serve
 
@@ -113,24 +141,35 @@ def _serve(bootstrap: str, topics: tuple[str, str, str], port: int) -> None:
         settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=PARTITIONS, max_batch_steps=1000)
         await serve(create_app(settings, topics=GatewayTopics(*topics)), "127.0.0.1", port, stop)
 
-    asyncio.run(main())
+    if not profile:
+        asyncio.run(main())
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        asyncio.run(main())
+    finally:
+        profiler.disable()
+        profiler.dump_stats(profile)
 
 
 async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int, seconds: float,
                name: str) -> Phase:
+    """``concurrency`` keep-alive connections posting ``bodies`` in turn for ``seconds``."""
     latencies: list[float] = []
     refused = 0
-    deadline = time.perf_counter() + seconds
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    headers = {"Content-Type": "application/json"}
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
 
-        async def worker(offset: int) -> None:
+        async def worker(offset: int, deadline: float) -> None:
             nonlocal refused
             n = offset
             while time.perf_counter() < deadline:
                 body = bodies[n % len(bodies)]
                 n += concurrency
+                headers = {"Content-Type": "application/json", "Idempotency-Key": uuid.uuid4().hex}
                 sent = time.perf_counter()
                 reply = await client.post("/v1/steps", content=body, headers=headers)
                 if reply.status_code == 202:
@@ -138,12 +177,15 @@ async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int
                 else:
                     refused += 1
 
+        # Open every connection before the clock starts: the phase measures requests, not handshakes.
+        await asyncio.gather(*(client.get("/healthz") for _ in range(concurrency)))
         started = time.perf_counter()
-        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+        await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
     steps = len(latencies) * per_request
-    return Phase(name, steps, elapsed, steps / elapsed, 1000 * statistics.median(latencies),
-                 1000 * percentile(latencies, 0.99), len(latencies), refused)
+    return Phase(name, steps, elapsed, steps / elapsed,
+                 1000 * statistics.median(latencies) if latencies else None,
+                 1000 * percentile(latencies, 0.99) if latencies else None, len(latencies), refused)
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
@@ -167,41 +209,73 @@ def wait_healthy(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"gateway at {url} not healthy after {timeout}s")
 
 
-def run(bootstrap: str, seconds: float, baseline_steps: int) -> dict[str, Any]:
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)}
+
+
+def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profile: str = "",
+        say: Callable[[str], None] = print) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:8]
     topics = GatewayTopics(f"bench.steps.{suffix}", f"bench.feedback.{suffix}", f"bench.events.{suffix}")
     direct_topic = f"bench.direct.{suffix}"
     ensure_topics(bootstrap, [*topics.names(), direct_topic], PARTITIONS)
-    direct = baseline(bootstrap, direct_topic, baseline_steps)
+    direct = Baseline(bootstrap, direct_topic, encoded_steps(2000))
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     server = multiprocessing.get_context("spawn").Process(
-        target=_serve, args=(bootstrap, (topics.steps, topics.feedback, topics.events), port), daemon=True)
+        target=_serve, args=(bootstrap, (topics.steps, topics.feedback, topics.events), port, profile),
+        daemon=True)
     server.start()
+    bodies = {
+        1: [json.dumps(make_step(n)).encode() for n in range(2000)],
+        100: [json.dumps([make_step(b * 100 + i) for i in range(100)]).encode() for b in range(20)],
+    }
+    accepted = 0
+    measured: list[dict[str, Any]] = []
     try:
         wait_healthy(url)
-        singles = [json.dumps(make_step(n)).encode() for n in range(2000)]
-        batches = [json.dumps([make_step(b * 100 + i) for i in range(100)]).encode() for b in range(20)]
-        one = asyncio.run(load(url, singles, 1, 16, seconds, "gateway_batch_1"))
-        hundred = asyncio.run(load(url, batches, 100, 4, seconds, "gateway_batch_100"))
+        # Warm-up, not reported: the broker's first produce requests, the gateway's first requests.
+        direct.run(min(baseline_steps, 5000))
+        for _name, per_request, concurrency in PHASES:
+            warm = asyncio.run(load(url, bodies[per_request], per_request, concurrency, 1.0, "warm"))
+            accepted += warm.steps
+        for number in range(1, rounds + 1):
+            base = direct.run(baseline_steps)
+            phases = {}
+            for name, per_request, concurrency in PHASES:
+                phase = asyncio.run(load(url, bodies[per_request], per_request, concurrency, seconds,
+                                         f"gateway_{name}"))
+                accepted += phase.steps
+                phases[name] = phase
+            entry: dict[str, Any] = {"round": number, "baseline": asdict(base),
+                     "gateway": {name: asdict(phase) for name, phase in phases.items()},
+                     "ratios": {name: round(phase.steps_per_s / base.steps_per_s, 4)
+                                for name, phase in phases.items()}}
+            measured.append(entry)
+            say(f"round {number}: direct {base.steps_per_s:.0f} steps/s; " + "; ".join(
+                f"{name} {phase.steps_per_s:.0f} steps/s (x{entry['ratios'][name]:.3f}, "
+                f"p50 {phase.p50_ms or 0:.1f} ms, p99 {phase.p99_ms or 0:.1f} ms, refused {phase.refused})"
+                for name, phase in phases.items()))
     finally:
         server.terminate()
         server.join(30)
     on_topic = topic_size(bootstrap, topics.steps)
-    accepted = one.steps + hundred.steps
     if on_topic < accepted:
         raise RuntimeError(f"{accepted} steps were answered 202 but only {on_topic} are on the topic")
+    names = [name for name, _, _ in PHASES]
     return {
         "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "step_shape": {"prompt_tokens": PROMPT_TOKENS, "response_tokens": RESPONSE_TOKENS,
-                       "avro_bytes": len(codec_for("").encode("whitebox_step", step_record(
-                           StepIn.model_validate(make_step(0)), "bench", 0).record))},
-        "baseline": asdict(direct),
-        "gateway": [asdict(one), asdict(hundred)],
-        "ratios_vs_direct_producer": {
-            "batch_1": round(one.steps_per_s / direct.steps_per_s, 4),
-            "batch_100": round(hundred.steps_per_s / direct.steps_per_s, 4),
+                       "avro_bytes": len(direct.messages[0][1])},
+        "rounds": measured,
+        "summary": {
+            "baseline_steps_per_s": spread([r["baseline"]["steps_per_s"] for r in measured]),
+            "ratios_vs_direct_producer": {n: spread([r["ratios"][n] for r in measured]) for n in names},
+            "steps_per_s": {n: spread([r["gateway"][n]["steps_per_s"] for r in measured]) for n in names},
+            "p50_ms": {n: spread([r["gateway"][n]["p50_ms"] for r in measured]) for n in names},
+            "p99_ms": {n: spread([r["gateway"][n]["p99_ms"] for r in measured]) for n in names},
         },
         "accepted_steps_on_topic": {"accepted": accepted, "on_topic": on_topic},
     }
@@ -210,10 +284,16 @@ def run(bootstrap: str, seconds: float, baseline_steps: int) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description="gateway steps/s and latency vs. the direct Kafka producer")
     parser.add_argument("--bootstrap", default=os.environ.get("CLAWR1_BENCH_KAFKA_BOOTSTRAP", ""))
-    parser.add_argument("--seconds", type=float, default=8.0, help="duration of each gateway phase")
-    parser.add_argument("--baseline-steps", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5, help="baseline + gateway rounds, interleaved")
+    parser.add_argument("--seconds", type=float, default=4.0, help="duration of each gateway phase per round")
+    parser.add_argument("--baseline-steps", type=int, default=20_000, help="steps of each baseline round")
+    parser.add_argument("--profile", default="", help="folder for a cProfile of the gateway process")
     args = parser.parse_args()
 
+    profile = ""
+    if args.profile:
+        Path(args.profile).mkdir(parents=True, exist_ok=True)
+        profile = str(Path(args.profile).resolve() / "gateway.prof")
     broker = None
     bootstrap = args.bootstrap
     with tempfile.TemporaryDirectory(prefix="bench-gateway-") as scratch:
@@ -222,19 +302,24 @@ def main() -> None:
             broker.start()
             bootstrap = broker.bootstrap
         try:
-            result = run(bootstrap, args.seconds, args.baseline_steps)
+            result = run(bootstrap, args.seconds, args.baseline_steps, args.rounds, profile)
         finally:
             if broker is not None:
                 broker.stop()
     out = REPO / "bench" / "results" / "bench_gateway.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    direct = result["baseline"]
-    print(f"direct producer: {direct['steps_per_s']:.0f} steps/s")
-    for phase in result["gateway"]:
-        print(f"{phase['name']}: {phase['steps_per_s']:.0f} steps/s "
-              f"(x{phase['steps_per_s'] / direct['steps_per_s']:.3f} of direct), "
-              f"p50 {phase['p50_ms']:.1f} ms, p99 {phase['p99_ms']:.1f} ms, refused {phase['refused']}")
+    summary = result["summary"]
+    base = summary["baseline_steps_per_s"]
+    print(f"direct producer: median {base['median']:.0f} steps/s (range {base['min']:.0f}-{base['max']:.0f}) "
+          f"over {len(result['rounds'])} rounds")
+    for name, ratio in summary["ratios_vs_direct_producer"].items():
+        rate, p50, p99 = (summary[k][name] for k in ("steps_per_s", "p50_ms", "p99_ms"))
+        print(f"gateway {name}: x{ratio['median']:.3f} of direct "
+              f"(range {ratio['min']:.3f}-{ratio['max']:.3f}), "
+              f"{rate['median']:.0f} steps/s, p50 {p50['median']:.1f} ms, p99 {p99['median']:.1f} ms")
+    if profile:
+        print(f"gateway profile: {profile}")
     print(f"written to {out}")
 
 
