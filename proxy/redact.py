@@ -169,6 +169,12 @@ def redact_text(text: str) -> str:
     return redact_tokens(text)
 
 
+# Fields the schema types as numbers (ids, logprobs: thousands of items, no text to redact), and
+# headers (redacted already).
+_NUMBERS = frozenset({"prompt_token_ids", "token_ids", "logprobs"})
+_NOT_WALKED = _NUMBERS | {"request_headers", "response_headers"}
+
+
 def redact_record(record: dict[str, Any]) -> dict[str, Any]:
     """Every text field of a ``raw_llm_call`` record (bodies, prompt, reply, errors) through
     ``redact_text``; headers and URL are expected redacted already. Engine token ids cannot be
@@ -185,11 +191,10 @@ def redact_record(record: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, list):
             return [walk(item) for item in value]
         if isinstance(value, dict):
-            return {key: walk(item) for key, item in value.items()}
+            return {key: item if key in _NUMBERS else walk(item) for key, item in value.items()}
         return value
 
-    redacted = {key: value if key in ("request_headers", "response_headers") else walk(value)
-                for key, value in record.items()}
+    redacted = {key: value if key in _NOT_WALKED else walk(value) for key, value in record.items()}
     if redacted != record and (record.get("prompt_token_ids") or any(
             c.get("token_ids") for c in record.get("choices", []))):
         redacted["capture_notes"] = [*redacted.get("capture_notes", []), REDACTED_WITH_TOKEN_IDS]

@@ -8,24 +8,33 @@ fly (an event is held back only until its own terminating blank line arrives).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from clawr1.proxy.fast_strip import DROP, UNCHANGED, UNSURE, Outcome
 from clawr1.proxy.sse import event_lines, split_events
 from clawr1.proxy.token_ids import dump
 
 Json = dict[str, Any]
+logger = logging.getLogger("clawr1.proxy")
 
 
 class SseRewriter:
     """Applies ``transform`` to the JSON data of each complete event; other bytes pass unchanged.
 
     ``transform`` edits the object in place and says whether it changed it, or None to drop the event.
+    ``fast``, when given, is tried first on the data of an event that is one ``data:`` line: it
+    returns the new data, UNCHANGED, DROP, or UNSURE to fall back to ``transform`` (see
+    ``proxy.fast_strip``). An event neither can handle passes unchanged: the agent's stream never
+    breaks because of the rewrite.
     """
 
-    def __init__(self, transform: Callable[[Json], bool | None]) -> None:
+    def __init__(self, transform: Callable[[Json], bool | None],
+                 fast: Callable[[bytes], bytes | Outcome] | None = None) -> None:
         self._transform = transform
+        self._fast = fast
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -37,6 +46,27 @@ class SseRewriter:
         return self._rewrite(rest, terminated=False) if rest else b""
 
     def _rewrite(self, raw: bytes, terminated: bool) -> bytes:
+        if self._fast is not None and raw.startswith(b"data:"):
+            # One data line and its terminator: only the data changes, the framing stays as it came.
+            cr, lf = raw.find(b"\r"), raw.find(b"\n")
+            line_end = len(raw) if cr < 0 and lf < 0 else min(i for i in (cr, lf) if i >= 0)
+            if not raw[line_end:].strip(b"\r\n"):
+                start = 6 if raw.startswith(b"data: ") else 5
+                result = self._fast(raw[start:line_end])
+                if isinstance(result, bytes):
+                    return raw[:start] + result + raw[line_end:]
+                if result is UNCHANGED:
+                    return raw
+                if result is DROP:
+                    return b""
+                assert result is UNSURE
+        try:
+            return self._rewrite_json(raw, terminated)
+        except Exception:  # noqa: BLE001 - the agent gets the event as the engine sent it
+            logger.exception("could not rewrite a stream event; passing it on unchanged")
+            return raw
+
+    def _rewrite_json(self, raw: bytes, terminated: bool) -> bytes:
         lines = event_lines(raw)
         data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
         if not data:

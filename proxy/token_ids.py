@@ -142,11 +142,18 @@ def _remove(obj: Json, key: str, keep_null: bool) -> bool:
     return True
 
 
+def choice_list(obj: Json) -> list[Json]:
+    """The choices of a reply or chunk that are objects (none when ``choices`` is not a list)."""
+    choices = obj.get("choices")
+    return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
+
+
 def strip_json(obj: Json, injection: Injection) -> bool:
-    """Remove injected fields from one response object or stream chunk in place; True if it changed."""
+    """Remove injected fields from one response object or stream chunk in place; True if it changed.
+    ``proxy.fast_strip`` makes the same edits on the text; change both together."""
     keep_null = _keeps_nulls(obj)
     changed = False
-    choices = [c for c in obj.get("choices") or [] if isinstance(c, dict)]
+    choices = choice_list(obj)
     if injection.token_ids:
         changed |= _remove(obj, "prompt_token_ids", keep_null)
         for choice in choices:
@@ -162,25 +169,24 @@ def strip_json(obj: Json, injection: Injection) -> bool:
     return changed
 
 
-def _is_empty_chunk(obj: Json) -> bool:
+def is_empty_chunk(obj: Json) -> bool:
     """A chunk with nothing the agent would have seen: no usage, and choices with nothing but an index
     (no delta, message, finish reason or logprobs)."""
-    if obj.get("usage") or obj.get("error"):
+    choices = obj.get("choices")
+    if obj.get("usage") or obj.get("error") or (choices and not isinstance(choices, list)):
         return False
     return all(
         isinstance(c, dict) and not any(value for key, value in c.items() if key != "index")
-        for c in obj.get("choices") or []
+        for c in choices or []
     )
 
 
 def strip_chunk(obj: Json, injection: Injection) -> bool | None:
     """``strip_json`` for one stream chunk; None when the chunk existed only to carry what the proxy
     asked for (SGLang's final ``sglext`` chunk), so the agent must not get it at all."""
-    carried_sglext = injection.sglext and (
-        "sglext" in obj or any(isinstance(c, dict) and "sglext" in c for c in obj.get("choices") or [])
-    )
+    carried_sglext = injection.sglext and ("sglext" in obj or any("sglext" in c for c in choice_list(obj)))
     changed = strip_json(obj, injection)
-    return None if carried_sglext and _is_empty_chunk(obj) else changed
+    return None if carried_sglext and is_empty_chunk(obj) else changed
 
 
 def dump(obj: Any) -> bytes:

@@ -17,6 +17,7 @@ import httpx
 from mitmproxy import http
 
 from clawr1.proxy.addons.state import CallState, call_state, is_encoded, is_event_stream
+from clawr1.proxy.fast_strip import chunk_stripper, strip_reply
 from clawr1.proxy.stream import SseRewriter
 from clawr1.proxy.token_ids import (
     SGLEXT_HEADERS,
@@ -25,7 +26,6 @@ from clawr1.proxy.token_ids import (
     TokenIdPolicy,
     inject_body,
     refused_field,
-    strip_body,
     strip_chunk,
     wants_sglext,
 )
@@ -33,6 +33,11 @@ from clawr1.proxy.token_ids import (
 # Headers that describe one hop's connection or framing, never the request or response itself.
 _HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                           "proxy-connection", "te", "upgrade"})
+
+
+def _rewriter(injection: Injection) -> SseRewriter:
+    """Strips each event's data by editing its text, or by the JSON path where that is unsure."""
+    return SseRewriter(functools.partial(strip_chunk, injection=injection), chunk_stripper(injection))
 
 
 class TokenIdCapture:
@@ -65,7 +70,7 @@ class TokenIdCapture:
             return
         # A compressed stream cannot be rewritten chunk by chunk: it is then buffered and stripped whole.
         if is_event_stream(flow.response) and not is_encoded(flow.response):
-            state.rewriter = SseRewriter(functools.partial(strip_chunk, injection=state.injection))
+            state.rewriter = _rewriter(state.injection)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         state = call_state(flow)
@@ -77,10 +82,10 @@ class TokenIdCapture:
             await self._retry_without_injection(flow, state, refused)
             return
         if is_event_stream(flow.response):
-            rewriter = SseRewriter(functools.partial(strip_chunk, injection=state.injection))
+            rewriter = _rewriter(state.injection)
             stripped: bytes | None = rewriter.feed(body) + rewriter.flush()
         else:
-            stripped = strip_body(body, state.injection)
+            stripped = strip_reply(body, state.injection)
         if stripped is not None and stripped != body:
             state.engine_body = body
             flow.response.content = stripped

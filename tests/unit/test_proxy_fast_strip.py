@@ -1,0 +1,262 @@
+"""The text-editing stripper gives exactly what the JSON path gives, or says it is unsure."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clawr1.proxy.fast_strip import DROP, UNCHANGED, UNSURE, Outcome, chunk_stripper, strip_fast, strip_reply
+from clawr1.proxy.redact import redact_record
+from clawr1.proxy.stream import SseRewriter
+from clawr1.proxy.token_ids import Injection, dump, strip_body, strip_chunk, strip_json
+
+ALL = Injection(token_ids=True, logprobs=True, sglext=True)
+VLLM = Injection(token_ids=True, logprobs=True)
+PROMPT = list(range(0, 4000, 3))  # long enough for the vectorised id-list check, with a lone 0
+
+
+def json_path(data: bytes, injection: Injection, chunk: bool) -> Any:
+    """What the JSON path makes of ``data``: the stripped object, None (unchanged) or DROP."""
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if chunk:
+        changed = strip_chunk(obj, injection)
+        if changed is None:
+            return DROP
+    else:
+        changed = strip_json(obj, injection)
+    return obj if changed else None
+
+
+def check(data: bytes, injection: Injection, chunk: bool, compact: bool) -> bytes | Outcome:
+    fast = strip_fast(data, injection, chunk)
+    if fast is UNSURE:
+        return fast
+    expected = json_path(data, injection, chunk)
+    if expected is None:
+        assert fast is UNCHANGED
+    elif expected is DROP:
+        assert fast is DROP
+    else:
+        assert isinstance(fast, bytes)
+        assert json.loads(fast) == expected
+        if compact:
+            assert fast == dump(expected)
+    return fast
+
+
+def vllm_plain(ids: bool) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": 'say "token_ids": [1] \\ é'},
+                     "logprobs": {"content": [{"token": "say", "logprob": -0.25, "bytes": [115, 97, 121],
+                                               "top_logprobs": []}]} if ids else None,
+                     "finish_reason": "stop", "stop_reason": None, "token_ids": [5, 0, 17] if ids else None}],
+        "usage": {"prompt_tokens": len(PROMPT), "completion_tokens": 3}, "prompt_logprobs": None,
+        "prompt_token_ids": PROMPT if ids else None, "kv_transfer_params": None,
+    }
+
+
+def test_vllm_plain_body_is_edited_to_what_the_engine_sends_unasked() -> None:
+    stripped = strip_fast(dump(vllm_plain(True)), VLLM)
+    assert stripped == dump(vllm_plain(False))
+    assert strip_reply(dump(vllm_plain(True)), VLLM) == dump(vllm_plain(False))
+    assert strip_fast(dump(vllm_plain(False)), VLLM) is UNCHANGED
+    assert strip_reply(dump(vllm_plain(False)), VLLM) is None
+
+
+def test_the_engines_own_layout_is_kept() -> None:
+    spaced = json.dumps(vllm_plain(True), indent=1).encode()
+    stripped = strip_fast(spaced, VLLM)
+    assert isinstance(stripped, bytes) and b'\n "id": "chatcmpl-1"' in stripped
+    assert json.loads(stripped) == vllm_plain(False)
+    escaped = json.dumps(vllm_plain(True), ensure_ascii=True, separators=(",", ":")).encode()
+    assert strip_fast(escaped, VLLM) == json.dumps(vllm_plain(False), ensure_ascii=True,
+                                                   separators=(",", ":")).encode()
+
+
+def test_stream_chunks_lose_the_members() -> None:
+    first = {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
+                                     "finish_reason": None}], "prompt_token_ids": PROMPT}
+    assert strip_fast(dump(first), VLLM, chunk=True) == dump({**first, "prompt_token_ids": None} | {}) \
+        .replace(b',"prompt_token_ids":null', b"")
+    piece = {"id": "c", "choices": [{"token_ids": [7], "index": 0, "delta": {"content": "x"},
+                                     "logprobs": {"content": []}, "response_token_ids": [7]}]}
+    assert strip_fast(dump(piece), VLLM, chunk=True) == \
+        b'{"id":"c","choices":[{"index":0,"delta":{"content":"x"},"logprobs":null}]}'
+    assert strip_fast(b"[DONE]", VLLM, chunk=True) is UNCHANGED
+
+
+def test_a_chunk_that_only_carried_sglext_is_dropped() -> None:
+    only = {"id": "c", "choices": [{"index": 1, "delta": {}, "finish_reason": None}],
+            "sglext": {"input_ids": [1], "output_ids": [2]}}
+    assert strip_fast(dump(only), ALL, chunk=True) is DROP
+    assert strip_fast(dump(only), ALL) == \
+        b'{"id":"c","choices":[{"index":1,"delta":{},"finish_reason":null}]}'
+    finish = {"sglext": {}, "id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    assert strip_fast(dump(finish), ALL, chunk=True) == \
+        b'{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}'
+
+
+@pytest.mark.parametrize("body", [
+    b'{"choices":[{"index":0,"message":{"token_ids":[1]}}]}',  # nested where strip_json never looks
+    b'{"prompt_token_ids":[1],"prompt_token_ids":[2],"choices":[]}',  # duplicate key
+    b'{"prompt_token_ids":[1],"x":NaN,"choices":[]}',  # the engine's own NaN
+    b'{"prompt_token_ids":[1],"choices":[{"\\u0074oken_ids":[2]}]}',  # a key spelled with escapes
+    b'{"prompt_token_ids":[1],"choices":[]',  # cut short
+    b'{"prompt_token_ids":[1,,2],"choices":[]}',  # not JSON
+    b'{"prompt_token_ids":[01],"choices":[]}',
+    b'{"prompt_token_ids":[1,],"choices":[]}',
+    b'{"prompt_token_ids":[' + b",".join(b"%d" % i for i in range(600)) + b',007],"choices":[]}',
+    b'{"prompt_token_ids":[' + b",".join(b"%d" % i for i in range(600)) + b',,7],"choices":[]}',
+    b'\xef\xbb\xbf{"prompt_token_ids":[1],"choices":[]}',  # a byte-order mark
+    b'{"prompt_token_ids":[1],"choices":[],"x":"\xff"}',  # not UTF-8
+    b'{"prompt_token_ids":"\xff","choices":[]}',
+])
+def test_anything_unusual_is_left_to_the_json_path(body: bytes) -> None:
+    assert strip_fast(body, ALL) is UNSURE
+    assert strip_reply(body, ALL) == strip_body(body, ALL)
+
+
+def test_other_values_of_the_members_are_handled_as_the_json_path_does() -> None:
+    for body in (b'{"prompt_token_ids": [ 1 , 2 ] , "choices":[{"token_ids":["a"],"logprobs":[-1.5]}]}',
+                 b'{"prompt_token_ids":null,"choices":[{"token_ids":null,"logprobs":null}]}',
+                 b'{"choices":[{"token_ids":null,"sglext":null}],"id":"x"}',
+                 b'{"choices":5,"prompt_token_ids":[1]}', b'{"choices":{"token_ids":[1]}}',
+                 b'{"content":"token_ids","choices":[]}', b'["prompt_token_ids"]', b"{}", b""):
+        for chunk in (False, True):
+            check(body, ALL, chunk, compact=False)
+    assert strip_fast(b'{"content":"token_ids","choices":[]}', ALL) is UNCHANGED
+    assert strip_fast(b'{"choices":[{"token_ids":null,"sglext":null}],"id":"x"}', ALL) == \
+        b'{"choices":[{}],"id":"x"}'
+    assert strip_fast(b'{"choices":[{"token_ids":null,"sglext":null}],"id":"x"}', ALL, chunk=True) is DROP
+
+
+# -- differential: random replies in several layouts --------------------------------------------
+
+TRICKY = ['"token_ids":[1]', "\\", '"', "}", "]", "é", "😀", "\n", "NaN", "null", ",", '\\"logprobs\\":']
+text = st.one_of(st.text(max_size=12), st.sampled_from(TRICKY))
+ids = st.lists(st.integers(0, 200_000), max_size=12)
+long_ids = st.one_of(ids, st.lists(st.integers(0, 9), min_size=300, max_size=400))
+scalar = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.floats(-1e6, 1e6, allow_nan=False), text)
+our_names = st.sampled_from(["token_ids", "prompt_token_ids", "response_token_ids", "logprobs", "sglext"])
+keys = st.one_of(st.sampled_from(["content", "role", "x", "top_logprobs"]), our_names)
+loose = st.dictionaries(keys, st.one_of(scalar, ids), max_size=3)
+logprobs = st.one_of(
+    st.none(),
+    st.fixed_dictionaries({"content": st.lists(st.fixed_dictionaries(
+        {"token": text, "logprob": st.floats(-30, 0), "bytes": ids, "top_logprobs": st.just([])}),
+        max_size=3)}),
+    st.fixed_dictionaries({"tokens": st.lists(text, max_size=3),
+                           "token_logprobs": st.lists(st.floats(-30, 0))}),
+)
+sglext = st.one_of(st.none(), st.fixed_dictionaries({}, optional={"input_ids": ids, "output_ids": ids}))
+
+
+@st.composite
+def shuffled(draw: st.DrawFn, members: st.SearchStrategy[dict[str, Any]]) -> dict[str, Any]:
+    return dict(draw(st.permutations(list(draw(members).items()))))
+
+
+choice = shuffled(st.fixed_dictionaries({"index": st.integers(0, 3)}, optional={
+    "message": loose, "delta": loose, "logprobs": logprobs, "token_ids": st.one_of(st.none(), ids),
+    "response_token_ids": ids, "prompt_token_ids": long_ids, "sglext": sglext,
+    "finish_reason": st.one_of(st.none(), st.just("stop")), "text": text}))
+reply = shuffled(st.fixed_dictionaries({"id": text}, optional={
+    "choices": st.one_of(st.lists(choice, max_size=3), scalar),
+    "prompt_token_ids": st.one_of(st.none(), long_ids),
+    "usage": st.one_of(st.none(), loose), "sglext": sglext, "prompt_logprobs": st.none(), "extra": loose,
+    "model": text}))
+injections = st.builds(Injection, st.booleans(), st.booleans(), st.booleans())
+LAYOUTS = {
+    "compact": lambda o: dump(o),
+    "ascii": lambda o: json.dumps(o, ensure_ascii=True, separators=(",", ":")).encode(),
+    "spaced": lambda o: json.dumps(o).encode(),
+    "indented": lambda o: json.dumps(o, indent=2, ensure_ascii=False).encode(),
+}
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reply, injections, st.sampled_from(sorted(LAYOUTS)), st.booleans())
+def test_differential_against_the_json_path(obj: dict[str, Any], injection: Injection, layout: str,
+                                            chunk: bool) -> None:
+    check(LAYOUTS[layout](obj), injection, chunk, compact=layout == "compact")
+
+
+@settings(max_examples=300, deadline=None)
+@given(reply, injections, st.data())
+def test_a_damaged_document_is_never_edited(obj: dict[str, Any], injection: Injection,
+                                            data: st.DataObject) -> None:
+    body = dump(obj)
+    at = data.draw(st.integers(0, len(body) - 1))
+    damage = data.draw(st.sampled_from([b"", b",", b"[", b"}", b"0", b'"', b"\\"]))
+    damaged = body[:at] + damage + body[at + 1:]
+    check(damaged, injection, chunk=data.draw(st.booleans()), compact=False)
+
+
+def test_standard_shapes_take_the_fast_path() -> None:
+    """The differential above accepts UNSURE; the shapes engines send must not need it."""
+    assert isinstance(strip_fast(dump(vllm_plain(True)), ALL), bytes)
+    completions = {"id": "cmpl-1", "choices": [{"index": 0, "text": "hi", "logprobs": {
+        "text_offset": [0], "token_logprobs": [-0.5], "tokens": ["hi"], "top_logprobs": [{}]},
+        "finish_reason": "stop", "prompt_token_ids": PROMPT, "token_ids": [3]}], "usage": {}}
+    assert isinstance(strip_fast(dump(completions), ALL, chunk=True), bytes)
+
+
+# -- the live stream rewriter with the fast path ------------------------------------------------
+
+def rewrite(upstream: bytes, injection: Injection, fast: bool, size: int) -> bytes:
+    rewriter = SseRewriter(lambda obj: strip_chunk(obj, injection),
+                           chunk_stripper(injection) if fast else None)
+    out = b"".join(rewriter.feed(upstream[i:i + size]) for i in range(0, len(upstream), size))
+    return out + rewriter.flush()
+
+
+def test_stream_rewriting_is_the_same_with_the_fast_path() -> None:
+    chunks = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None}],
+         "prompt_token_ids": PROMPT},
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "a\\n"}, "logprobs": {"content": [
+            {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": []}]}, "token_ids": [97]}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+         "sglext": {"output_ids": [1]}},
+        {"id": "c", "choices": [{"index": 0, "delta": {}}], "sglext": {"output_ids": [1]}},
+    ]
+    upstream = b"".join(b"data: " + dump(c) + b"\n\n" for c in chunks) + b": ping\n\ndata: [DONE]\n\n"
+    for size in (1, 5, 4096, len(upstream)):
+        assert rewrite(upstream, ALL, True, size) == rewrite(upstream, ALL, False, size)
+    assert rewrite(upstream, ALL, True, 64).count(b"data: ") == 4  # the sglext-only chunk is gone
+
+
+def test_stream_framing_is_kept_as_the_engine_sent_it() -> None:
+    raw = b'data:{"prompt_token_ids":[1],"choices":[]}\r\n\r\n'
+    assert rewrite(raw, VLLM, True, 7) == b'data:{"choices":[]}\r\n\r\n'
+    # Two data lines: the JSON path joins them, as before.
+    split = b'data: {"prompt_token_ids":[1],\ndata: "choices":[]}\n\n'
+    assert rewrite(split, VLLM, True, 7) == b'data: {"choices":[]}\n\n'
+
+
+def test_an_event_no_path_can_rewrite_passes_unchanged() -> None:
+    def broken(obj: dict[str, Any]) -> bool:
+        raise RuntimeError("boom")
+
+    rewriter = SseRewriter(broken)
+    event = b'data: {"prompt_token_ids":[1]}\n\n'
+    assert rewriter.feed(event) == event
+
+
+def test_redaction_leaves_number_fields_alone_and_the_same_objects() -> None:
+    record = {"request_body": "key sk-abcdefghijklmnopqrstuvwxyz123456", "prompt_token_ids": PROMPT,
+              "choices": [{"text": "ok", "token_ids": [1, 2], "logprobs": [-0.5, -1.0]}], "capture_notes": []}
+    redacted = redact_record(record)
+    assert "sk-abcdefghijklmnopqrstuvwxyz123456" not in redacted["request_body"]
+    assert redacted["prompt_token_ids"] is PROMPT
+    assert redacted["choices"][0] == {"text": "ok", "token_ids": [1, 2], "logprobs": [-0.5, -1.0]}
