@@ -26,13 +26,21 @@ from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
 from clawr1.gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
 from clawr1.gateway.config import GatewayConfig, GatewayTopics
 from clawr1.gateway.errors import ApiError, ErrorBody, install_error_handlers
+from clawr1.gateway.fastpath import StepEncoder
 from clawr1.gateway.hosts import LoopbackHostMiddleware
 from clawr1.gateway.idempotency import IdempotencyConflict, IdempotencyStore
 from clawr1.gateway.limits import BodyLimitMiddleware
 from clawr1.gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn, Health, StepIn, TurnPayload
 from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
 from clawr1.gateway.records import Outgoing, event_record, feedback_record, step_record
-from clawr1.gateway.validation import Check, check_event, check_feedback, check_step, parse_items
+from clawr1.gateway.validation import (
+    Check,
+    check_event,
+    check_feedback,
+    check_step,
+    parse_json,
+    validate_items,
+)
 from clawr1.schemas.codec import AvroCodec, EncodeError, codec_for
 
 log = logging.getLogger(__name__)
@@ -74,6 +82,8 @@ class GatewayState:
     codec: AvroCodec
     readiness: Readiness | None
     publisher: KafkaPublisher | None = None
+    # Plain white-box steps skip the per-step models (None: the schema is not the one it encodes).
+    fast_steps: StepEncoder | None = None
 
 
 def gateway_state(request: Request) -> GatewayState:
@@ -135,8 +145,28 @@ _INLINE_BODY_BYTES = 64 * 1024
 def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
             source_name: str) -> tuple[list[OutMessage], list[str]]:
     """Validate the body and turn it into Kafka messages with their ids; ``ApiError`` on bad input."""
-    items = parse_items(raw, ingest.model, ingest.check, state.config.max_batch)
+    body = parse_json(raw)
+    if ingest.kind == "steps" and state.fast_steps is not None:
+        fast = _encode_fast(state, state.fast_steps, body, source_name)
+        if fast is not None:
+            return fast
+    items = validate_items(body, ingest.model, ingest.check, state.config.max_batch)
     return encode_items(state, ingest, items, source_name)
+
+
+def _encode_fast(state: GatewayState, encoder: StepEncoder, body: Any,
+                 source_name: str) -> tuple[list[OutMessage], list[str]] | None:
+    """The steps of a plain body through ``clawr1.gateway.fastpath``; None: the model path decides
+    (any refusal, its reasons, and anything unusual)."""
+    items = body if isinstance(body, list) else [body]
+    if not items or len(items) > state.config.max_batch:
+        return None
+    encoded = encoder.encode(items, source_name, int(time.time() * 1000))
+    if encoded is None:
+        return None
+    values, ids = encoded
+    topic = state.topics.steps
+    return [OutMessage(topic, key, value) for _, key, value in values], ids
 
 
 def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any],
@@ -299,6 +329,7 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
         codec=codec_for(config.registry_url),
         readiness=readiness,
     )
+    state.fast_steps = StepEncoder.for_codec(state.codec)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -33,7 +33,11 @@ def parse_json(raw: bytes) -> Any:
 
 def parse_items(raw: bytes, model: type[M], check: Check, max_batch: int) -> list[M]:
     """One object or a non-empty list of at most ``max_batch`` objects of ``model``."""
-    body = parse_json(raw)
+    return validate_items(parse_json(raw), model, check, max_batch)
+
+
+def validate_items(body: Any, model: type[M], check: Check, max_batch: int) -> list[M]:
+    """``parse_items`` of a body already parsed by ``parse_json``."""
     batch = isinstance(body, list)
     items = body if batch else [body]
     if batch and not items:

@@ -1,0 +1,165 @@
+"""The steps fast path against the model path: it accepts only what StepIn + check_step accept, and
+what it accepts gets the same id, key and byte-identical Avro; anything else it leaves to the model
+path (which words the refusal)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from clawr1.gateway.fastpath import StepEncoder
+from clawr1.gateway.models import StepIn
+from clawr1.gateway.records import step_record
+from clawr1.gateway.validation import check_step, parse_json
+from clawr1.schemas.codec import codec_for
+
+CODEC = codec_for("")
+ENCODER = StepEncoder.for_codec(CODEC)
+SOURCE, NOW = "agent-a", 1_700_000_000_123
+
+
+def model_path(item: Any) -> tuple[str, str, bytes] | None:
+    """(id, key, Avro) as the model path produces them, or None when it refuses the item."""
+    try:
+        step = StepIn.model_validate(item)
+    except ValidationError:
+        return None
+    if check_step(step):
+        return None
+    try:
+        out = step_record(step, SOURCE, NOW)
+        return out.id, out.key, CODEC.encode("whitebox_step", out.record)
+    except (ValueError, UnicodeError):  # e.g. a lone surrogate: not the fast path's to accept either
+        return None
+
+
+def fast_path(items: list[Any]) -> list[tuple[str, str, bytes]] | None:
+    assert ENCODER is not None
+    encoded = ENCODER.encode(items, SOURCE, NOW)
+    if encoded is None:
+        return None
+    values, ids = encoded
+    assert ids == [step_id for step_id, _, _ in values]
+    return values
+
+
+def test_the_schema_is_the_one_the_fast_path_encodes() -> None:
+    # Fails when whitebox_step.avsc changes: update clawr1.gateway.fastpath.FIELDS and its encoder.
+    assert ENCODER is not None
+
+
+TOKENS = st.integers(0, 2**31 - 1)
+ODD_NUMBERS = st.one_of(st.integers(-3, 3), st.sampled_from([2**31 - 1, 2**31, 2**53, 2**63 - 1, 2**63]),
+                        st.floats(allow_nan=True, allow_infinity=True),
+                        st.sampled_from([2.0, 0.0, -0.0, 2.5]), st.booleans(), st.none(), st.text(max_size=3))
+TEXT = st.text(max_size=8) | st.text(min_size=250, max_size=260) | st.sampled_from(["", "\ud800", "é" * 129])
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3),
+                                                                                        inner, max_size=3),
+                           max_leaves=6)
+
+
+def token_lists() -> st.SearchStrategy[Any]:
+    return st.one_of(st.lists(TOKENS, max_size=12), st.lists(st.one_of(TOKENS, ODD_NUMBERS), max_size=6),
+                     st.lists(TOKENS, min_size=1, max_size=3).map(lambda v: [float(x) for x in v]),
+                     ODD_NUMBERS)
+
+
+def logprob_lists() -> st.SearchStrategy[Any]:
+    return st.one_of(st.none(), st.lists(st.floats(-30, 0), max_size=12),
+                     st.lists(st.one_of(st.floats(), ODD_NUMBERS), max_size=4), ODD_NUMBERS)
+
+
+FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "step_id": st.none() | TEXT | ODD_NUMBERS,
+    "trajectory_id": TEXT | ODD_NUMBERS,
+    "step_index": st.integers(0, 100) | ODD_NUMBERS,
+    "prompt_group_id": st.none() | TEXT,
+    "prompt_group_size": st.integers(1, 16) | ODD_NUMBERS,
+    "prompt_token_ids": token_lists(),
+    "response_token_ids": token_lists(),
+    "response_logprobs": logprob_lists(),
+    "prompt_messages": st.one_of(st.none(), st.lists(st.dictionaries(st.text(max_size=4), JSON_VALUES,
+                                                                     max_size=2), max_size=2),
+                                 st.lists(JSON_VALUES, max_size=2)),
+    "response_text": st.none() | TEXT | ODD_NUMBERS,
+    "reward": st.none() | st.floats(-2, 2) | ODD_NUMBERS,
+    "reward_final": st.booleans() | ODD_NUMBERS,
+    "terminal": st.booleans() | ODD_NUMBERS,
+    "policy_version": st.none() | st.integers(0, 2**63 - 1) | ODD_NUMBERS,
+    "model": st.none() | TEXT,
+    "agent": st.none() | TEXT,
+    "channel": st.sampled_from(["train", "val", "a.b-c_9", "", "x" * 65, "tr ain", "train\n"]) | ODD_NUMBERS,
+    "metadata": st.dictionaries(st.text(max_size=4), JSON_VALUES, max_size=3) | ODD_NUMBERS,
+    "reward_finl": st.just(True),
+}
+
+
+@st.composite
+def step_like(draw: st.DrawFn) -> Any:
+    """Mostly plausible steps (so many are valid), each field possibly absent or wrong."""
+    step: dict[str, Any] = {"trajectory_id": "t", "step_index": 0,
+                            "prompt_token_ids": draw(st.lists(TOKENS, min_size=1, max_size=8)),
+                            "response_token_ids": draw(st.lists(TOKENS, min_size=1, max_size=8))}
+    if draw(st.booleans()):
+        step["response_logprobs"] = [-0.5] * len(step["response_token_ids"])
+    for name in draw(st.lists(st.sampled_from(sorted(FIELDS)), max_size=4, unique=True)):
+        if name in step and draw(st.integers(0, 5)) == 0:
+            del step[name]
+        else:
+            step[name] = draw(FIELDS[name])
+    return step if draw(st.integers(0, 30)) else draw(JSON_VALUES)
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(item=step_like())
+@example(item={"trajectory_id": "t", "step_index": 0, "prompt_token_ids": [1], "response_token_ids": [2],
+               "reward": 1})
+@example(item={"trajectory_id": "t", "step_index": 2.0, "prompt_token_ids": [1.0], "response_token_ids": [2]})
+@example(item={"trajectory_id": "t", "step_index": 0, "prompt_token_ids": [True], "response_token_ids": [2]})
+@example(item={"trajectory_id": "t", "step_index": 0, "prompt_messages": [], "response_text": ""})
+@example(item={"trajectory_id": "t", "step_index": 0, "prompt_token_ids": [1], "response_text": "",
+               "metadata": {"x": math.inf}})
+def test_the_fast_path_accepts_only_what_the_model_path_accepts_with_identical_bytes(item: Any) -> None:
+    fast = fast_path([item])
+    if fast is None:
+        return  # declined: the model path answers (accepts, or refuses with its reasons)
+    assert fast == [model_path(item)]
+
+
+PLAIN = [
+    {"trajectory_id": "t", "step_index": 0, "prompt_token_ids": [1, 2, 3], "response_token_ids": [4, 5]},
+    {"trajectory_id": "t", "step_index": 3, "prompt_token_ids": list(range(0, 2**31, 2**24)),
+     "response_token_ids": [0, 127, 128, 16383, 16384, 2**21, 2**28 - 1, 2**28, 2**31 - 1],
+     "response_logprobs": [-0.1] * 9, "reward": 1, "reward_final": False, "terminal": True,
+     "policy_version": 2**63 - 1, "model": "m", "agent": "a", "channel": "val", "prompt_group_id": "g",
+     "prompt_group_size": 8, "metadata": {"n": [1, 2.5, None], "é": "ü"}, "step_id": "given-id"},
+    {"trajectory_id": "t", "step_index": 1, "prompt_messages": [{"role": "user", "content": "hi"}],
+     "response_text": "hello", "response_logprobs": []},
+    {"trajectory_id": "t", "step_index": 1, "prompt_token_ids": [5], "response_text": "",
+     "response_logprobs": None, "reward": None, "model": None},
+]
+
+
+@pytest.mark.parametrize("item", PLAIN)
+def test_plain_steps_take_the_fast_path(item: dict[str, Any]) -> None:
+    assert fast_path([item]) == [model_path(item)]
+
+
+def test_the_bench_step_takes_the_fast_path() -> None:
+    from bench.bench_gateway import make_step
+
+    items = parse_json(json.dumps([make_step(n) for n in range(5)]).encode())
+    assert fast_path(items) == [model_path(item) for item in items]
+
+
+def test_one_item_for_the_model_path_sends_the_whole_request_there() -> None:
+    bad = {**PLAIN[0], "step_index": -1}
+    assert fast_path([PLAIN[0], bad]) is None
+    assert fast_path([PLAIN[0], {**PLAIN[0], "prompt_token_ids": [1.0]}]) is None  # valid, not plain
