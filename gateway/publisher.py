@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
@@ -105,35 +104,33 @@ class KafkaPublisher:
         if self._in_flight + len(messages) > self.max_in_flight:
             raise KafkaUnavailable(f"{self._in_flight} messages are waiting for Kafka already (limit "
                                    f"{self.max_in_flight}); retry later")
-        loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[None]] = []
+        request = _Request(self, asyncio.get_running_loop(), generation)
         refused: Exception | None = None
+        produced = 0
         for message in messages:
-            future: asyncio.Future[None] = loop.create_future()
             try:
-                producer.produce(message.topic, message.value, message.key,
-                                 on_delivery=partial(self._on_delivery, loop, future, generation))
+                producer.produce(message.topic, message.value, message.key, on_delivery=request.report)
             except BufferError:
                 refused = KafkaUnavailable("the Kafka producer queue is full; retry later")
                 break
             except KafkaException as exc:
                 refused = self._failure(exc.args[0], generation)
                 break
-            self._in_flight += 1
-            futures.append(future)
-        if futures:
-            await self._acknowledged(futures)
+            produced += 1
+        if produced:
+            self._in_flight += produced
+            await self._acknowledged(request, produced)
         if refused is not None:
             raise refused
 
-    async def _acknowledged(self, futures: list[asyncio.Future[None]]) -> None:
+    async def _acknowledged(self, request: _Request, produced: int) -> None:
+        """Waits once for every delivery report of the request (not a future per message)."""
+        done = request.seal(produced)
         # librdkafka fails each message after message.timeout.ms; the margin only guards against a stall.
         try:
-            results = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True),
-                                             timeout=self.delivery_timeout_s + 5.0)
+            failures = await asyncio.wait_for(done, timeout=self.delivery_timeout_s + 5.0)
         except TimeoutError as exc:
             raise KafkaUnavailable("Kafka did not acknowledge in time; retry later") from exc
-        failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
             raise next((f for f in failures if isinstance(f, RecordTooLarge)), failures[0])
 
@@ -182,23 +179,6 @@ class KafkaPublisher:
         if not error.fatal():  # a fatal one is logged and handled by RebuildingProducer
             log.warning("Kafka: %s", error.str())
 
-    def _on_delivery(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None], generation: int,
-                     error: KafkaError | None, _message: Message) -> None:
-        failure = None if error is None else self._failure(error, generation)
-        try:
-            loop.call_soon_threadsafe(self._settle, future, failure)
-        except RuntimeError:
-            log.warning("delivery report after the event loop closed: %s", error)
-
-    def _settle(self, future: asyncio.Future[None], failure: Exception | None) -> None:
-        self._in_flight -= 1
-        if future.done():
-            return
-        if failure is None:
-            future.set_result(None)
-        else:
-            future.set_exception(failure)
-
     def _failure(self, error: KafkaError, generation: int) -> Exception:
         """The exception a request gets for ``error`` on a message sent by producer ``generation``."""
         producers = self._producers
@@ -214,3 +194,54 @@ class KafkaPublisher:
             return KafkaUnavailable(f"the Kafka producer failed ({outcome.reason}) and is being "
                                     "replaced; retry")
         return KafkaUnavailable(f"Kafka did not take the record ({outcome.reason}); retry later")
+
+
+class _Request:
+    """The delivery reports of one request's messages, counted on the poll thread; the event loop is
+    woken once, when the last of them arrived (one ``call_soon_threadsafe`` per request, not per
+    message: a 100-step batch costs the loop one wake-up)."""
+
+    __slots__ = ("_publisher", "_loop", "_generation", "_lock", "_expected", "_reported", "_failures",
+                 "_done")
+
+    def __init__(self, publisher: KafkaPublisher, loop: asyncio.AbstractEventLoop, generation: int) -> None:
+        self._publisher = publisher
+        self._loop = loop
+        self._generation = generation
+        self._lock = threading.Lock()
+        self._expected: int | None = None
+        self._reported = 0
+        self._failures: list[Exception] = []
+        self._done: asyncio.Future[list[Exception]] = loop.create_future()
+
+    def report(self, error: KafkaError | None, _message: Message) -> None:
+        """librdkafka's delivery report (poll thread, or whichever thread flushes)."""
+        failure = None if error is None else self._publisher._failure(error, self._generation)
+        with self._lock:
+            self._reported += 1
+            if failure is not None:
+                self._failures.append(failure)
+            last = self._reported == self._expected
+        if last:
+            self._wake()
+
+    def seal(self, expected: int) -> asyncio.Future[list[Exception]]:
+        """No more messages: the future answers every failure once ``expected`` reports arrived."""
+        with self._lock:
+            self._expected = expected
+            last = self._reported == expected
+        if last:
+            self._wake()
+        return self._done
+
+    def _wake(self) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._settle)
+        except RuntimeError:
+            log.warning("delivery reports after the event loop closed: %s", self._failures or "acknowledged")
+
+    def _settle(self) -> None:
+        assert self._expected is not None
+        self._publisher._in_flight -= self._expected
+        if not self._done.done():  # done: the request stopped waiting (timed out or cancelled)
+            self._done.set_result(list(self._failures))
