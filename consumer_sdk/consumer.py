@@ -28,6 +28,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal
@@ -67,6 +68,9 @@ _MAX_WAIT_S = 1.0
 READ_AHEAD_MAX_AGE_S = 1.0
 """How long steps read ahead (``read_ahead``) may wait in the consumer before they are read again."""
 _READ_AHEAD_MAX_ROWS = 16_384
+READ_AHEAD_MAX_TOKENS = 8_000_000
+"""A read-ahead page holds at most about this many tokens (judged on the steps read so far; the first page
+of a consumer reads one batch): about 50 MB of Arrow with logprobs on the responses."""
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -89,6 +93,15 @@ def _within(table: pa.Table, max_steps: int, max_tokens: int | None) -> pa.Table
         return table
     running = np.cumsum(_token_counts(table).to_numpy())
     return table.slice(0, max(1, int(np.searchsorted(running, max_tokens, side="right"))))
+
+
+def _write_commits(link: Transport, data: pa.Table) -> None:
+    """One insert of commit rows (on the commit thread): Arrow when the transport takes it."""
+    insert_arrow = getattr(link, "insert_arrow", None)
+    if insert_arrow is not None:
+        insert_arrow(COMMITS_TABLE, data)
+    else:
+        link.insert(COMMITS_TABLE, [list(row.values()) for row in data.to_pylist()], _COMMIT_COLUMNS)
 
 
 def _fills(table: pa.Table, max_steps: int, max_tokens: int | None) -> bool:
@@ -120,7 +133,7 @@ class PoolConsumer:
         transport: TransportKind | Transport | None = None,
         api_key: str | None = None,
         request_timeout: float = 30.0,
-        read_ahead: int = 4,
+        read_ahead: int = 16,
         **filters: Any,
     ) -> None:
         if not isinstance(group, str) or not group or len(group) > 256:
@@ -140,12 +153,18 @@ class PoolConsumer:
         self._policy_version: int | None = None
         self._epoch: str | None = None
         self._in_flight: dict[str, tuple[str, int]] = {}
+        # Committed by commit() whose insert may not have landed yet: still left out of every poll; durable
+        # before the next poll, fetch_batch, seek or close returns (see commit()).
+        self._committing: dict[str, tuple[str, int]] = {}
+        self._pending: Future[None] | None = None
+        self._committer: ThreadPoolExecutor | None = None
         self.read_ahead = read_ahead
         # Ready steps read ahead and not handed out yet (not in flight): the rest of the last page, with
         # the epoch and policy version it was read under and when (time.monotonic()).
         self._ahead: pa.Table | None = None
         self._ahead_key: tuple[str, int | None] = ("", None)
         self._ahead_at = 0.0
+        self._tokens_per_step: float | None = None  # of the ready steps read so far: sizes read-ahead pages
         self._transport: Transport | None = (
             open_transport(parse_source(source, transport), api_key=api_key, request_timeout=request_timeout)
             if transport is None or isinstance(transport, str)
@@ -252,7 +271,8 @@ class PoolConsumer:
             self._in_flight.clear()
             self._ahead = None
             self._epoch = epoch
-        return Scope(self.group, epoch, floor_ms, tuple(self._in_flight), self.member, self.members)
+        taken = (*self._in_flight, *self._committing)
+        return Scope(self.group, epoch, floor_ms, taken, self.member, self.members)
 
     def _fetch(self, max_steps: int, max_tokens: int | None, max_groups: int | None) -> StepBatch:
         scope = self._scope()
@@ -284,13 +304,22 @@ class PoolConsumer:
         fresh = ahead is not None and self._ahead_key == key and (
             time.monotonic() - self._ahead_at < READ_AHEAD_MAX_AGE_S)
         if not (fresh and ahead is not None and _fills(ahead, max_steps, max_tokens)):
-            scan = max(max_steps, min(max_steps * self.read_ahead, _READ_AHEAD_MAX_ROWS))
-            ahead = self._ready_steps(clauses, params, scope, max_steps, max_tokens, scan)
+            ahead = self._ready_steps(clauses, params, scope, max_steps, max_tokens, self._scan(max_steps))
             self._ahead_at = time.monotonic()
+            if ahead.num_rows:
+                self._tokens_per_step = int(pc.sum(_token_counts(ahead)).as_py() or 0) / ahead.num_rows
         batch = _within(ahead, max_steps, max_tokens)
         if batch.num_rows < ahead.num_rows:
             self._ahead, self._ahead_key = ahead.slice(batch.num_rows), key
         return batch
+
+    def _scan(self, max_steps: int) -> int:
+        """Queue entries one ready page reads: ``read_ahead`` batches, as far as about
+        ``READ_AHEAD_MAX_TOKENS`` tokens of steps like those read so far hold (one batch before any)."""
+        if self._tokens_per_step is None:
+            return max_steps
+        by_tokens = int(READ_AHEAD_MAX_TOKENS / max(self._tokens_per_step, 1.0))
+        return max(max_steps, min(max_steps * self.read_ahead, by_tokens, _READ_AHEAD_MAX_ROWS))
 
     def _ready_steps(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
                      max_tokens: int | None, scan: int) -> pa.Table:
@@ -329,7 +358,8 @@ class PoolConsumer:
         return self._deliver(StepBatch(table), scope.epoch)
 
     def _deliver(self, batch: StepBatch, epoch: str) -> StepBatch:
-        """Mark the batch's steps in flight (what ``commit()`` records)."""
+        """Mark the batch's steps in flight (what ``commit()`` records), once the last commit landed."""
+        self._settle()
         versions = batch.to_arrow().column("version").to_pylist()
         for step_id, version in zip(batch.step_ids, versions, strict=True):
             self._in_flight[step_id] = (epoch, int(version))
@@ -350,24 +380,60 @@ class PoolConsumer:
 
     # -- offsets -------------------------------------------------------------------------------
 
-    def commit(self, batch: StepBatch | None = None) -> int:
+    def commit(self, batch: StepBatch | None = None, *, wait: bool = True) -> int:
         """Record as consumed everything delivered so far (or just ``batch``); returns the step count.
 
         Steps of ``batch`` that are not in flight here (already committed, or forgotten by a seek)
         are skipped.
+
+        Returns once the commit is in the pool (and raises if the pool refused it). With ``wait=False``
+        the rows are written on a background thread while the trainer goes on: the next ``poll``,
+        ``fetch_batch``, ``seek``, ``commit`` or ``close`` (or ``flush()``) waits for them first and
+        raises the insert's error there if it failed (the steps are then in flight again); until they
+        land the steps are left out of every poll. A crash before that replays the batch, as a crash just
+        before a waiting ``commit()`` would: at-least-once either way.
         """
         link = self._link()
+        self._settle()
         ids = list(self._in_flight) if batch is None else [s for s in batch.step_ids if s in self._in_flight]
         if not ids:
             return 0
-        rows = []
-        for step_id in ids:
-            epoch, version = self._in_flight[step_id]
-            rows.append([self.group, epoch, step_id, version, self.consumer_id])
-        link.insert(COMMITS_TABLE, rows, _COMMIT_COLUMNS)
-        for step_id in ids:
-            del self._in_flight[step_id]
-        return len(ids)
+        taken = {step_id: self._in_flight.pop(step_id) for step_id in ids}
+        self._committing.update(taken)
+        n = len(ids)
+        data = pa.table({
+            "group_name": pa.array([self.group] * n, pa.string()),
+            "epoch": pa.array([epoch for epoch, _ in taken.values()], pa.string()),
+            "step_id": pa.array(ids, pa.string()),
+            "step_version": pa.array([version for _, version in taken.values()], pa.int64()),
+            "consumer_id": pa.array([self.consumer_id] * n, pa.string()),
+        })
+        if self._committer is None:
+            # Not a daemon: an interpreter that exits waits for the commit being written.
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="clawr1-commit")
+        self._pending = self._committer.submit(_write_commits, link, data)
+        if wait:
+            self._settle()
+        return n
+
+    def flush(self) -> None:
+        """Wait until what ``commit()`` recorded is in the pool (``poll``, ``fetch_batch``, ``seek`` and
+        ``close`` do this on their own); raises the commit's error if its insert failed."""
+        self._settle()
+
+    def _settle(self) -> None:
+        """Wait for the commit being written. If it failed, its steps are in flight again (a ``commit()``
+        sends them again) and its error is raised."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        try:
+            pending.result()
+        except BaseException:
+            self._in_flight.update(self._committing)
+            raise
+        finally:
+            self._committing.clear()
 
     def seek(self, position: Literal["earliest", "latest"] | datetime | int) -> None:
         """Move the whole group to ``earliest``, ``latest``, or a time (aware datetime / epoch ms).
@@ -376,6 +442,7 @@ class PoolConsumer:
         next poll.
         """
         link = self._link()
+        self._settle()
         if position == "earliest":
             floor_ms = 0
         elif position == "latest":
@@ -397,8 +464,14 @@ class PoolConsumer:
         """Release the connection. Uncommitted deliveries are not committed: they will come again."""
         self._ahead = None
         if self._transport is not None:
-            transport, self._transport = self._transport, None
-            transport.close()
+            try:
+                self._settle()
+            finally:
+                transport, self._transport = self._transport, None
+                if self._committer is not None:
+                    self._committer.shutdown(wait=True)
+                    self._committer = None
+                transport.close()
 
     def __enter__(self) -> PoolConsumer:
         return self

@@ -1,13 +1,16 @@
 """Thin adapters that carry the consumer's SQL to the pool: directly, or through the Claw-R1 API.
 
-Both speak the same two calls, so the consumer's logic never knows which one it has:
-``query(sql, parameters) -> pyarrow.Table`` and ``insert(table, rows, column_names)``.
+Both speak the same calls, so the consumer's logic never knows which one it has:
+``query(sql, parameters) -> pyarrow.Table``, ``insert(table, rows, column_names)`` and
+``insert_arrow(table, data)`` (the same insert from a ``pyarrow.Table``; both transports may be called
+from a second thread while the first queries: the direct one inserts on its own connection).
 Errors of clickhouse-connect, the pool store and httpx are translated here into the SDK's own.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
@@ -46,6 +49,9 @@ class DirectTransport:
             ) from exc
         self._errors: tuple[type[Exception], ...] = (PoolError, ClickHouseError)
         self._unavailable = OperationalError
+        self._dsn = dsn
+        self._writer: PoolStore | None = None  # its own connection: inserts run beside queries
+        self._writer_lock = threading.Lock()
         try:
             self._store = PoolStore(dsn)
         except (*self._errors, OSError, RuntimeError) as exc:
@@ -68,7 +74,27 @@ class DirectTransport:
         except self._errors as exc:
             raise self._translate(exc) from exc
 
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        """``data`` as one ArrowStream insert, on the transport's writing connection (a second client on
+        the same DSN, opened on first use), so it can run while another thread queries."""
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, data.schema) as writer:
+            writer.write_table(data)
+        try:
+            with self._writer_lock:
+                if self._writer is None:
+                    from clawr1.pool.store import PoolStore
+
+                    self._writer = PoolStore(self._dsn)
+                self._writer.insert_raw(table, sink.getvalue().to_pybytes(), "ArrowStream", data.column_names)
+        except self._errors as exc:
+            raise self._translate(exc) from exc
+
     def close(self) -> None:
+        with self._writer_lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
         self._store.close()
 
 
@@ -124,6 +150,9 @@ class ApiTransport:
             chunk = rows[start:start + _INSERT_CHUNK_ROWS]
             records = [dict(zip(column_names, row, strict=True)) for row in chunk]
             self._post(f"/v1/pool/insert/{table}", {"rows": records})
+
+    def insert_arrow(self, table: str, data: pa.Table) -> None:
+        self.insert(table, [list(row.values()) for row in data.to_pylist()], data.column_names)
 
     def close(self) -> None:
         self._http.close()
