@@ -163,3 +163,11 @@ def test_one_item_for_the_model_path_sends_the_whole_request_there() -> None:
     bad = {**PLAIN[0], "step_index": -1}
     assert fast_path([PLAIN[0], bad]) is None
     assert fast_path([PLAIN[0], {**PLAIN[0], "prompt_token_ids": [1.0]}]) is None  # valid, not plain
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=st.lists(step_like(), min_size=1, max_size=5))
+def test_a_batch_takes_the_fast_path_whole_or_not_at_all(items: list[Any]) -> None:
+    fast = fast_path(items)
+    if fast is not None:
+        assert fast == [model_path(item) for item in items]
