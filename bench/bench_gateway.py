@@ -69,6 +69,11 @@ class Phase:
     p99_ms: float | None = None
     requests: int | None = None
     refused: int | None = None
+    # CPU seconds per step: of the gateway process (all its threads, librdkafka's included) for a
+    # gateway phase, of this process (the producer and its threads) for the baseline; a load-proof
+    # comparison where the machine is shared (the wall-clock rate is only the CPU share we got).
+    cpu_us_per_step: float | None = None
+    client_cpu_us_per_step: float | None = None
 
 
 def make_step(n: int) -> dict[str, Any]:
@@ -114,6 +119,7 @@ class Baseline:
     def run(self, count: int) -> Phase:
         producer, topic, messages = self.producer, self.topic, self.messages
         self.acked = 0
+        cpu = own_cpu_s()
         started = time.perf_counter()
         for n in range(count):
             key, value = messages[n % len(messages)]
@@ -126,9 +132,25 @@ class Baseline:
             producer.poll(0)
         left = producer.flush(60)
         elapsed = time.perf_counter() - started
+        cpu = own_cpu_s() - cpu
         if left or self.acked != count:
             raise RuntimeError(f"baseline: {count - self.acked} messages not acknowledged")
-        return Phase("kafka_producer_direct", count, elapsed, count / elapsed)
+        return Phase("kafka_producer_direct", count, elapsed, count / elapsed,
+                     cpu_us_per_step=round(1e6 * cpu / count, 1))
+
+
+def own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def process_cpu_s(pid: int | None) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux /proc; None elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _serve(bootstrap: str, topics: tuple[str, str, str], port: int, profile: str) -> None:
@@ -156,7 +178,7 @@ def _serve(bootstrap: str, topics: tuple[str, str, str], port: int, profile: str
 
 
 async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int, seconds: float,
-               name: str) -> Phase:
+               name: str, server_pid: int | None = None) -> Phase:
     """``concurrency`` keep-alive connections posting ``bodies`` in turn for ``seconds``."""
     latencies: list[float] = []
     refused = 0
@@ -179,13 +201,18 @@ async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int
 
         # Open every connection before the clock starts: the phase measures requests, not handshakes.
         await asyncio.gather(*(client.get("/healthz") for _ in range(concurrency)))
+        server_cpu, client_cpu = process_cpu_s(server_pid), own_cpu_s()
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
+        server_after, client_cpu = process_cpu_s(server_pid), own_cpu_s() - client_cpu
     steps = len(latencies) * per_request
+    per_step = (None if server_cpu is None or server_after is None or not steps
+                else round(1e6 * (server_after - server_cpu) / steps, 1))
     return Phase(name, steps, elapsed, steps / elapsed,
                  1000 * statistics.median(latencies) if latencies else None,
-                 1000 * percentile(latencies, 0.99) if latencies else None, len(latencies), refused)
+                 1000 * percentile(latencies, 0.99) if latencies else None, len(latencies), refused,
+                 per_step, round(1e6 * client_cpu / steps, 1) if steps else None)
 
 
 def topic_size(bootstrap: str, topic: str) -> int:
@@ -246,18 +273,24 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
             phases = {}
             for name, per_request, concurrency in PHASES:
                 phase = asyncio.run(load(url, bodies[per_request], per_request, concurrency, seconds,
-                                         f"gateway_{name}"))
+                                         f"gateway_{name}", server.pid))
                 accepted += phase.steps
                 phases[name] = phase
             entry: dict[str, Any] = {"round": number, "baseline": asdict(base),
                      "gateway": {name: asdict(phase) for name, phase in phases.items()},
                      "ratios": {name: round(phase.steps_per_s / base.steps_per_s, 4)
-                                for name, phase in phases.items()}}
+                                for name, phase in phases.items()},
+                     "cpu_ratios": {name: round(base.cpu_us_per_step / phase.cpu_us_per_step, 4)
+                                    for name, phase in phases.items()
+                                    if base.cpu_us_per_step and phase.cpu_us_per_step}}
             measured.append(entry)
-            say(f"round {number}: direct {base.steps_per_s:.0f} steps/s; " + "; ".join(
-                f"{name} {phase.steps_per_s:.0f} steps/s (x{entry['ratios'][name]:.3f}, "
-                f"p50 {phase.p50_ms or 0:.1f} ms, p99 {phase.p99_ms or 0:.1f} ms, refused {phase.refused})"
-                for name, phase in phases.items()))
+            say(f"round {number}: direct {base.steps_per_s:.0f} steps/s "
+                f"({base.cpu_us_per_step} us CPU/step); " + "; ".join(
+                    f"{name} {phase.steps_per_s:.0f} steps/s (x{entry['ratios'][name]:.3f}, "
+                    f"p50 {phase.p50_ms or 0:.1f} ms, p99 {phase.p99_ms or 0:.1f} ms, "
+                    f"refused {phase.refused}, "
+                    f"gateway {phase.cpu_us_per_step} us CPU/step, client {phase.client_cpu_us_per_step})"
+                    for name, phase in phases.items()))
     finally:
         server.terminate()
         server.join(30)
@@ -276,6 +309,12 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
             "steps_per_s": {n: spread([r["gateway"][n]["steps_per_s"] for r in measured]) for n in names},
             "p50_ms": {n: spread([r["gateway"][n]["p50_ms"] for r in measured]) for n in names},
             "p99_ms": {n: spread([r["gateway"][n]["p99_ms"] for r in measured]) for n in names},
+            "cpu_us_per_step": {
+                "direct": spread([r["baseline"]["cpu_us_per_step"] for r in measured]),
+                **{n: spread([r["gateway"][n]["cpu_us_per_step"] for r in measured
+                              if r["gateway"][n]["cpu_us_per_step"]]) for n in names}},
+            "cpu_ratios_vs_direct_producer": {n: spread([r["cpu_ratios"][n] for r in measured
+                                                         if n in r["cpu_ratios"]]) for n in names},
         },
         "accepted_steps_on_topic": {"accepted": accepted, "on_topic": on_topic},
     }
@@ -315,9 +354,12 @@ def main() -> None:
           f"over {len(result['rounds'])} rounds")
     for name, ratio in summary["ratios_vs_direct_producer"].items():
         rate, p50, p99 = (summary[k][name] for k in ("steps_per_s", "p50_ms", "p99_ms"))
+        cpu, direct_cpu = summary["cpu_us_per_step"][name], summary["cpu_us_per_step"]["direct"]
         print(f"gateway {name}: x{ratio['median']:.3f} of direct "
               f"(range {ratio['min']:.3f}-{ratio['max']:.3f}), "
-              f"{rate['median']:.0f} steps/s, p50 {p50['median']:.1f} ms, p99 {p99['median']:.1f} ms")
+              f"{rate['median']:.0f} steps/s, p50 {p50['median']:.1f} ms, p99 {p99['median']:.1f} ms; "
+              f"{cpu['median']:.0f} us gateway CPU per step vs {direct_cpu['median']:.0f} "
+              f"direct (CPU ratio x{summary['cpu_ratios_vs_direct_producer'][name]['median']:.3f})")
     if profile:
         print(f"gateway profile: {profile}")
     print(f"written to {out}")
