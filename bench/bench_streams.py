@@ -13,7 +13,9 @@ merged into its trajectory's prefix tree.
   is done, from the offsets, per step.
 - scale-out (``--workers N``): the same black-box load on N workers of one group.
 - trajectory length (``--lengths 10,200``): white-box steps (512 + 128 tokens, reward inline) in
-  trajectories of each length: CPU per step should not grow with length.
+  trajectories of each length: CPU per step should not grow with length. Trajectory after trajectory
+  (a rollout worker posting finished ones), and for the first length also interleaved by step index
+  (agents posting each step as they take it: no two steps of a trajectory close together).
 - latency: with the worker warm, calls are produced at a fixed rate; ingest -> first normalized
   version of the step on ``clawr1.steps`` (p50/p99), beside the same calls' raw-topic hop.
 
@@ -237,7 +239,9 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
     """A fresh worker group (``workers`` processes) works through ``load`` produced beforehand.
 
     ``blackbox``: proxy-captured conversations of ``TURNS`` calls plus a reward per call;
-    ``whitebox``: white-box steps (reward inline) in trajectories of ``length`` steps.
+    ``whitebox``: white-box steps (reward inline) in trajectories of ``length`` steps, trajectory after
+    trajectory (as a rollout worker posts finished trajectories); ``whitebox_interleaved``: the same
+    steps by step index across all trajectories (as agents post each step when they take it).
     """
     suffix = "." + uuid.uuid4().hex[:8]
     topics = StreamTopics().with_suffix(suffix)
@@ -248,7 +252,10 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
         steps, events, names = len(calls), 2 * len(calls), [topics.raw_llm, topics.raw_feedback]
     else:
         producer = make_producer(bootstrap)
-        for record in whitebox_steps("wb", n, length):
+        records = whitebox_steps("wb", n, length)
+        if load == "whitebox_interleaved":
+            records.sort(key=lambda r: (r["step_index"], r["trajectory_id"]))
+        for record in records:
             producer.produce(topics.raw_steps, key=record["trajectory_id"].encode(),
                              value=CODEC.encode("whitebox_step", record))
             producer.poll(0)
@@ -268,7 +275,7 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
             for worker in group:
                 worker.stop()
     rate = events / (done - ready)
-    return {"load": load, "steps": steps, "events": events, "trajectory_length": length if load == "whitebox"
+    return {"load": load, "steps": steps, "events": events, "trajectory_length": length if load != "blackbox"
             else TURNS, "workers": workers, "partitions": PARTITIONS,
             "worker_events_per_s": round(rate, 1), "steps_per_s": round(steps / (done - ready), 1),
             "worker_cpu_s": round(cpu, 2), "worker_cpu_ms_per_step": round(1000 * cpu / steps, 3),
@@ -310,6 +317,9 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
         profile = f"{args.profile}.whitebox{length}" if args.profile else ""
         by_length.append(throughput(bootstrap, "whitebox", args.whitebox, length, 1, profile))
         phase("whitebox_by_trajectory_length", by_length)
+    if lengths:
+        phase("whitebox_interleaved",
+              throughput(bootstrap, "whitebox_interleaved", args.whitebox, lengths[0], 1))
     if len(by_length) > 1:
         phase("whitebox_cpu_per_step_longest_vs_shortest", round(
             by_length[-1]["worker_cpu_ms_per_step"] / by_length[0]["worker_cpu_ms_per_step"], 3))
@@ -324,8 +334,9 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rate", type=float, default=50.0, help="calls/s in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the latency phase")
-    parser.add_argument("--profile", default="", help="run the first worker of each throughput phase under cProfile, stats to this file "
-                        "(white-box phases add .whitebox<length>)")
+    parser.add_argument("--profile", default="",
+                        help="run the first worker of each throughput phase under cProfile, stats to this "
+                        "file (white-box phases add .whitebox<length>)")
     parser.add_argument("--workers", type=int, default=2, help="also run the black-box load on this many")
     parser.add_argument("--whitebox", type=int, default=2000, help="white-box steps per trajectory length")
     parser.add_argument("--lengths", default="10,200", help="white-box trajectory lengths to compare")

@@ -169,13 +169,18 @@ class PrefixTree:
     def __init__(self) -> None:
         self._root = _TreeNode(None, 0, np.empty(0, dtype=TOKEN_DTYPE), _new_hasher())
         self._steps: dict[str, _StepEntry] = {}
+        self._by_id: dict[int, _TreeNode] = {}
         self._total_tokens = 0
         self._tree_tokens = 0
         self._num_nodes = 0
 
     # ------------------------------------------------------------------ building
-    def add(self, step: StepTokens) -> None:
-        """Insert one step, splitting nodes at branch points and at the step's end."""
+    def add(self, step: StepTokens) -> set[int]:
+        """Insert one step, splitting nodes at branch points and at the step's end.
+
+        Returns the ids of the nodes whose snapshot changed (new, split, or now ending the step), so
+        an incremental merge publishes those without diffing whole trees; empty for a known step.
+        """
         seq = step.sequence
         known = self._steps.get(step.step_id)
         if known is not None:
@@ -183,7 +188,8 @@ class PrefixTree:
                 raise ValueError(f"step {step.step_id!r} was already added with other tokens")
             if step.parent_step_id is not None:
                 known.parent_step_id = step.parent_step_id
-            return
+            return set()
+        changed: set[int] = set()
         node, depth, length = self._root, 0, len(seq)
         while depth < length:
             child = node.children.get(int(seq[depth]))
@@ -191,6 +197,7 @@ class PrefixTree:
                 tokens = seq[depth:].copy()
                 leaf = _TreeNode(node, depth, tokens, _extend(node.hasher, tokens))
                 node.children[int(tokens[0])] = leaf
+                self._by_id[leaf.node_id] = leaf
                 self._tree_tokens += len(tokens)
                 self._num_nodes += 1
                 node, depth = leaf, length
@@ -199,11 +206,15 @@ class PrefixTree:
             m = min(len(span), length - depth)
             j = _first_mismatch(span[:m], seq[depth : depth + m])
             if j < len(span):
+                changed.add(child.node_id)  # the lower half: same id, new start and parent
                 child = self._split(child, j)
+                changed.add(child.node_id)
             node, depth = child, depth + j
         node.step_ids.append(step.step_id)
+        changed.add(node.node_id)
         self._steps[step.step_id] = _StepEntry(node, length, step.parent_step_id)
         self._total_tokens += length
+        return changed
 
     def _split(self, node: _TreeNode, offset: int) -> _TreeNode:
         """Cut ``node`` after ``offset`` tokens; return the new upper half.
@@ -215,6 +226,7 @@ class PrefixTree:
         assert parent is not None  # the root is never split: it has no tokens
         head = node.tokens[:offset]
         upper = _TreeNode(parent, node.start_depth, head, _extend(parent.hasher, head))
+        self._by_id[upper.node_id] = upper
         parent.children[int(head[0])] = upper
         node.tokens = node.tokens[offset:]
         node.start_depth += offset
@@ -272,13 +284,20 @@ class PrefixTree:
     @property
     def nodes(self) -> list[Node]:
         """Snapshots of all nodes in depth-first order (children sorted by first token)."""
-        out = []
-        for n in self._dfs():
-            tokens = n.tokens.view()
-            tokens.flags.writeable = False
-            parent_id = None if n.parent is self._root or n.parent is None else n.parent.node_id
-            out.append(Node(n.node_id, parent_id, n.start_depth, tokens, tuple(n.step_ids)))
-        return out
+        return [self._snapshot(n) for n in self._dfs()]
+
+    def nodes_by_id(self, node_ids: set[int]) -> list[Node]:
+        """Snapshots of these nodes, without walking the tree; in depth-first order when they are what
+        one ``add`` changed or one step's path (all on one path, plus a split's lower half)."""
+        picked = [self._by_id[i] for i in node_ids]
+        picked.sort(key=lambda n: (n.start_depth, int(n.tokens[0])))
+        return [self._snapshot(n) for n in picked]
+
+    def _snapshot(self, n: _TreeNode) -> Node:
+        tokens = n.tokens.view()
+        tokens.flags.writeable = False
+        parent_id = None if n.parent is self._root or n.parent is None else n.parent.node_id
+        return Node(n.node_id, parent_id, n.start_depth, tokens, tuple(n.step_ids))
 
     @property
     def num_nodes(self) -> int:

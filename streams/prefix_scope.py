@@ -101,10 +101,6 @@ def rebuild(state: ScopeState,
     return tree
 
 
-def _signature(tree: PrefixTree) -> dict[int, tuple[Any, ...]]:
-    return {n.node_id: (n.parent_id, n.start_depth, len(n.tokens), n.step_ids) for n in tree.nodes}
-
-
 def _rows(scope_id: str, state: ScopeState, tree: PrefixTree, node_ids: set[int]) -> list[dict[str, Any]]:
     return [
         {
@@ -121,8 +117,7 @@ def _rows(scope_id: str, state: ScopeState, tree: PrefixTree, node_ids: set[int]
             "forks": tree.forks,
             "updated_at_ms": state.updated_at_ms,
         }
-        for n in tree.nodes
-        if n.node_id in node_ids
+        for n in tree.nodes_by_id(node_ids)
     ]
 
 
@@ -144,11 +139,9 @@ def merge_step(state: ScopeState, tree: PrefixTree, step: ScopeStep, bounds: Bou
     if len(state.steps) >= bounds.max_steps or tree.total_tokens + sequence > bounds.max_tokens:
         state.skipped += 1
         return Merge("skipped", [])
-    before = _signature(tree)
-    tree.add(step.tokens())
+    changed = tree.add(step.tokens())
     state.steps.append(step.step_id)
     if step.parent_step_id is not None:
         state.parents[step.step_id] = step.parent_step_id
     state.updated_at_ms = max(state.updated_at_ms, step.updated_at_ms)
-    changed = {node_id for node_id, sig in _signature(tree).items() if before.get(node_id) != sig}
     return Merge("added", _rows(step.scope_id, state, tree, changed))

@@ -382,3 +382,24 @@ def test_flex_mask_mod_matches_dense_mask_or_says_torch_is_needed() -> None:
     q = torch.arange(packed.seq_len)[:, None]
     k = torch.arange(packed.seq_len)[None, :]
     assert np.array_equal(mod(0, 0, q, k).numpy(), dense_mask(packed))
+
+
+@given(step_sets())
+def test_add_reports_exactly_the_nodes_whose_snapshot_changed(steps: list[StepTokens]) -> None:
+    """What incremental merges publish: the ids ``add`` returns are the whole-tree diff, in DFS order."""
+    tree = PrefixTree()
+
+    def signature() -> dict[int, tuple[object, ...]]:
+        return {n.node_id: (n.parent_id, n.start_depth, len(n.tokens), n.step_ids) for n in tree.nodes}
+
+    for step in steps:
+        before = signature()
+        changed = tree.add(step)
+        after = signature()
+        assert changed == {i for i, sig in after.items() if before.get(i) != sig}
+        expected = [(n.node_id, n.step_ids) for n in tree.nodes if n.node_id in changed]
+        assert [(n.node_id, n.step_ids) for n in tree.nodes_by_id(changed)] == expected
+        path = set(tree.path(step.step_id))
+        in_dfs_order = [n.node_id for n in tree.nodes if n.node_id in path]
+        assert [n.node_id for n in tree.nodes_by_id(path)] == in_dfs_order
+        assert tree.add(step) == set()  # a re-delivery changes nothing

@@ -6,6 +6,8 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from clawr1.streams.app import StreamsApp
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.gaps import GapGuard, GapTracker, SkippedEvent, SkippedMessage
@@ -98,17 +100,27 @@ class _Stream:
     def add_processor(self, processor) -> None:  # noqa: ANN001
         self._processors.append(processor)
 
+    def _arrive(self, event: _Event) -> None:
+        self.current_event = event
+        for processor in self._processors:
+            processor(event.value)
+
     async def take_events(self, max_: int, within: float):  # noqa: ANN201 - an async generator, as Faust's
         for start in range(0, len(self._events), self._batch):
             batch = self._events[start:start + self._batch]
             for event in batch:
-                self.current_event = event
-                for processor in self._processors:
-                    processor(event.value)
+                self._arrive(event)
             yield batch
 
+    async def events(self):  # noqa: ANN201 - an async generator, as Faust's
+        for event in self._events:
+            self._arrive(event)
+            yield event
 
-def test_the_agent_body_handles_a_dropped_record_before_the_one_that_revealed_it(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize("batched", [True, False])
+def test_the_agent_body_handles_a_dropped_record_before_the_one_that_revealed_it(tmp_path: Path,
+                                                                               batched: bool) -> None:
     app = StreamsApp(StreamConfig(bootstrap="127.0.0.1:1", data_dir=tmp_path))
     reader = _Reader({34: b"v34"}, committed=34, failures=1)
     app.gaps = GapGuard(lambda: reader)
@@ -117,11 +129,12 @@ def test_the_agent_body_handles_a_dropped_record_before_the_one_that_revealed_it
     async def handler(event) -> None:  # noqa: ANN001
         seen.append(event.value)
 
-    body = app._agent_body("ingest_steps", handler, "normalize")
+    body = app._agent_body("ingest_steps", handler, "normalize", batched)
     # 33 in generation 1; 34 dropped by Faust; 35 in generation 2 (after the rebalance).
     asyncio.run(body(_Stream([_event(33, 1), _event(35, 2), _event(36, 2)])))  # type: ignore[arg-type]
     assert seen == [b"v33", b"v34", b"v35", b"v36"]
     assert reader.reads == [(34, 35)]  # read once, after one failed try
+    assert app.gaps.idle(TP[0], 0.0)  # every event that arrived was finished
 
 
 def test_a_dropped_tail_is_owed_from_the_generation_s_own_progress_or_the_commit() -> None:
