@@ -309,6 +309,7 @@ def summary(target: Target, baselines: list[Target]) -> dict[str, Any]:
                 3,
             ),
             "latency_p50_ratio": round((p50 or 0.0) / b50, 3) if b50 else None,
+            "latency_p99_ratio": round((p99 or 0.0) / b99, 3) if b99 else None,
             "throughput_ratio": round(target.calls_per_s / base.calls_per_s, 3),
         }
     return out
@@ -326,7 +327,8 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2,
                         help="also run the proxy with this many processes on one port (1: skip)")
     parser.add_argument("--before", type=Path,
-                        help="a checkout of an earlier proxy (e.g. git archive), run as clawr1_before")
+                        help="a checkout of an earlier proxy (e.g. git archive), run as clawr1_before and, "
+                             "with token-id capture, clawr1_before_token_ids")
     args = parser.parse_args()
 
     with ExitStack() as stack:
@@ -368,6 +370,8 @@ def main() -> int:
         if args.before:
             proxies.append(("clawr1_before", False, {"PYTHONPATH": str(args.before.resolve())}))
         proxies.append(("clawr1_token_ids", True, {}))
+        if args.before:
+            proxies.append(("clawr1_before_token_ids", True, {"PYTHONPATH": str(args.before.resolve())}))
         if args.processes > 1:
             many = {"CLAWR1_PROXY_PROCESSES": str(args.processes)}
             proxies.append((f"clawr1_{args.processes}proc", False, many))
@@ -404,6 +408,8 @@ def main() -> int:
         "bare_mitmdump": [direct],
         "clawr1_token_ids": [direct, bare_target, by_name["direct_asking_ids"]],
     }
+    if "clawr1_before_token_ids" in by_name:
+        baselines["clawr1_before_token_ids"] = [direct, bare_target, by_name["clawr1_token_ids"]]
     for name in by_name:  # the other Claw-R1 proxies: against direct, bare mitmdump and one process
         baselines.setdefault(name, [direct, bare_target, *([by_name["clawr1"]] if name != "clawr1" else [])])
     result = {

@@ -53,6 +53,9 @@ UNCHANGED, DROP, UNSURE = Outcome.UNCHANGED, Outcome.DROP, Outcome.UNSURE
 _ESCAPED_LETTER = re.compile(rb"\\u00[4-7]")
 _WHITESPACE = b" \t\r\n"
 _COMMA, _ZERO, _COLON = ord(","), ord("0"), ord(":")
+# Below this size a document parses and re-serializes faster than the search and edit take (their
+# fixed cost is a few Python steps per member; a parse costs per number): the JSON path takes it.
+FAST_FROM = 3072
 # Id lists at least this long are checked with numpy (a prompt's ids: thousands of numbers).
 _VECTOR_FROM = 512
 _IDS_TAIL = b'token_ids"'  # "token_ids", "prompt_token_ids", "response_token_ids" (ID_FIELDS)
@@ -129,6 +132,10 @@ def _id_list_end(data: bytes, start: int) -> int:
     return end + 1
 
 
+def _escapes_letters(data: bytes) -> bool:
+    return b"\\u00" in data and _ESCAPED_LETTER.search(data) is not None
+
+
 def _skip_whitespace(data: bytes, index: int) -> int:
     while index < len(data) and data[index] in _WHITESPACE:
         index += 1
@@ -145,30 +152,33 @@ def _scan_end(data: bytes, start: int) -> int:
     return start + (end if text.isascii() else len(text[:end].encode("utf-8")))
 
 
+def _key_start(data: bytes, name: bytes, at: int) -> int:
+    """Where the key whose quoted name (or, for the id fields, its tail) was found at ``at`` opens,
+    or -1 when it is not one of the proxy's keys."""
+    if name != _IDS_TAIL:
+        return at
+    for prefix in (b'"', b'"prompt_', b'"response_'):
+        if data.endswith(prefix, 0, at):
+            return at - len(prefix)
+    return -1
+
+
 def _find_spans(data: bytes, names: tuple[bytes, ...]) -> list[_Span]:
-    hits: list[tuple[int, int]] = []  # (opening quote, one past the closing quote)
-    for name in names:
-        at = data.find(name)
-        while at >= 0:
-            after = at + len(name)
-            if name != _IDS_TAIL:
-                hits.append((at, after))
-            elif data.endswith(b'"', 0, at):
-                hits.append((at - 1, after))
-            elif data.endswith(b'"prompt_', 0, at):
-                hits.append((at - 8, after))
-            elif data.endswith(b'"response_', 0, at):
-                hits.append((at - 10, after))
-            at = data.find(name, after)
-    hits.sort()
+    """The proxy's keys and their values, in document order. One forward pass: a search resumes
+    after the value last taken, so a prompt's thousands of ids are read once, by ``_id_list_end``."""
     spans: list[_Span] = []
     cursor = 0
-    for key_start, key_end in hits:
-        if key_start < cursor:  # inside a value already taken whole
-            continue
-        colon = _skip_whitespace(data, key_end)
-        if colon >= len(data) or data[colon] != _COLON:
-            continue  # a string value, not a key
+    pending = {name: data.find(name) for name in names}
+    while True:
+        found = [(at, name) for name, at in pending.items() if at >= 0]
+        if not found:
+            return spans
+        at, name = min(found)
+        key_start = _key_start(data, name, at)
+        colon = _skip_whitespace(data, at + len(name))
+        if key_start < cursor or colon >= len(data) or data[colon] != _COLON:
+            pending[name] = data.find(name, at + len(name))
+            continue  # not a key of ours, or a string value
         start = _skip_whitespace(data, colon + 1)
         end = -1
         is_null = data.startswith(b"null", start)
@@ -180,7 +190,9 @@ def _find_spans(data: bytes, names: tuple[bytes, ...]) -> list[_Span]:
             end = _scan_end(data, start)
         spans.append(_Span(key_start, start, end, is_null))
         cursor = end
-    return spans
+        for other, next_at in pending.items():
+            if 0 <= next_at < cursor:  # this key, or inside the value just taken whole
+                pending[other] = data.find(other, cursor)
 
 
 def _plan(obj: Json, injection: Injection, spans: list[_Span]) -> list[tuple[Json, str, int, int]]:
@@ -260,12 +272,10 @@ def strip_fast(data: bytes, injection: Injection, chunk: bool = False) -> bytes 
 def _strip(data: bytes, injection: Injection, chunk: bool) -> bytes | Outcome:
     if json.detect_encoding(data) != "utf-8":
         return UNSURE
-    if b"\\u00" in data and _ESCAPED_LETTER.search(data):
-        return UNSURE
     spans = _find_spans(data, _names(injection))
     if not spans:
         # No member strip_json could touch: valid or not, the JSON path would leave it as it is.
-        return UNCHANGED
+        return UNSURE if _escapes_letters(data) else UNCHANGED
     parts: list[bytes] = []
     pos = 0
     for span in spans:
@@ -275,8 +285,10 @@ def _strip(data: bytes, injection: Injection, chunk: bool) -> bytes | Outcome:
     markers = _Markers()
     try:
         # As json.loads reads bytes; the values taken out were checked as they were found.
-        reduced = b"".join(parts).decode("utf-8", "surrogatepass")
-        obj = json.JSONDecoder(parse_constant=markers).decode(reduced)
+        reduced = b"".join(parts)
+        if _escapes_letters(reduced):  # a key of ours could be spelled with escapes outside the values
+            return UNSURE
+        obj = json.JSONDecoder(parse_constant=markers).decode(reduced.decode("utf-8", "surrogatepass"))
     except ValueError:
         return UNSURE
     if not isinstance(obj, dict) or len(markers.made) != len(spans):
@@ -304,7 +316,7 @@ def _strip(data: bytes, injection: Injection, chunk: bool) -> bytes | Outcome:
 def strip_reply(body: bytes, injection: Injection) -> bytes | None:
     """A plain reply without the injected fields (None: nothing to remove): the text edit when it
     is sure, else ``strip_body``'s JSON path; if both fail the agent gets the engine's body."""
-    stripped = strip_fast(body, injection)
+    stripped = strip_fast(body, injection) if len(body) >= FAST_FROM else UNSURE
     if isinstance(stripped, bytes):
         return stripped
     if stripped is not UNSURE:
@@ -316,5 +328,5 @@ def strip_reply(body: bytes, injection: Injection) -> bytes | None:
 
 
 def chunk_stripper(injection: Injection) -> Callable[[bytes], bytes | Outcome]:
-    """The fast path of an ``SseRewriter`` for one call's injection."""
+    """The fast path of an ``SseRewriter`` for one call's injection (it skips events under FAST_FROM)."""
     return lambda data: strip_fast(data, injection, chunk=True)

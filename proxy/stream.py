@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from clawr1.proxy.fast_strip import DROP, UNCHANGED, UNSURE, Outcome
+from clawr1.proxy.fast_strip import DROP, FAST_FROM, UNCHANGED, UNSURE, Outcome
 from clawr1.proxy.sse import event_lines, split_events
 from clawr1.proxy.token_ids import dump
 
@@ -25,7 +25,8 @@ class SseRewriter:
     """Applies ``transform`` to the JSON data of each complete event; other bytes pass unchanged.
 
     ``transform`` edits the object in place and says whether it changed it, or None to drop the event.
-    ``fast``, when given, is tried first on the data of an event that is one ``data:`` line: it
+    ``fast``, when given, is tried first on the data of an event that is one ``data:`` line (and at
+    least ``FAST_FROM`` bytes: smaller ones parse faster than they are searched): it
     returns the new data, UNCHANGED, DROP, or UNSURE to fall back to ``transform`` (see
     ``proxy.fast_strip``). An event neither can handle passes unchanged: the agent's stream never
     breaks because of the rewrite.
@@ -46,7 +47,7 @@ class SseRewriter:
         return self._rewrite(rest, terminated=False) if rest else b""
 
     def _rewrite(self, raw: bytes, terminated: bool) -> bytes:
-        if self._fast is not None and raw.startswith(b"data:"):
+        if self._fast is not None and len(raw) >= FAST_FROM and raw.startswith(b"data:"):
             # One data line and its terminator: only the data changes, the framing stays as it came.
             cr, lf = raw.find(b"\r"), raw.find(b"\n")
             line_end = len(raw) if cr < 0 and lf < 0 else min(i for i in (cr, lf) if i >= 0)

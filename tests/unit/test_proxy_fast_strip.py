@@ -9,7 +9,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawr1.proxy.fast_strip import DROP, UNCHANGED, UNSURE, Outcome, chunk_stripper, strip_fast, strip_reply
+from clawr1.proxy.fast_strip import (
+    DROP,
+    FAST_FROM,
+    UNCHANGED,
+    UNSURE,
+    Outcome,
+    chunk_stripper,
+    strip_fast,
+    strip_reply,
+)
 from clawr1.proxy.redact import redact_record
 from clawr1.proxy.stream import SseRewriter
 from clawr1.proxy.token_ids import Injection, dump, strip_body, strip_chunk, strip_json
@@ -237,8 +246,12 @@ def test_stream_rewriting_is_the_same_with_the_fast_path() -> None:
 
 
 def test_stream_framing_is_kept_as_the_engine_sent_it() -> None:
-    raw = b'data:{"prompt_token_ids":[1],"choices":[]}\r\n\r\n'
-    assert rewrite(raw, VLLM, True, 7) == b'data:{"choices":[]}\r\n\r\n'
+    raw = b'data:{"prompt_token_ids":' + dump(PROMPT) + b',"choices":[]}\r\n\r\n'
+    assert len(raw) >= FAST_FROM
+    assert rewrite(raw, VLLM, True, 700) == b'data:{"choices":[]}\r\n\r\n'
+    # Small events take the JSON path (faster there), written as before.
+    assert rewrite(b'data:{"prompt_token_ids":[1],"choices":[]}\r\n\r\n', VLLM, True, 7) == \
+        b'data: {"choices":[]}\r\n\r\n'
     # Two data lines: the JSON path joins them, as before.
     split = b'data: {"prompt_token_ids":[1],\ndata: "choices":[]}\n\n'
     assert rewrite(split, VLLM, True, 7) == b'data: {"choices":[]}\n\n'

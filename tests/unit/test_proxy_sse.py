@@ -27,3 +27,15 @@ def test_multi_line_data_is_joined_with_newlines() -> None:
 
 def test_a_cut_stream_keeps_its_last_unterminated_event() -> None:
     assert parse_stream(b"data: a\n\ndata: b") == [SseEvent("", "a"), SseEvent("", "b")]
+
+
+def test_lf_framing_splits_as_the_pattern_does() -> None:
+    import re
+
+    pattern = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+    buffers = (b"", b"a", b"\n", b"\n\n", b"a\n\n\nb\n\n", b"a\n\n\n\nb", b"\n\n\n\n\n",
+               b"data: x\n\ndata: y\n")
+    for buffer in buffers:
+        starts = [0, *(m.end() for m in pattern.finditer(buffer))]
+        expected = [buffer[a:b] for a, b in zip(starts, starts[1:], strict=False)], buffer[starts[-1]:]
+        assert split_events(buffer) == expected, buffer
