@@ -133,7 +133,7 @@ def _messages(value: Any) -> list[dict[str, Any]] | None:
 
 # ---- Avro binary, as fastavro writes it ------------------------------------------------------
 
-def _varint(n: int) -> bytes:
+def _varint_of(n: int) -> bytes:
     """Avro int/long: zigzag, then base-128 little-endian groups."""
     z = (n << 1) ^ (n >> 63)
     out = bytearray()
@@ -142,6 +142,13 @@ def _varint(n: int) -> bytes:
         z >>= 7
     out.append(z)
     return bytes(out)
+
+
+_SMALL_VARINTS = [_varint_of(n) for n in range(1 << 13)]  # lengths, indices, small counts: 2 bytes at most
+
+
+def _varint(n: int) -> bytes:
+    return _SMALL_VARINTS[n] if 0 <= n < 1 << 13 else _varint_of(n)
 
 
 def _string(text: str) -> bytes:

@@ -32,9 +32,13 @@ class Outgoing:
     record: dict[str, Any]
 
 
+_CANONICAL = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+
+
 def compact_json(value: Any) -> str:
-    """Canonical JSON (sorted keys, no spaces); raises ValueError on non-finite numbers."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False)
+    """Canonical JSON (sorted keys, no spaces); raises ValueError on non-finite numbers. (One encoder
+    for every call: ``json.dumps`` with options builds a new one each time.)"""
+    return _CANONICAL.encode(value)
 
 
 def uuid5_of(data: bytes) -> str:
