@@ -65,9 +65,9 @@ _COMMIT_COLUMNS = ["group_name", "epoch", "step_id", "step_version", "consumer_i
 _POSITION_COLUMNS = ["group_name", "epoch", "floor_ms", "set_at_ns", "consumer_id"]
 _FIRST_WAIT_S = 0.05
 _MAX_WAIT_S = 1.0
-READ_AHEAD_MAX_AGE_S = 1.0
+READ_AHEAD_MAX_AGE_S = 5.0
 """How long steps read ahead (``read_ahead``) may wait in the consumer before they are read again."""
-_READ_AHEAD_MAX_ROWS = 16_384
+_READ_AHEAD_MAX_ROWS = 65_536
 READ_AHEAD_MAX_TOKENS = 8_000_000
 """A read-ahead page holds at most about this many tokens (judged on the steps read so far; the first page
 of a consumer reads one batch): about 50 MB of Arrow with logprobs on the responses."""
@@ -118,6 +118,8 @@ class PoolConsumer:
     ``clickhouse[+http|+https]://``); ``transport`` forces one reading (see
     ``clawr1.consumer_sdk.source``), or is an open ``Transport`` to read through (closed with the consumer).
     ``preset`` names saved filters; keyword ``filters`` (see :class:`Filters`) refine them.
+    ``read_ahead``: how many batches one ready poll may read at once, the rest served to the next polls
+    (1: none; see ``_ready_batch``).
     """
 
     def __init__(
@@ -133,7 +135,7 @@ class PoolConsumer:
         transport: TransportKind | Transport | None = None,
         api_key: str | None = None,
         request_timeout: float = 30.0,
-        read_ahead: int = 16,
+        read_ahead: int = 32,
         **filters: Any,
     ) -> None:
         if not isinstance(group, str) or not group or len(group) > 256:
