@@ -132,8 +132,15 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     total = own
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            total += cpu_seconds(int(child))[1]
+        try:
+            children = (task / "children").read_text().split()
+        except FileNotFoundError:  # a thread (or a child) that ended meanwhile
+            continue
+        for child in children:
+            try:
+                total += cpu_seconds(int(child))[1]
+            except FileNotFoundError:
+                continue
     return own, total
 
 
