@@ -7,7 +7,8 @@ round trip of same-size messages on the same broker, in the same run.
 - white-box: N steps of 512 prompt + 128 response token ids posted to the gateway in batches, timed from
   the first POST until ``count()`` of them in ``steps`` equals N; steps/s and the ratio to the baseline.
 - the same with trajectories of ``--long`` steps (default 200): per-step cost against length.
-- messages: for each white-box run, the messages every topic of the stack gained (offsets), per step.
+- messages: for each white-box run, the messages every topic of the stack gained (offsets), per step,
+  and the CPU each process of the stack (and this client) spent per step.
 - black-box: M chat calls with the official openai SDK through the proxy's reverse port in front of the
   stand-in engine, timed from the first call until all M steps are queryable.
 - freshness: steps posted one batch at a time at fixed rates (default 25%, 50% and 80% of the measured
@@ -44,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
+from bench.common import cpu_by_role, free_port, percentile, settled_message_counts  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.gateway.client import GatewayClient  # noqa: E402
 from clawr1.schemas.codec import codec_for  # noqa: E402
@@ -159,17 +160,23 @@ def whitebox_throughput(stack: Stack, n: int, batch: int, length: int = 10) -> d
     run = "bw" + uuid.uuid4().hex[:8]
     steps = [step(run, i, length) for i in range(n)]
     before = topic_counts(stack.bootstrap)
+    cpu_before, client_before = cpu_by_role(stack.up.pid), time.process_time()
     with GatewayClient(stack.api, batch_size=batch, timeout_s=120) as client:
         started = time.monotonic()
         client.submit_steps(steps)
         accepted = time.monotonic()
     done = stack.wait_count(f"trajectory_id LIKE '{run}-%'", n, timeout=600)
+    cpu_after, client_after = cpu_by_role(stack.up.pid), time.process_time()
     after = topic_counts(stack.bootstrap)
+    # Where the machine's CPU went per step (this bench's own polling for the count included in client).
+    cpu_ms = {role: round(1000 * (cpu_after[role] - cpu_before.get(role, 0.0)) / n, 3) for role in cpu_after}
+    cpu_ms["client"] = round(1000 * (client_after - client_before) / n, 3)
     per_topic = {name: after[name] - before.get(name, 0) for name in sorted(after)
                  if after[name] != before.get(name, 0)}
     return {"steps": n, "batch": batch, "trajectory_length": length, "accept_s": round(accepted - started, 3),
             "queryable_s": round(done - started, 3), "steps_per_s": round(n / (done - started), 1),
-            "kafka_messages_per_step": round(sum(per_topic.values()) / n, 2), "messages": per_topic}
+            "kafka_messages_per_step": round(sum(per_topic.values()) / n, 2), "messages": per_topic,
+            "cpu_ms_per_step_by_process": dict(sorted(cpu_ms.items(), key=lambda kv: -kv[1]))}
 
 
 def blackbox_throughput(stack: Stack, calls: int) -> dict[str, Any]:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
@@ -45,3 +47,33 @@ def settled_message_counts(bootstrap: str, label: Callable[[str], str | None]) -
         return current
     finally:
         consumer.close()
+
+
+def cpu_by_role(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``pid`` and its live descendants, summed by role: ``clawr1 <role>`` processes
+    by their role, the Kafka broker as ``broker`` (a java process), anything else by its program name."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+
+    def walk(p: int) -> None:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            tasks = list(Path(f"/proc/{p}/task").iterdir())
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            return
+        if "clawr1.cli" in argv and argv.index("clawr1.cli") + 1 < len(argv):
+            role = argv[argv.index("clawr1.cli") + 1]
+        else:
+            role = "broker" if Path(argv[0]).name == "java" else Path(argv[0]).name
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        for task in tasks:
+            try:
+                children = (task / "children").read_text().split()
+            except FileNotFoundError:
+                continue
+            for child in children:
+                walk(int(child))
+
+    walk(pid)
+    return out
