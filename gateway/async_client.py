@@ -18,25 +18,18 @@ from typing import Any
 
 import httpx
 
-from clawr1.gateway.client import GatewayClient, Retries, _chunks
+from clawr1.gateway.client import ClientPolicy, Retries, _chunks
 
 
-class AsyncGatewayClient:
+class AsyncGatewayClient(ClientPolicy):
     def __init__(self, api_url: str, api_key: str | None = None, *, batch_size: int = 100,
                  timeout_s: float = 30.0, max_retries: int | None = None, retry_for_s: float = 120.0,
                  backoff_s: float = 0.2, max_backoff_s: float = 10.0,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         """Arguments as ``GatewayClient``'s."""
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.batch_size = batch_size
-        self.max_retries = max_retries
-        self.retry_for_s = retry_for_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self._http = httpx.AsyncClient(base_url=api_url.rstrip("/"), headers=headers, timeout=timeout_s,
-                                       transport=transport)
-
-    retry_delay = GatewayClient.retry_delay
+        super().__init__(api_key, batch_size, max_retries, retry_for_s, backoff_s, max_backoff_s)
+        self._http = httpx.AsyncClient(base_url=api_url.rstrip("/"), headers=self.auth_headers,
+                                       timeout=timeout_s, transport=transport)
 
     async def __aenter__(self) -> AsyncGatewayClient:
         return self

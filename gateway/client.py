@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 
@@ -39,20 +39,36 @@ def _chunks(items: Sequence[Mapping[str, Any]], size: int) -> Iterator[Sequence[
         yield items[start:start + size]
 
 
-class GatewayClient:
-    def __init__(self, api_url: str, api_key: str | None = None, *, batch_size: int = 100,
-                 timeout_s: float = 30.0, max_retries: int | None = None, retry_for_s: float = 120.0,
-                 backoff_s: float = 0.2, max_backoff_s: float = 10.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+class ClientPolicy:
+    """What the sync and the async client share: the auth header, batching and the retry policy."""
+
+    def __init__(self, api_key: str | None, batch_size: int, max_retries: int | None, retry_for_s: float,
+                 backoff_s: float, max_backoff_s: float) -> None:
         """``max_retries`` (None: no count limit) and ``retry_for_s`` both bound the retries of one
         request; whichever is reached first ends them."""
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.auth_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.batch_size = batch_size
         self.max_retries = max_retries
         self.retry_for_s = retry_for_s
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
-        self._http = httpx.Client(base_url=api_url.rstrip("/"), headers=headers, timeout=timeout_s,
+
+    def retry_delay(self, attempt: int, retry_after: str) -> float:
+        """Exponential backoff, or longer when the gateway asked for it, never over max_backoff_s."""
+        backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+        try:
+            return min(self.max_backoff_s, max(backoff, float(retry_after)))
+        except ValueError:
+            return backoff
+
+
+class GatewayClient(ClientPolicy):
+    def __init__(self, api_url: str, api_key: str | None = None, *, batch_size: int = 100,
+                 timeout_s: float = 30.0, max_retries: int | None = None, retry_for_s: float = 120.0,
+                 backoff_s: float = 0.2, max_backoff_s: float = 10.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        super().__init__(api_key, batch_size, max_retries, retry_for_s, backoff_s, max_backoff_s)
+        self._http = httpx.Client(base_url=api_url.rstrip("/"), headers=self.auth_headers, timeout=timeout_s,
                                   transport=transport)
 
     def __enter__(self) -> GatewayClient:
@@ -104,27 +120,12 @@ class GatewayClient:
             if ids is not None:
                 return ids
 
-    def retry_delay(self, attempt: int, retry_after: str) -> float:
-        """Exponential backoff, or longer when the gateway asked for it, never over max_backoff_s."""
-        backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-        try:
-            return min(self.max_backoff_s, max(backoff, float(retry_after)))
-        except ValueError:
-            return backoff
-
-
-class RetryPolicy(Protocol):
-    max_retries: int | None
-    retry_for_s: float
-
-    def retry_delay(self, attempt: int, retry_after: str) -> float: ...
-
 
 class Retries:
     """The retry budget of one request, shared by the sync and the async client: how long to wait
     before the next attempt, and what an attempt's answer means (ids, retry, or give up)."""
 
-    def __init__(self, policy: RetryPolicy, path: str) -> None:
+    def __init__(self, policy: ClientPolicy, path: str) -> None:
         self.policy = policy
         self.path = path
         self.deadline = time.monotonic() + policy.retry_for_s
