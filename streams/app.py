@@ -261,9 +261,10 @@ class StreamsApp:
             return
         name = self.targets_topic.get_topic_name()
         partitions = self.app.consumer.topic_partitions(name) or self.config.partitions
+        sent = STREAM_EVENTS_OUT.labels(topic=name)
         for partition, packed in messages.pack_targets(entries, partitions).items():
             await self.targets_topic.send(key=None, value=packed, partition=partition)
-            STREAM_EVENTS_OUT.labels(topic=self.targets_topic.get_topic_name()).inc()
+            sent.inc()
 
     async def _guarded(self, event: EventLike, handler: Callable[[EventLike], Awaitable[None]],
                        stage: str) -> None:
@@ -330,17 +331,17 @@ class StreamsApp:
             await self._publish_fact(fact)
         if len(turn.replies) > 1 and turn.engine_response_id:  # the bare id names every choice
             for step_id, assignment in zip(step_ids_of(turn), linked.assignments, strict=True):
-                await self._publish_target(turn.engine_response_id, step_id, Target(
+                self._publish_target(turn.engine_response_id, step_id, Target(
                     assignment.trajectory_id, turn.created_at_ms, choice=True))
         for step_id, trajectory_id in linked.superseded:
             await self._send(self.trajectories_topic, trajectory_id,
                              messages.encode(messages.SUPERSEDE, step_id=step_id))
         if linked.continued is not None:
             c = linked.continued
-            await self._publish_target(c.response_id, c.step_id,
-                                       Target(c.trajectory_id, c.created_at_ms, choice=True, continued=True))
+            self._publish_target(c.response_id, c.step_id,
+                                 Target(c.trajectory_id, c.created_at_ms, choice=True, continued=True))
 
-    async def _publish_target(self, target_id: str, step_id: str, target: Target) -> None:
+    def _publish_target(self, target_id: str, step_id: str, target: Target) -> None:
         """Index entries leave packed at the end of the agent's batch (``_send_packed_targets``)."""
         _OUTBOX.get().append((target_id, {"kind": messages.TARGET, "step_id": step_id,
                                           "target": target.__dict__}))
@@ -354,20 +355,20 @@ class StreamsApp:
             # so the step joins here instead of taking a hop through the trajectories topic.
             trajectory = TrajectoryState.from_json(self.join_trajectories.get(trajectory_id))
             await self._on_step_fact(trajectory_id, trajectory, fact)
-            await self._publish_targets(fact)
+            self._publish_targets(fact)
         else:
             await self._publish_fact(fact)
 
     async def _publish_fact(self, fact: StepFact) -> None:
         await self._send(self.trajectories_topic, fact.step["trajectory_id"], messages.step_message(fact))
-        await self._publish_targets(fact)
+        self._publish_targets(fact)
 
-    async def _publish_targets(self, fact: StepFact) -> None:
+    def _publish_targets(self, fact: StepFact) -> None:
         """Index the step under its step id and response id, where feedback by either meets it."""
         step = fact.step
+        target = Target(step["trajectory_id"], step["created_at_ms"])
         for target_id in sorted({step["step_id"], step["response_id"]}):
-            await self._publish_target(target_id, step["step_id"],
-                                       Target(step["trajectory_id"], step["created_at_ms"]))
+            self._publish_target(target_id, step["step_id"], target)
 
     async def _on_feedback(self, event: EventLike) -> None:
         _, record = self.codec.decode(event.value, expect=topics.RAW_FEEDBACK.schema)
