@@ -161,10 +161,9 @@ class PoolConsumer:
         self._pending: Future[None] | None = None
         self._committer: ThreadPoolExecutor | None = None
         self.read_ahead = read_ahead
-        # Ready steps read ahead and not handed out yet (not in flight): the rest of the last page, with
-        # the epoch and policy version it was read under and when (time.monotonic()).
+        # Ready steps read ahead and not handed out yet (not in flight): the rest of the last page, and
+        # when it was read (time.monotonic()). A new epoch, a seek or a new policy version drops it.
         self._ahead: pa.Table | None = None
-        self._ahead_key: tuple[str, int | None] = ("", None)
         self._ahead_at = 0.0
         self._tokens_per_step: float | None = None  # of the ready steps read so far: sizes read-ahead pages
         self._transport: Transport | None = (
@@ -301,10 +300,8 @@ class PoolConsumer:
         ``read_ahead`` batches. Steps read ahead are not in flight: a crash or ``close()`` forgets them
         and nothing is lost; a seek (here or by another member, seen by the position read every poll)
         or a new policy version drops them."""
-        ahead, key = self._ahead, (scope.epoch, self._policy_version)
-        self._ahead = None
-        fresh = ahead is not None and self._ahead_key == key and (
-            time.monotonic() - self._ahead_at < READ_AHEAD_MAX_AGE_S)
+        ahead, self._ahead = self._ahead, None
+        fresh = ahead is not None and time.monotonic() - self._ahead_at < READ_AHEAD_MAX_AGE_S
         if not (fresh and ahead is not None and _fills(ahead, max_steps, max_tokens)):
             ahead = self._ready_steps(clauses, params, scope, max_steps, max_tokens, self._scan(max_steps))
             self._ahead_at = time.monotonic()
@@ -312,7 +309,7 @@ class PoolConsumer:
                 self._tokens_per_step = int(pc.sum(_token_counts(ahead)).as_py() or 0) / ahead.num_rows
         batch = _within(ahead, max_steps, max_tokens)
         if batch.num_rows < ahead.num_rows:
-            self._ahead, self._ahead_key = ahead.slice(batch.num_rows), key
+            self._ahead = ahead.slice(batch.num_rows)
         return batch
 
     def _scan(self, max_steps: int) -> int:

@@ -49,7 +49,6 @@ class DirectTransport:
             ) from exc
         self._errors: tuple[type[Exception], ...] = (PoolError, ClickHouseError)
         self._unavailable = OperationalError
-        self._dsn = dsn
         self._writer: PoolStore | None = None  # its own connection: inserts run beside queries
         self._writer_lock = threading.Lock()
         try:
@@ -85,7 +84,7 @@ class DirectTransport:
                 if self._writer is None:
                     from clawr1.pool.store import PoolStore
 
-                    self._writer = PoolStore(self._dsn)
+                    self._writer = PoolStore(self._store.dsn)
                 self._writer.insert_raw(table, sink.getvalue().to_pybytes(), "ArrowStream", data.column_names)
         except self._errors as exc:
             raise self._translate(exc) from exc
