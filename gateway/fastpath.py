@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, StepIn
+from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, ID_MAX, NAME_MAX, StepIn
 from clawr1.gateway.records import compact_json, uuid5_of
 from clawr1.schemas.codec import AvroCodec, current_schema
 
@@ -44,7 +44,7 @@ FIELDS: tuple[tuple[str, Any], ...] = (
     ("content_digest", "string"), ("channel", "string"),
 )
 _STEP_FIELDS = frozenset(StepIn.model_fields)
-_CHANNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_CHANNEL = re.compile(CHANNEL_PATTERN)
 _FLOAT_EXACT = 2**53
 _LITTLE_ENDIAN = sys.byteorder == "little"
 
@@ -264,10 +264,10 @@ class StepEncoder:
         if type(item) is not dict or not item.keys() <= _STEP_FIELDS:
             raise _Decline
         get = item.get
-        step_id = _optional_text(get("step_id"), 1, 256)
-        trajectory_id = _text(get("trajectory_id"), 1, 256)
+        step_id = _optional_text(get("step_id"), 1, ID_MAX)
+        trajectory_id = _text(get("trajectory_id"), 1, ID_MAX)
         step_index = _integer(get("step_index"), 0, AVRO_INT_LIMIT)
-        group_id = _optional_text(get("prompt_group_id"), 1, 256)
+        group_id = _optional_text(get("prompt_group_id"), 1, ID_MAX)
         group_size = _optional_integer(get("prompt_group_size"), 1, AVRO_INT_LIMIT)
         prompt = _token_ids(get("prompt_token_ids", []))
         response = _token_ids(get("response_token_ids", []))
@@ -280,8 +280,8 @@ class StepEncoder:
         reward_final = _flag(get("reward_final", True))
         terminal = _flag(get("terminal", False))
         policy_version = _optional_integer(get("policy_version"), 0, AVRO_LONG_LIMIT)
-        model = _optional_text(get("model"), 1, 128)
-        agent = _optional_text(get("agent"), 1, 128)
+        model = _optional_text(get("model"), 1, NAME_MAX)
+        agent = _optional_text(get("agent"), 1, NAME_MAX)
         channel = get("channel", "train")
         if type(channel) is not str or _CHANNEL.fullmatch(channel) is None:
             raise _Decline

@@ -25,9 +25,14 @@ from pydantic.config import JsonDict
 AVRO_INT_LIMIT = 2**31
 AVRO_LONG_LIMIT = 2**63
 
-Id = Annotated[str, StringConstraints(min_length=1, max_length=256)]
-Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
-Channel = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+# The limits as values too: the steps fast path (gateway/fastpath.py) checks the same ones without a model.
+ID_MAX = 256
+NAME_MAX = 128
+CHANNEL_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)]
+Channel = Annotated[str, StringConstraints(pattern=f"^{CHANNEL_PATTERN}$")]
 
 
 def _whole(value: Any) -> Any:

@@ -36,7 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from clawr1.proxy.token_ids import ID_FIELDS, Injection, choice_list, is_empty_chunk, strip_body
+from clawr1.proxy.token_ids import (
+    ID_FIELDS,
+    Injection,
+    carries_sglext,
+    choice_list,
+    is_empty_chunk,
+    strip_body,
+)
 
 Json = dict[str, Any]
 
@@ -293,7 +300,7 @@ def _strip(data: bytes, injection: Injection, chunk: bool) -> bytes | Outcome:
         return UNSURE
     if not isinstance(obj, dict) or len(markers.made) != len(spans):
         return UNSURE  # not an object, or NaN of the engine's own
-    carried_sglext = injection.sglext and ("sglext" in obj or any("sglext" in c for c in choice_list(obj)))
+    carried_sglext = carries_sglext(obj, injection)
     try:
         planned = _plan(obj, injection, spans)
     except _Unsure:

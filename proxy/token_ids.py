@@ -181,10 +181,15 @@ def is_empty_chunk(obj: Json) -> bool:
     )
 
 
+def carries_sglext(obj: Json, injection: Injection) -> bool:
+    """Whether a chunk carries the ``sglext`` the proxy asked SGLang for (before it is stripped)."""
+    return bool(injection.sglext) and ("sglext" in obj or any("sglext" in c for c in choice_list(obj)))
+
+
 def strip_chunk(obj: Json, injection: Injection) -> bool | None:
     """``strip_json`` for one stream chunk; None when the chunk existed only to carry what the proxy
     asked for (SGLang's final ``sglext`` chunk), so the agent must not get it at all."""
-    carried_sglext = injection.sglext and ("sglext" in obj or any("sglext" in c for c in choice_list(obj)))
+    carried_sglext = carries_sglext(obj, injection)
     changed = strip_json(obj, injection)
     return None if carried_sglext and is_empty_chunk(obj) else changed
 
