@@ -44,7 +44,7 @@ from confluent_kafka import TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile  # noqa: E402
+from bench.common import free_port, percentile, process_cpu_s  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.core.settings import Settings  # noqa: E402
@@ -119,7 +119,7 @@ class Baseline:
     def run(self, count: int) -> Phase:
         producer, topic, messages = self.producer, self.topic, self.messages
         self.acked = 0
-        cpu = own_cpu_s()
+        cpu = time.process_time()
         started = time.perf_counter()
         for n in range(count):
             key, value = messages[n % len(messages)]
@@ -132,25 +132,19 @@ class Baseline:
             producer.poll(0)
         left = producer.flush(60)
         elapsed = time.perf_counter() - started
-        cpu = own_cpu_s() - cpu
+        cpu = time.process_time() - cpu
         if left or self.acked != count:
             raise RuntimeError(f"baseline: {count - self.acked} messages not acknowledged")
         return Phase("kafka_producer_direct", count, elapsed, count / elapsed,
                      cpu_us_per_step=round(1e6 * cpu / count, 1))
 
 
-def own_cpu_s() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
-def process_cpu_s(pid: int | None) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (Linux /proc; None elsewhere)."""
+def server_cpu_s(pid: int | None) -> float | None:
+    """The gateway process's CPU seconds so far; None where /proc cannot tell."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if pid is None else process_cpu_s(pid)
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _serve(bootstrap: str, topics: tuple[str, str, str], port: int, profile: str) -> None:
@@ -201,11 +195,11 @@ async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int
 
         # Open every connection before the clock starts: the phase measures requests, not handshakes.
         await asyncio.gather(*(client.get("/healthz") for _ in range(concurrency)))
-        server_cpu, client_cpu = process_cpu_s(server_pid), own_cpu_s()
+        server_cpu, client_cpu = server_cpu_s(server_pid), time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
-        server_after, client_cpu = process_cpu_s(server_pid), own_cpu_s() - client_cpu
+        server_after, client_cpu = server_cpu_s(server_pid), time.process_time() - client_cpu
     steps = len(latencies) * per_request
     per_step = (None if server_cpu is None or server_after is None or not steps
                 else round(1e6 * (server_after - server_cpu) / steps, 1))

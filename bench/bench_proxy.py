@@ -47,12 +47,11 @@ from confluent_kafka import TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port  # noqa: E402
+from bench.common import cpu_by_role, free_port, process_cpu_s  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer  # noqa: E402
 
 PARTITIONS = 4
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROXY_MAIN = (
     "import sys; from clawr1.core.settings import load_settings; from clawr1.proxy.runner import run_proxy; "
     "sys.exit(run_proxy(load_settings(), lambda: print('READY', flush=True), topic=sys.argv[1]))"
@@ -128,20 +127,7 @@ def process(
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """CPU seconds of ``pid`` itself (the event loop that forwards traffic) and of it with every live
     descendant (the proxy's emitter and extra proxy processes)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    total = own
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            children = (task / "children").read_text().split()
-        except FileNotFoundError:  # a thread (or a child) that ended meanwhile
-            continue
-        for child in children:
-            try:
-                total += cpu_seconds(int(child))[1]
-            except FileNotFoundError:
-                continue
-    return own, total
+    return process_cpu_s(pid), sum(cpu_by_role(pid).values())
 
 
 def conversation(n: int) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile, settled_message_counts  # noqa: E402
+from bench.common import free_port, percentile, process_cpu_s, settled_message_counts  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.conversation import conversation_key  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
@@ -113,10 +113,7 @@ class Worker:
         return time.monotonic()
 
     def cpu_seconds(self) -> float:
-        """User + system CPU the worker has used so far (Linux /proc): a figure that a busy,
-        shared machine does not distort the way wall-clock rates are distorted."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.process.pid)
 
     def stop(self) -> None:
         if self.process.poll() is None:

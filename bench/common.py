@@ -49,15 +49,21 @@ def settled_message_counts(bootstrap: str, label: Callable[[str], str | None]) -
         consumer.close()
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads) has used so far (Linux /proc): a figure
+    a busy, shared machine does not distort the way it distorts wall-clock rates."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_by_role(pid: int) -> dict[str, float]:
     """CPU seconds so far of ``pid`` and its live descendants, summed by role: ``clawr1 <role>`` processes
     by their role, the Kafka broker as ``broker`` (a java process), anything else by its program name."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
 
     def walk(p: int) -> None:
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            cpu = process_cpu_s(p)
             argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
             tasks = list(Path(f"/proc/{p}/task").iterdir())
         except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
@@ -66,7 +72,7 @@ def cpu_by_role(pid: int) -> dict[str, float]:
             role = argv[argv.index("clawr1.cli") + 1]
         else:
             role = "broker" if Path(argv[0]).name == "java" else Path(argv[0]).name
-        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / ticks
+        out[role] = out.get(role, 0.0) + cpu
         for task in tasks:
             try:
                 children = (task / "children").read_text().split()
