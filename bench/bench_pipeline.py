@@ -10,7 +10,10 @@ round trip of same-size messages on the same broker, in the same run.
 - messages: for each white-box run, the messages every topic of the stack gained (offsets), per step,
   and the CPU each process of the stack (and this client) spent per step.
 - black-box: M chat calls with the official openai SDK through the proxy's reverse port in front of the
-  stand-in engine, timed from the first call until all M steps are queryable.
+  stand-in engine, made by ``--agents`` agents at once (each its own client, one call after another),
+  timed from the first call until all M steps are queryable; with the same messages and CPU figures
+  per call (the stand-in engine's CPU as ``engine``). One agent alone measures a call's latency, not
+  what the stack can take.
 - freshness: steps posted one batch at a time at fixed rates (default 25%, 50% and 80% of the measured
   white-box capacity, and a steady 100 steps/s); per step ``ingested_at - created_at_ms`` (gateway
   receive -> sink insert, both on this machine's clock), p50 and p99.
@@ -18,8 +21,8 @@ round trip of same-size messages on the same broker, in the same run.
 The whole stack is the real one (``clawr1 up``: broker, API with sink, stream worker, proxy) on a
 private data dir and free ports, torn down at the end.
 
-    .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 200] [--batch 500] [--seconds 10]
-        [--long 200]
+    .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 500]
+        [--seconds 10] [--long 200]
 
 Results: bench/results/bench_pipeline.json.
 """
@@ -36,6 +39,8 @@ import sys
 import tempfile
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +50,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-from bench.common import cpu_by_role, free_port, percentile, settled_message_counts  # noqa: E402
+from bench.common import (  # noqa: E402
+    cpu_by_role,
+    free_port,
+    percentile,
+    process_cpu_s,
+    settled_message_counts,
+)
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.gateway.client import GatewayClient  # noqa: E402
 from clawr1.schemas.codec import codec_for  # noqa: E402
@@ -155,44 +166,67 @@ def topic_counts(bootstrap: str) -> dict[str, int]:
     return settled_message_counts(bootstrap, lambda name: None if name.startswith(("__", "bench.")) else name)
 
 
+@dataclass(frozen=True)
+class Costs:
+    """The stack's topic offsets and CPU by process at one moment, to charge a run's work with."""
+
+    messages: dict[str, int]
+    cpu_s: dict[str, float]
+
+    @classmethod
+    def now(cls, stack: Stack) -> Costs:
+        cpu = {**cpu_by_role(stack.up.pid), "engine": process_cpu_s(stack.engine.pid),
+               "client": time.process_time()}  # this bench's own polling for the count included
+        return cls(topic_counts(stack.bootstrap), cpu)
+
+    def per_unit_since(self, start: Costs, units: int, unit: str) -> dict[str, Any]:
+        cpu_ms = {role: round(1000 * (self.cpu_s[role] - start.cpu_s.get(role, 0.0)) / units, 3)
+                  for role in self.cpu_s}
+        per_topic = {name: self.messages[name] - start.messages.get(name, 0) for name in sorted(self.messages)
+                     if self.messages[name] != start.messages.get(name, 0)}
+        by_cost = dict(sorted(cpu_ms.items(), key=lambda kv: -kv[1]))
+        return {f"kafka_messages_per_{unit}": round(sum(per_topic.values()) / units, 2),
+                "messages": per_topic, f"cpu_ms_per_{unit}_by_process": by_cost}
+
+
 def whitebox_throughput(stack: Stack, n: int, batch: int, length: int = 10) -> dict[str, Any]:
-    """Steps/s posted -> queryable, and the Kafka messages each step cost (all topics, from offsets)."""
+    """Steps/s posted -> queryable, and the Kafka messages and CPU each step cost."""
     run = "bw" + uuid.uuid4().hex[:8]
     steps = [step(run, i, length) for i in range(n)]
-    before = topic_counts(stack.bootstrap)
-    cpu_before, client_before = cpu_by_role(stack.up.pid), time.process_time()
+    before = Costs.now(stack)
     with GatewayClient(stack.api, batch_size=batch, timeout_s=120) as client:
         started = time.monotonic()
         client.submit_steps(steps)
         accepted = time.monotonic()
     done = stack.wait_count(f"trajectory_id LIKE '{run}-%'", n, timeout=600)
-    cpu_after, client_after = cpu_by_role(stack.up.pid), time.process_time()
-    after = topic_counts(stack.bootstrap)
-    # Where the machine's CPU went per step (this bench's own polling for the count included in client).
-    cpu_ms = {role: round(1000 * (cpu_after[role] - cpu_before.get(role, 0.0)) / n, 3) for role in cpu_after}
-    cpu_ms["client"] = round(1000 * (client_after - client_before) / n, 3)
-    per_topic = {name: after[name] - before.get(name, 0) for name in sorted(after)
-                 if after[name] != before.get(name, 0)}
     return {"steps": n, "batch": batch, "trajectory_length": length, "accept_s": round(accepted - started, 3),
             "queryable_s": round(done - started, 3), "steps_per_s": round(n / (done - started), 1),
-            "kafka_messages_per_step": round(sum(per_topic.values()) / n, 2), "messages": per_topic,
-            "cpu_ms_per_step_by_process": dict(sorted(cpu_ms.items(), key=lambda kv: -kv[1]))}
+            **Costs.now(stack).per_unit_since(before, n, "step")}
 
 
-def blackbox_throughput(stack: Stack, calls: int) -> dict[str, Any]:
+def blackbox_throughput(stack: Stack, calls: int, agents: int) -> dict[str, Any]:
+    """Calls/s proxied -> queryable with ``agents`` agents calling at once, and each call's costs."""
     from openai import OpenAI
 
     agent = "bb" + uuid.uuid4().hex[:8]
-    client = OpenAI(base_url=f"http://127.0.0.1:{stack.reverse_port}/v1", api_key="sk-bench",
-                    default_headers={"X-Claw-Agent": agent})
+
+    def one_agent(index: int) -> None:
+        with OpenAI(base_url=f"http://127.0.0.1:{stack.reverse_port}/v1", api_key="sk-bench",
+                    default_headers={"X-Claw-Agent": agent}) as client:
+            for i in range(index, calls, agents):
+                client.chat.completions.create(model="standin", messages=[
+                    {"role": "system", "content": "bench"}, {"role": "user", "content": f"{agent} task {i}"}])
+
+    before = Costs.now(stack)
     started = time.monotonic()
-    for i in range(calls):
-        client.chat.completions.create(model="standin", messages=[
-            {"role": "system", "content": "bench"}, {"role": "user", "content": f"{agent} task {i}"}])
+    with ThreadPoolExecutor(agents) as pool:
+        list(pool.map(one_agent, range(agents)))
     answered = time.monotonic()
     done = stack.wait_count(f"agent = '{agent}'", calls, timeout=600)
-    return {"calls": calls, "answered_s": round(answered - started, 3),
-            "queryable_s": round(done - started, 3), "calls_per_s": round(calls / (done - started), 1)}
+    return {"calls": calls, "agents": agents, "answered_s": round(answered - started, 3),
+            "answered_calls_per_s": round(calls / (answered - started), 1),
+            "queryable_s": round(done - started, 3), "calls_per_s": round(calls / (done - started), 1),
+            **Costs.now(stack).per_unit_since(before, calls, "call")}
 
 
 def freshness(stack: Stack, rate: float, seconds: float, batch_period: float = 0.2) -> dict[str, Any]:
@@ -221,7 +255,8 @@ def freshness(stack: Stack, rate: float, seconds: float, batch_period: float = 0
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4000)
-    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--calls", type=int, default=800)
+    parser.add_argument("--agents", type=int, default=8, help="black-box agents calling at once")
     parser.add_argument("--batch", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--long", type=int, default=200,
@@ -238,7 +273,7 @@ def main() -> int:
             baseline = kafka_round_trip(stack.bootstrap, max(args.steps, 20_000), size)
             white = whitebox_throughput(stack, args.steps, args.batch)
             long = whitebox_throughput(stack, args.steps, args.batch, args.long) if args.long else None
-            black = blackbox_throughput(stack, args.calls)
+            black = blackbox_throughput(stack, args.calls, args.agents)
             capacity = white["steps_per_s"]
             rates = sorted({round(capacity * f, 1) for f in (0.25, 0.5, 0.8)} | {100.0})
             fresh = [freshness(stack, rate, args.seconds) for rate in rates]
