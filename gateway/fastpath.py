@@ -15,7 +15,6 @@ fails then too, so whoever changes the schema updates this file).
 
 from __future__ import annotations
 
-import hashlib
 import re
 import struct
 import sys
@@ -26,7 +25,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, ID_MAX, NAME_MAX, StepIn
-from clawr1.gateway.records import compact_json, uuid5_of
+from clawr1.gateway.records import compact_json, digest_of, identity_bytes, packed_bytes, uuid5_of
 from clawr1.schemas.codec import AvroCodec, current_schema
 
 SCHEMA = "whitebox_step"
@@ -215,13 +214,6 @@ def _optional_double(value: float | None) -> bytes:
     return b"\x00" if value is None else b"\x02" + struct.pack("<d", value)
 
 
-def _packed_for_hash(packed: array | None) -> bytes:
-    """records._packed of the same values: length first, little-endian items."""
-    if packed is None:
-        return b"\x00\x00\x00\x00"
-    return struct.pack("<I", len(packed)) + packed.tobytes()
-
-
 class StepEncoder:
     """Plain steps -> (id, Kafka key, Avro bytes) as the model path would produce them."""
 
@@ -296,18 +288,17 @@ class StepEncoder:
         metadata_json = compact_json(metadata)  # ValueError (not finite): declined
         messages_json = None if messages is None else compact_json(messages)
 
-        # records.step_record / step_identity / content_digest, on the same bytes.
-        named = compact_json(["step", source_name, trajectory_id, step_index, messages, response_text])
-        identity = named.encode() + _packed_for_hash(prompt) + _packed_for_hash(response)
+        # records.step_record's id and digest, from the same bytes.
+        identity = identity_bytes(source_name, trajectory_id, step_index, messages, response_text,
+                                  packed_bytes(prompt), packed_bytes(response))
         step_id = step_id or uuid5_of(identity)
         rest = {"trajectory_id": trajectory_id, "step_index": step_index, "prompt_group_id": group_id,
                 "prompt_group_size": group_size, "prompt_messages": messages,
                 "response_text": response_text, "reward": reward, "reward_final": reward_final,
                 "terminal": terminal, "policy_version": policy_version, "model": model, "agent": agent,
                 "channel": channel, "metadata": metadata}
-        digest = hashlib.sha256(identity)
-        digest.update(compact_json(rest).encode() + _packed_for_hash(logprobs))
-        digest.update(b"logprobs" if logprobs is not None else b"")
+        digest = digest_of(identity, rest, packed_bytes(array("d") if logprobs is None else logprobs),
+                           logprobs is not None)
 
         assert self._header is not None
         head = b"".join((self._header, _string(step_id), _string(trajectory_id), _varint(step_index),
@@ -317,7 +308,7 @@ class StepEncoder:
             _optional_double(reward), b"\x01" if reward_final else b"\x00", b"\x01" if terminal else b"\x00",
             _optional_long(policy_version), _optional_string(model), _optional_string(agent),
             _string(source_name), _string(metadata_json), _varint(received_at_ms),
-            _string(digest.hexdigest()), _string(channel),
+            _string(digest), _string(channel),
         ))
         return _Step(step_id, trajectory_id, head, prompt, response, tail)
 

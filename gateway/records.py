@@ -50,28 +50,42 @@ def deterministic_id(*parts: Any) -> str:
     return uuid5_of(compact_json(list(parts)).encode())
 
 
-def _packed(values: list[int] | list[float] | None, code: str) -> bytes:
-    """Token ids / logprobs as fixed-width little-endian bytes, length first: hashing a 2k-token step
-    this way costs microseconds, where JSON-serializing it costs a millisecond."""
-    packed = array(code, values or [])
+def packed_bytes(packed: array) -> bytes:
+    """Little-endian items, length first: hashing a 2k-token step this way costs microseconds, where
+    JSON-serializing it costs a millisecond."""
     if sys.byteorder == "big":
+        packed = array(packed.typecode, packed)
         packed.byteswap()
     return struct.pack("<I", len(packed)) + packed.tobytes()
 
 
+def identity_bytes(source_name: str, trajectory_id: str, step_index: int, prompt_messages: Any,
+                   response_text: str | None, prompt_ids: bytes, response_ids: bytes) -> bytes:
+    """Who, where in which trajectory, seeing what, doing what: not the reward or the metadata.
+    Token ids come as ``packed_bytes``; the steps fast path builds the same bytes without a model."""
+    head = compact_json(["step", source_name, trajectory_id, step_index, prompt_messages, response_text])
+    return head.encode() + prompt_ids + response_ids
+
+
+def digest_of(identity: bytes, rest: dict[str, Any], logprobs: bytes, has_logprobs: bool) -> str:
+    """A step's content digest: its identity, every other field but its id, then its logprobs."""
+    digest = hashlib.sha256(identity)
+    digest.update(compact_json(rest).encode() + logprobs)
+    digest.update(b"logprobs" if has_logprobs else b"")
+    return digest.hexdigest()
+
+
 def step_identity(step: StepIn, source_name: str) -> bytes:
-    """Who, where in which trajectory, seeing what, doing what: not the reward or the metadata."""
-    head = compact_json(["step", source_name, step.trajectory_id, step.step_index, step.prompt_messages,
-                         step.response_text])
-    return head.encode() + _packed(step.prompt_token_ids, "i") + _packed(step.response_token_ids, "i")
+    return identity_bytes(source_name, step.trajectory_id, step.step_index, step.prompt_messages,
+                          step.response_text, packed_bytes(array("i", step.prompt_token_ids)),
+                          packed_bytes(array("i", step.response_token_ids)))
 
 
 def content_digest(step: StepIn, source_name: str) -> str:
     rest = step.model_dump(exclude={"step_id", "prompt_token_ids", "response_token_ids", "response_logprobs"})
-    digest = hashlib.sha256(step_identity(step, source_name))
-    digest.update(compact_json(rest).encode() + _packed(step.response_logprobs, "d"))
-    digest.update(b"logprobs" if step.response_logprobs is not None else b"")
-    return digest.hexdigest()
+    logprobs = step.response_logprobs
+    return digest_of(step_identity(step, source_name), rest, packed_bytes(array("d", logprobs or [])),
+                     logprobs is not None)
 
 
 def step_record(step: StepIn, source_name: str, received_at_ms: int) -> Outgoing:

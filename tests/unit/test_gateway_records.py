@@ -42,6 +42,15 @@ def test_generated_step_id_is_stable_across_retries_and_reward_updates() -> None
     assert rewarded.record["content_digest"] != first.record["content_digest"]
 
 
+def test_step_ids_and_digests_do_not_drift_between_releases() -> None:
+    # Stored ids and digests make a re-sent step a duplicate; a change to how they are computed would
+    # turn every re-send after an upgrade into a new step. These values were written by the release
+    # before the fast path and the model path shared one formula.
+    out = step_record(STEP, "agent-a", 1234)
+    assert out.id == "766293f3-5a31-5b36-9795-4717f63455e7"
+    assert out.record["content_digest"] == "59d67f4d73def3d1dd8c292a06ef792d6340da80868bc2c5479ea1c0976cf2e9"
+
+
 def test_step_identity_differs_by_source_position_and_content() -> None:
     base = step_record(STEP, "agent-a", 1).id
     assert step_record(STEP, "agent-b", 1).id != base
