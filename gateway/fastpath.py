@@ -297,8 +297,7 @@ class StepEncoder:
                 "response_text": response_text, "reward": reward, "reward_final": reward_final,
                 "terminal": terminal, "policy_version": policy_version, "model": model, "agent": agent,
                 "channel": channel, "metadata": metadata}
-        digest = digest_of(identity, rest, packed_bytes(array("d") if logprobs is None else logprobs),
-                           logprobs is not None)
+        digest = digest_of(identity, rest, logprobs)
 
         assert self._header is not None
         head = b"".join((self._header, _string(step_id), _string(trajectory_id), _varint(step_index),

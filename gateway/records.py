@@ -67,11 +67,11 @@ def identity_bytes(source_name: str, trajectory_id: str, step_index: int, prompt
     return head.encode() + prompt_ids + response_ids
 
 
-def digest_of(identity: bytes, rest: dict[str, Any], logprobs: bytes, has_logprobs: bool) -> str:
+def digest_of(identity: bytes, rest: dict[str, Any], logprobs: array | None) -> str:
     """A step's content digest: its identity, every other field but its id, then its logprobs."""
     digest = hashlib.sha256(identity)
-    digest.update(compact_json(rest).encode() + logprobs)
-    digest.update(b"logprobs" if has_logprobs else b"")
+    digest.update(compact_json(rest).encode() + packed_bytes(array("d") if logprobs is None else logprobs))
+    digest.update(b"" if logprobs is None else b"logprobs")
     return digest.hexdigest()
 
 
@@ -83,9 +83,8 @@ def step_identity(step: StepIn, source_name: str) -> bytes:
 
 def content_digest(step: StepIn, source_name: str) -> str:
     rest = step.model_dump(exclude={"step_id", "prompt_token_ids", "response_token_ids", "response_logprobs"})
-    logprobs = step.response_logprobs
-    return digest_of(step_identity(step, source_name), rest, packed_bytes(array("d", logprobs or [])),
-                     logprobs is not None)
+    logprobs = None if step.response_logprobs is None else array("d", step.response_logprobs)
+    return digest_of(step_identity(step, source_name), rest, logprobs)
 
 
 def step_record(step: StepIn, source_name: str, received_at_ms: int) -> Outgoing:
