@@ -82,6 +82,22 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
+def controller_port_beside(port: int) -> int:
+    """``port + 1`` when nothing holds it, else a free port the system picks.
+
+    A client's outgoing connection can sit on the port next to the broker's (seen in CI: the controller
+    could not bind, and the broker exited before the stack came up).
+    """
+    for candidate in (port + 1, 0):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+            return int(probe.getsockname()[1])
+    raise BrokerError("no free port for the broker's controller listener")
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):
@@ -120,7 +136,7 @@ class KafkaBroker:
     def prepare(self) -> Path:
         """Write the config and format KRaft storage on first use; returns the properties file."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cport = self.controller_port or self.port + 1
+        cport = self.controller_port or controller_port_beside(self.port)
         config = self.data_dir / "server.properties"
         config.write_text(server_properties(self.data_dir.resolve(), self.port, cport))
         (self.data_dir / "log4j2.xml").write_text(_LOG4J2_XML.format(log_file=self.log_file.resolve()))

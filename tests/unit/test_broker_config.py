@@ -1,7 +1,8 @@
-"""Pure parts of the broker launcher: cluster ids and single-node settings."""
+"""Pure parts of the broker launcher: cluster ids, single-node settings, the controller port."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from unittest import mock
 
@@ -28,3 +29,14 @@ def test_single_node_settings_keep_internal_topics_on_one_replica() -> None:
     ):
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
+
+
+def test_the_controller_moves_off_a_next_port_something_holds() -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        port = held.getsockname()[1]
+        # The port after port - 1 is held, so another, free port is chosen for the controller.
+        chosen = launcher.controller_port_beside(port - 1)
+        assert chosen != port
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", chosen))  # and it is free
