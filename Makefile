@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --prefer-binary -c constraints.txt -e '.[all,test,tokenizer]'
+	$(BIN)/pip install -q --prefer-binary -c constraints.txt -e '.[all,test,tokenizer,demo]'
 	touch $@
 
 # Apache Kafka (KRaft) jars from Maven Central, as pinned in broker/pom.xml.

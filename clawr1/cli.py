@@ -265,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         from clawr1.streams.worker import run_worker
 
         config = StreamConfig.from_settings(settings)
-        t = config.topics  # what the worker's agents read (Faust's group is its app id)
-        read = [t.raw_llm, t.raw_events, t.raw_steps, t.raw_feedback, t.targets, t.trajectories, t.scopes]
+        read = config.topics.inputs()  # what the worker reads (its consumer group is its app id)
         served = _or_exit("worker", lambda: serve_role_metrics(
             settings, "worker_metrics_port", {config.app_id: read}))
         return served or run_worker(settings, ready=_ready_marker(settings, "worker"), config=config)

@@ -22,6 +22,8 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from clawr1.schemas.batch import batch_name, batch_schema, record_name_of, records_of
+
 SCHEMA_DIR = Path(__file__).resolve().parent
 HISTORY_DIR = SCHEMA_DIR / "history"
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
@@ -49,7 +51,13 @@ class SchemaVersion:
 
 
 def schema_names() -> list[str]:
+    """The record schemas (``*.avsc``); each also has a derived envelope schema (``<name>_batch``)."""
     return sorted(p.stem for p in SCHEMA_DIR.glob("*.avsc"))
+
+
+def all_schema_names() -> list[str]:
+    """Every schema a message may be written with: the records and their envelopes."""
+    return sorted([*schema_names(), *(batch_name(n) for n in schema_names())])
 
 
 def _version(name: str, raw: dict[str, Any]) -> SchemaVersion:
@@ -62,14 +70,21 @@ def _version(name: str, raw: dict[str, Any]) -> SchemaVersion:
 
 @cache
 def current_schema(name: str) -> SchemaVersion:
+    record = record_name_of(name)
+    if record is not None:
+        return _version(name, batch_schema(current_schema(record).raw))
     path = SCHEMA_DIR / f"{name}.avsc"
     if not path.exists():
-        raise CodecError(f"unknown schema {name!r}; known: {', '.join(schema_names())}")
+        raise CodecError(f"unknown schema {name!r}; known: {', '.join(all_schema_names())}")
     return _version(name, json.loads(path.read_text()))
 
 
 def history_versions(name: str) -> list[SchemaVersion]:
-    """Earlier released versions, kept so old messages stay readable (``history/<name>.v<N>.avsc``)."""
+    """Earlier released versions, kept so old messages stay readable (``history/<name>.v<N>.avsc``);
+    an envelope's are derived from its record's."""
+    record = record_name_of(name)
+    if record is not None:
+        return [_version(name, batch_schema(v.raw)) for v in history_versions(record)]
     paths = sorted(HISTORY_DIR.glob(f"{name}.v*.avsc"), key=lambda p: int(p.stem.rsplit(".v", 1)[1]))
     return [_version(name, json.loads(p.read_text())) for p in paths]
 
@@ -77,7 +92,7 @@ def history_versions(name: str) -> list[SchemaVersion]:
 @lru_cache(maxsize=1)
 def _by_fingerprint() -> dict[bytes, SchemaVersion]:
     table: dict[bytes, SchemaVersion] = {}
-    for name in schema_names():
+    for name in all_schema_names():
         for version in [*history_versions(name), current_schema(name)]:
             table[version.fingerprint] = version
     return table
@@ -85,8 +100,8 @@ def _by_fingerprint() -> dict[bytes, SchemaVersion]:
 
 @lru_cache(maxsize=1)
 def _record_names() -> dict[str, str]:
-    """Avro record name (e.g. ``Step``) -> schema file name (``step``): a registry knows only the former."""
-    return {current_schema(name).raw["name"]: name for name in schema_names()}
+    """Avro record name (e.g. ``Step``) -> schema name (``step``): a registry knows only the former."""
+    return {current_schema(name).raw["name"]: name for name in all_schema_names()}
 
 
 def _name_of_record(record_name: str) -> str | None:
@@ -182,6 +197,29 @@ class AvroCodec:
         except Exception as exc:  # noqa: BLE001 - fastavro raises many types on corrupt bodies
             raise DecodeError(f"corrupt {writer.name!r} body: {exc}") from exc
         return writer.name, record  # type: ignore[return-value]
+
+    def decode_records(self, data: bytes | None, expect: str, unpack: bool = True) -> list[dict[str, Any]]:
+        """The records of a message written as one ``expect`` record or as its envelope (``<expect>_batch``),
+        plain (token arrays as lists) or, with ``unpack=False``, as they came."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise DecodeError(f"expected bytes, got {type(data).__name__}")
+        name = self.writer_of(bytes(data)).name
+        if name not in (expect, batch_name(expect)):
+            raise DecodeError(f"expected a {expect!r} message, got {name!r} (nor an envelope of {expect!r})")
+        _, record = self.decode(data)
+        if name == expect:
+            return [record]
+        return records_of(expect, record, unpack)
+
+    def decode_all(self, data: bytes | None) -> tuple[str, list[dict[str, Any]]]:
+        """(record schema name, its plain records) of a message written as one record or an envelope."""
+        name, record = self.decode(data)
+        base = record_name_of(name)
+        return (name, [record]) if base is None else (base, records_of(base, record))
+
+    def encode_batch(self, name: str, packed_records: list[dict[str, Any]]) -> bytes:
+        """One envelope message of ``name`` records, given in their packed form (``batch.pack_record``)."""
+        return self.encode(batch_name(name), {"records": packed_records})
 
 
 @lru_cache(maxsize=4)

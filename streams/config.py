@@ -30,17 +30,18 @@ class StreamTopics:
     steps: str = topics.STEPS.name
     prefix_nodes: str = topics.PREFIX_NODES.name
     dlq: str = topics.DLQ.name
-    # Internal re-keying topics (see docs/streams.md for the flow).
-    targets: str = "clawr1.internal.targets"
-    trajectories: str = "clawr1.internal.trajectories"
-    scopes: str = "clawr1.internal.scopes"
+    # What the worker sends its own partitions (clawr1.streams.messages).
+    work: str = "clawr1.internal.work"
 
     def with_suffix(self, suffix: str) -> StreamTopics:
         return replace(self, **{f.name: getattr(self, f.name) + suffix for f in fields(self)})
 
     def all_names(self) -> list[str]:
-        """Topics to create before the worker starts: Faust creates only its changelogs."""
+        """Topics to create before the worker starts (Quix creates only its state changelogs)."""
         return [getattr(self, f.name) for f in fields(self)]
+
+    def inputs(self) -> list[str]:
+        return [self.raw_llm, self.raw_steps, self.raw_events, self.raw_feedback, self.work]
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,6 @@ class StreamConfig:
     topics: StreamTopics = field(default_factory=StreamTopics)
     partitions: int = r.TOPIC_PARTITIONS.default
     replication: int = r.STREAMS_REPLICATION.default
-    # 0 disables Faust's web server (it would otherwise listen on 6066).
-    web_port: int = r.STREAMS_WEB_PORT.default
     tokenizer: str = ""
     schema_registry_url: str = ""
     readiness: ReadinessRule = field(default_factory=ReadinessRule)
@@ -71,13 +70,14 @@ class StreamConfig:
     tree_cache_size: int = 256
     # A killed worker's partitions move to the others after this long (broker minimum: 6 s).
     session_timeout_s: float = r.STREAMS_SESSION_TIMEOUT_S.default
-    # Static group membership when set (CLAWR1_STREAMS_INSTANCE_ID): a restart keeps the partitions.
+    # The worker's slot (CLAWR1_STREAMS_INSTANCE_ID): static membership and a stable transactional id.
     instance_id: str = r.STREAMS_INSTANCE_ID.default
     log_level: str = r.STREAMS_LOG_LEVEL.default
-    # Throughput knobs: the producer's linger, and how many events an agent takes at once.
+    # Checkpoints: one Kafka transaction each (outputs, state changelogs, input offsets).
+    commit_interval_ms: int = r.STREAMS_COMMIT_INTERVAL_MS.default
+    commit_every: int = r.STREAMS_COMMIT_EVERY.default
+    transaction_timeout_ms: int = r.STREAMS_TRANSACTION_TIMEOUT_MS.default
     linger_ms: int = r.STREAMS_LINGER_MS.default
-    batch: int = r.STREAMS_BATCH.default
-    batch_within_ms: int = r.STREAMS_BATCH_WITHIN_MS.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamConfig:
@@ -89,7 +89,6 @@ class StreamConfig:
             topics=StreamTopics().with_suffix(knob(r.TOPIC_SUFFIX)),
             partitions=settings.topic_partitions,
             replication=knob(r.STREAMS_REPLICATION),
-            web_port=knob(r.STREAMS_WEB_PORT),
             tokenizer=settings.tokenizer,
             schema_registry_url=settings.schema_registry_url,
             readiness=ReadinessRule.parse(knob(r.READY_RULE)),
@@ -101,7 +100,8 @@ class StreamConfig:
             session_timeout_s=knob(r.STREAMS_SESSION_TIMEOUT_S),
             instance_id=knob(r.STREAMS_INSTANCE_ID),
             log_level=knob(r.STREAMS_LOG_LEVEL),
+            commit_interval_ms=knob(r.STREAMS_COMMIT_INTERVAL_MS),
+            commit_every=knob(r.STREAMS_COMMIT_EVERY),
+            transaction_timeout_ms=knob(r.STREAMS_TRANSACTION_TIMEOUT_MS),
             linger_ms=knob(r.STREAMS_LINGER_MS),
-            batch=knob(r.STREAMS_BATCH),
-            batch_within_ms=knob(r.STREAMS_BATCH_WITHIN_MS),
         )

@@ -1,7 +1,7 @@
 """Dead-letter records: an event the streams could not use, kept whole with the reason.
 
-The id is the event's position (topic, partition, offset), and the time is the event's own Kafka
-timestamp, so a replay after a crash writes the identical dead letter again (idempotent).
+The id is the event's position (topic, partition, offset, and its place in an envelope), and the time is
+the event's own Kafka timestamp, so the same event always gives the identical dead letter.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ STAGES = ("decode", "validate", "normalize", "join", "prefix")
 
 
 def dead_letter(reason: str, stage: str, topic: str, partition: int | None, offset: int | None,
-                key: bytes | None, value: bytes | None, timestamp_ms: int) -> dict[str, Any]:
+                key: bytes | None, value: bytes | None, timestamp_ms: int, index: int | None = None) -> dict[str, Any]:
+    """``index``: the record's place in an envelope (then ``value`` is that record alone, re-encoded)."""
+    position = f"{topic}:{partition}:{offset}"
     return {
-        "dlq_id": f"{topic}:{partition}:{offset}",
+        "dlq_id": position if index is None else f"{position}#{index}",
         "reason": reason,
         "stage": stage,
         "source_topic": topic,

@@ -1,65 +1,53 @@
-"""The JSON messages the stream stages pass each other on the ``clawr1.internal.*`` topics.
+"""What the worker sends itself across partitions on ``clawr1.internal.work``.
 
-Internal topics are read only by this worker, so they carry plain JSON (no schema evolution
-contract); every message names its ``kind``.
+Most work happens where its input landed: a white-box trajectory is keyed by its own id, a black-box
+call's trajectory is named after the call (``clawr1.core.routing``), so linking, the join and the
+trajectory's prefix tree share one partition. What belongs elsewhere (an index entry under an engine's
+response id, feedback for a step of another partition, a prompt group's merge scope) goes to that
+partition as a message of this topic. Only this worker reads the topic, so it carries plain JSON with
+no schema-evolution contract; one message holds a checkpoint's messages for one partition::
+
+    {"messages": [[key, {"kind": ..., ...}], ...]}
 """
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
 from typing import Any
 
-from aiokafka.partitioner import murmur2
+import orjson
 
-from clawr1.streams.normalize import StepFact
-
-# clawr1.internal.trajectories (key: trajectory id)
+# Trajectory messages (key: trajectory id), applied in the trajectory's partition.
 STEP = "step"  # {"fact": StepFact}
 STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
 SUPERSEDE = "supersede"  # {"step_id"}
-# clawr1.internal.targets (key: target id)
-TARGET = "target"  # {"step_id", "target": clawr1.streams.targets.Target fields}
+# Target messages (key: target id), in the target's partition (clawr1.streams.targets).
+TARGET = "target"  # {"step_id", "target": Target fields}
 FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
-# ... or, with no key: one batch's TARGET messages for one partition, {"entries": [[target id, message]]}
-TARGETS = "targets"
+# Feedback for a routable step id (key: the id), in the partition the id names.
+ROUTED_FEEDBACK = "routed_feedback"  # {"feedback", "origin"}
+# A tokenized step for a prompt group's merge scope (key: scope id).
+SCOPE_STEP = "scope_step"  # ScopeStep fields
+
+TRAJECTORY_KINDS = frozenset({STEP, STEP_FEEDBACK, TRAJECTORY_FEEDBACK, SUPERSEDE})
 
 
-def encode(kind: str, **fields: Any) -> bytes:
-    return json.dumps({"kind": kind, **fields}, ensure_ascii=False, separators=(",", ":")).encode()
+def message(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"kind": kind, **fields}
 
 
-def decode(data: bytes) -> dict[str, Any]:
-    message = json.loads(data)
-    if not isinstance(message, dict) or "kind" not in message:
-        raise ValueError("internal message without a kind")
-    return message
+def pack(messages: list[tuple[str, dict[str, Any]]]) -> bytes:
+    return orjson.dumps({"messages": messages})
 
 
-def step_message(fact: StepFact) -> bytes:
-    return encode(STEP, fact=fact.to_json())
-
-
-def partition_of(key: str, partitions: int) -> int:
-    """The partition Java's murmur2 partitioner gives ``key``: where feedback for it lands."""
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
-
-
-def pack_targets(entries: list[tuple[str, dict[str, Any]]], partitions: int) -> dict[int, bytes]:
-    """Index entries as one message per partition, each entry in the partition its target id hashes to.
-
-    One message instead of one per entry: a step has two target ids, and each was a message to produce,
-    an event to consume and a Faust ack; a packed batch costs that once per partition.
-    """
-    by_partition: dict[int, list[list[Any]]] = defaultdict(list)
-    for target_id, message in entries:
-        by_partition[partition_of(target_id, partitions)].append([target_id, message])
-    return {p: encode(TARGETS, entries=packed) for p, packed in sorted(by_partition.items())}
-
-
-def unpack_targets(data: bytes) -> list[tuple[str, dict[str, Any]]]:
-    message = decode(data)
-    if message["kind"] != TARGETS:
-        raise ValueError(f"a keyless targets message must be packed, not {message['kind']!r}")
-    return [(str(target_id), entry) for target_id, entry in message["entries"]]
+def unpack(data: bytes) -> list[tuple[str, dict[str, Any]]]:
+    decoded = orjson.loads(data)
+    if not isinstance(decoded, dict) or not isinstance(decoded.get("messages"), list):
+        raise ValueError("an internal message must be {\"messages\": [[key, message], ...]}")
+    out = []
+    for entry in decoded["messages"]:
+        key, body = entry
+        if not isinstance(body, dict) or "kind" not in body:
+            raise ValueError(f"internal message for {key!r} without a kind")
+        out.append((str(key), body))
+    return out

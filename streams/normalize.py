@@ -172,9 +172,15 @@ def steps_from_turn(turn: Turn, assignments: list[Assignment],
 
 
 def step_from_whitebox(record: dict[str, Any], retokenizer: Retokenizer | None) -> StepFact:
-    """A white-box step: its position is given, so it needs no linking."""
+    """A white-box step: its position is given, so it needs no linking.
+
+    Its response id is its step id: no engine named the response, and the step id (minted by the
+    gateway, routable to its trajectory: ``clawr1.core.routing``) already names exactly this action.
+    """
     turn = turn_from_whitebox(record)
     status = ROOT if record["step_index"] == 0 else LINKED
     assignment = Assignment(record["trajectory_id"], record["step_index"], None, status, None,
                             turn.prompt_group_id, turn.prompt_group_size)
-    return steps_from_turn(turn, [assignment], retokenizer)[0]
+    fact = steps_from_turn(turn, [assignment], retokenizer)[0]
+    fact.step["response_id"] = fact.step["step_id"]
+    return fact

@@ -40,17 +40,19 @@ PROXY_RECORDS_REJECTED = Counter("clawr1_proxy_records_rejected", "records Kafka
 PROXY_SPOOL_DEPTH = Gauge("clawr1_proxy_spool_depth", "records spooled and not yet confirmed by Kafka")
 
 # -- stream worker -----------------------------------------------------------------------------------
-STREAM_EVENTS_IN = Counter("clawr1_stream_events_in", "events an agent of the stream worker read", ["agent"])
-STREAM_EVENTS_OUT = Counter("clawr1_stream_events_out", "messages the stream worker sent, by topic",
-                            ["topic"])
+STREAM_RECORDS_IN = Counter("clawr1_stream_records_in", "records the stream worker read (each record of an "
+                            "envelope counts), by topic", ["topic"])
+STREAM_MESSAGES_OUT = Counter("clawr1_stream_messages_out", "Kafka messages the stream worker sent (an "
+                              "envelope counts once), by topic", ["topic"])
+STREAM_RECORDS_OUT = Counter("clawr1_stream_records_out", "records the stream worker sent, by topic", ["topic"])
 STREAM_DEAD_LETTERS = Counter("clawr1_stream_dead_letters", "events the stream worker dead-lettered",
                               ["stage"])
-STREAM_SKIPS_RECOVERED = Counter(
-    "clawr1_stream_skips_recovered", "records Faust handed to no agent, read back from Kafka and processed "
-    "(streams/gaps.py)", ["agent"])
-STREAM_TAILS_REFETCHED = Counter(
-    "clawr1_stream_tails_refetched", "partitions fetched again because Faust dropped their last records "
-    "and no later event revealed it (streams/gaps.py)")
+STREAM_CHECKPOINT_SECONDS = Histogram("clawr1_stream_checkpoint_flush_seconds",
+                                      "time a checkpoint spent writing back its state and encoding and "
+                                      "sending its outputs, before Quix commits the transaction",
+                                      buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
+STREAM_STATE_WRITES = Counter("clawr1_stream_state_writes", "state keys the stream worker wrote (one "
+                              "changelog record each)")
 
 # -- pool sink (in the API process) ------------------------------------------------------------------
 SINK_MESSAGES_IN = Counter("clawr1_sink_messages_in", "messages the sink consumed", ["topic"])

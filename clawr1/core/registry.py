@@ -277,10 +277,8 @@ TOPIC_SUFFIX = option("TOPIC_SUFFIX", str, "",
                       "appended to every topic name the worker and rewarder use (tests, side-by-side stacks)",
                       ("worker", "rewarder"))
 STREAMS_REPLICATION = option("STREAMS_REPLICATION", int, 1,
-                             "replication of the worker's changelogs (the cluster's factor on a real "
-                             "cluster)",
-                             ("worker",))
-STREAMS_WEB_PORT = option("STREAMS_WEB_PORT", int, 0, "Faust's web server; `0` = off", ("worker",))
+                             "replication of the topics the worker creates (its state changelogs follow its "
+                             "input topics')", ("worker",))
 READY_RULE = option("READY_RULE", str, "tokens,final_outcome",
                     "what a step needs to be ready for training (comma-separated requirement words)",
                     ("worker",))
@@ -298,20 +296,26 @@ STREAMS_SESSION_TIMEOUT_S = option("STREAMS_SESSION_TIMEOUT_S", float, 30.0,
                                    "how long a dead worker holds its partitions (broker minimum 6)",
                                    ("worker",))
 STREAMS_INSTANCE_ID = option("STREAMS_INSTANCE_ID", str, "",
-                             "static group membership: a worker restarted with the same id takes its "
-                             "partitions back at once, without waiting out the session timeout or a "
-                             "rebalance (empty = dynamic; every worker of a group needs its own id)",
-                             ("worker",))
-STREAMS_LINGER_MS = option("STREAMS_LINGER_MS", int, 50,
-                            "how long the worker's producer gathers records per partition before sending: "
-                            "each of a step's outputs goes to another partition, so a short linger sends "
-                            "requests of one record each", ("worker",), check=positive)
-STREAMS_BATCH = option("STREAMS_BATCH", int, 256,
-                       "events an agent takes at once; their index records travel packed, one message per "
-                       "partition", ("worker",), check=positive)
-STREAMS_BATCH_WITHIN_MS = option("STREAMS_BATCH_WITHIN_MS", int, 20,
-                                 "how long an agent waits to fill a batch before it works on what it has",
-                                 ("worker",), check=positive)
+                             "the worker's slot: static group membership and its transactional id, so a "
+                             "worker restarted with the same id takes its partitions back at once and "
+                             "aborts its predecessor's open transaction (empty = dynamic; every worker of a "
+                             "group needs its own id)", ("worker",))
+STREAMS_COMMIT_INTERVAL_MS = option("STREAMS_COMMIT_INTERVAL_MS", int, 100,
+                                    "how often the worker commits its Kafka transaction (outputs, state and "
+                                    "input offsets at once): outputs become visible to readers then, so this "
+                                    "bounds the worker's share of freshness; longer means fewer, larger "
+                                    "envelopes", ("worker",), check=positive)
+STREAMS_COMMIT_EVERY = option("STREAMS_COMMIT_EVERY", int, 5000,
+                              "commit early after this many input messages (bounds a checkpoint's memory)",
+                              ("worker",), check=positive)
+STREAMS_TRANSACTION_TIMEOUT_MS = option("STREAMS_TRANSACTION_TIMEOUT_MS", int, 10_000,
+                                        "how long the broker keeps a dead worker's open transaction before "
+                                        "aborting it; readers of its outputs wait that long at most after a "
+                                        "crash (a restart with the same instance id aborts it at once)",
+                                        ("worker",), check=positive)
+STREAMS_LINGER_MS = option("STREAMS_LINGER_MS", int, 5,
+                           "how long the worker's producer gathers a partition's messages before sending",
+                           ("worker",), check=positive)
 STREAMS_LOG_LEVEL = option("STREAMS_LOG_LEVEL", str, "warning", "the worker's log level", ("worker",))
 
 # -- rewarder ----------------------------------------------------------------------------------------

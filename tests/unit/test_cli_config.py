@@ -66,10 +66,10 @@ def test_every_command_refuses_an_unknown_variable(clean_env: pytest.MonkeyPatch
 
 def test_a_malformed_value_stops_a_command_without_a_traceback(clean_env: pytest.MonkeyPatch,
                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    clean_env.setenv("CLAWR1_STREAMS_WEB_PORT", "web")
+    clean_env.setenv("CLAWR1_STREAMS_COMMIT_INTERVAL_MS", "soon")
     assert main(["worker"]) == 2
     err = capsys.readouterr().err
-    assert "CLAWR1_STREAMS_WEB_PORT" in err and "Traceback" not in err
+    assert "CLAWR1_STREAMS_COMMIT_INTERVAL_MS" in err and "Traceback" not in err
 
 
 def test_up_with_a_misspelled_variable_exits_at_once_naming_it(tmp_path: Path) -> None:

@@ -37,24 +37,27 @@ def test_from_environment() -> None:
         2,
         "w",
     )
-    assert config.topics.raw_feedback == "clawr1.raw.feedback.t1" and config.topics.scopes.endswith(".t1")
+    assert config.topics.raw_feedback == "clawr1.raw.feedback.t1" and config.topics.work.endswith(".t1")
     assert config.readiness == ReadinessRule(frozenset({"tokens"})) and config.max_scope_steps == 9
-    assert config.tokenizer == "/tok.json" and config.web_port == 0
+    assert config.tokenizer == "/tok.json" and config.commit_interval_ms == 100
 
 
 def test_bad_values_fail_fast_with_the_variable() -> None:
     with pytest.raises(ValueError, match="unknown readiness requirement"):
         StreamConfig.from_settings(load_settings({"CLAWR1_READY_RULE": "tokens,vibes"}))
-    with pytest.raises(ValueError, match="CLAWR1_STREAMS_WEB_PORT"):
-        StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_WEB_PORT": "web"}))
+    with pytest.raises(ValueError, match="CLAWR1_STREAMS_COMMIT_INTERVAL_MS"):
+        StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_COMMIT_INTERVAL_MS": "soon"}))
 
 
-def test_static_membership_only_when_named() -> None:
-    """An instance id makes the worker a static group member of Faust's consumer; none, a dynamic one."""
+def test_a_named_slot_is_a_static_member_with_a_stable_transactional_id() -> None:
+    """An instance id makes the worker a static group member whose transactional id survives a restart
+    (so the restart fences its predecessor's open transaction); none, a dynamic member with a random one."""
     from clawr1.streams.app import StreamsApp
 
-    named = StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_INSTANCE_ID": "w-1"}))
-    assert named.instance_id == "w-1"
-    assert StreamsApp(named).app.conf.consumer_group_instance_id == "w-1"
-    unnamed = StreamConfig.from_settings(load_settings({}))
-    assert StreamsApp(unnamed).app.conf.consumer_group_instance_id is None
+    named = StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_INSTANCE_ID": "w-1",
+                                                      "CLAWR1_STREAMS_APP_ID": "g"}))
+    app = StreamsApp(named, partitions=4).app
+    assert app.config.consumer_extra_config["group.instance.id"] == "w-1"
+    assert app.config.producer_extra_config["transactional.id"] == "g-w-1"
+    unnamed = StreamsApp(StreamConfig.from_settings(load_settings({})), partitions=4).app
+    assert "group.instance.id" not in unnamed.config.consumer_extra_config

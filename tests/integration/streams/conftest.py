@@ -49,7 +49,7 @@ class WorkerRun:
 
     @property
     def app_id(self) -> str:
-        """Faust's app id, which is also the workers' consumer group."""
+        """The worker's app id, which is also its consumer group."""
         return "test-streams" + self.suffix
 
     @property
@@ -126,10 +126,10 @@ class Outputs:
         while time.monotonic() < end:
             for message in self.consumer.consume(500, timeout=0.2):
                 assert message.error() is None, message.error()
-                name, record = self.codec.decode(message.value())
+                name, records = self.codec.decode_all(message.value())
                 {"step": self.steps, "dead_letter": self.dead_letters, "prefix_node": self.nodes}[
                     name
-                ].append(record)
+                ].extend(records)
 
     def wait_for(self, done: Callable[[Outputs], bool], timeout: float, *runs: WorkerRun) -> None:
         deadline = time.monotonic() + timeout

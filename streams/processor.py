@@ -1,0 +1,461 @@
+"""The stream logic per event, between the state of one checkpoint (``store``) and what it publishes
+(``outbox``); Kafka and Quix stay in ``clawr1.streams.app``.
+
+Flow (``raw.*`` are the ingest topics, ``work`` is ``clawr1.internal.work``)::
+
+    raw.llm, raw.events --link [L: per raw key]--> step facts --+
+    raw.steps -------------------------------------> step facts --+--> join [T, C] --> steps
+                                                                  |        +--> trajectory prefix tree [T]
+                                                                  |        +--> group prefix tree [G, GC]
+    raw.feedback --> by target: routable id -> [S, T, H] / index [X] --> join
+
+Each arrow is a call when its key lives in the event's partition and a ``work`` message to that
+partition otherwise. Where things live (``clawr1.core.routing``): a trajectory in ``home_partition`` of
+its id, so a black-box call's trajectory sits beside its link state and a white-box one where its steps
+arrive; a target id that is not routable in the partition its id hashes to.
+
+State namespaces (``clawr1.streams.store``): ``L/<raw key>`` link state; ``T/<trajectory hash>`` the
+records (``clawr1.streams.trajectory_record``) of the trajectories with that hash; ``C/<trajectory>\\x1f<n>``
+their chunks of step facts; ``S/<step id>`` the trajectory of a routable step id that does not carry its
+trajectory's hash (a black-box call named by its conversation); ``H/<step id>`` feedback that reached a
+routable step id before its step; ``X/<target id>`` index entries and held feedback of other ids
+(``clawr1.streams.targets``); ``G/<scope>`` and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
+
+Delivery is exactly-once (outputs, state and input offsets commit in one Kafka transaction), so nothing
+here is re-published for a crash's sake; a duplicate *input* (a client that sent the same step twice)
+still changes nothing, as every state is a set of facts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from clawr1.core.conversation import conversation_key
+from clawr1.core.routing import home_partition, id_tag, key_hash, partition_of, partition_of_hash
+from clawr1.prefix_tree import PrefixTree
+from clawr1.streams import messages
+from clawr1.streams.config import StreamConfig
+from clawr1.streams.dead_letters import dead_letter
+from clawr1.streams.join import (
+    StepState,
+    apply_feedback,
+    apply_step_fact,
+    apply_supersede,
+    build_step,
+    displaced_terminals,
+    effective_parent,
+    mergeable,
+    scope_of,
+)
+from clawr1.streams.linking import LinkState, link_turn, step_ids_of
+from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from clawr1.streams.outbox import Outbox
+from clawr1.streams.prefix_scope import Bounds, Merge, ScopeState, ScopeStep, merge_step, rebuild
+from clawr1.streams.rewards import fact_digest, feedback_fact
+from clawr1.streams.store import Store
+from clawr1.streams.targets import Refusal, Target, TargetState, add_feedback, add_target
+from clawr1.streams.tokenization import Retokenizer
+from clawr1.streams.trajectory_record import Chunk, Trajectory, TrajectoryRecord
+from clawr1.streams.turns import Turn, turn_from_llm_call, turn_from_service_event
+
+log = logging.getLogger(__name__)
+
+_SEP = "\x1f"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where an event came from, as a dead letter cites it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    index: int | None = None  # the record's place in an envelope
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
+                "key": None if self.key is None else self.key.hex(),
+                "value": None if self.value is None else self.value.hex(), "timestamp_ms": self.timestamp_ms,
+                "index": self.index}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Origin:
+        return cls(data["topic"], data["partition"], data["offset"],
+                   None if data["key"] is None else bytes.fromhex(data["key"]),
+                   None if data["value"] is None else bytes.fromhex(data["value"]), data["timestamp_ms"],
+                   data.get("index"))
+
+
+class Processor:
+    """Handles the events of one checkpoint; ``flush`` writes its state back before the commit."""
+
+    def __init__(self, config: StreamConfig, partitions: int, store: Store, outbox: Outbox,
+                 retokenizer: Retokenizer | None = None) -> None:
+        self.config = config
+        self.partitions = partitions
+        self.store = store
+        self.outbox = outbox
+        self.retokenizer = retokenizer
+        self.bounds = Bounds(config.max_scope_steps, config.max_scope_tokens)
+        self.trees: OrderedDict[str, tuple[int, PrefixTree]] = OrderedDict()
+        self.partition = 0  # of the event being handled, and where it came from (for dead letters)
+        self.origin: Origin | None = None
+        # The checkpoint's decoded records; the dirty ones are written back by ``flush``.
+        self._trajectories: dict[str, Trajectory] = {}
+        self._links: dict[str, LinkState] = {}
+        self._targets: dict[str, TargetState] = {}
+        self._groups: dict[str, dict[str, Any]] = {}  # scope id -> {"scope", "where", "chunks"}
+        self._open_groups: dict[str, int] = {}  # scope id -> the chunk this checkpoint adds tokens to
+        self._dirty_trajectories: set[str] = set()
+        self._dirty_links: set[str] = set()
+        self._dirty_targets: set[str] = set()
+
+    # ------------------------------------------------------------------ checkpoint
+    def flush(self) -> int:
+        """Put every record this checkpoint changed back into the store, then write the store."""
+        by_hash: dict[tuple[int, str], dict[str, Any]] = {}
+        for tid in self._dirty_trajectories:
+            part = home_partition(tid, self.partitions)
+            slot = (part, key_hash(tid))
+            if slot not in by_hash:
+                by_hash[slot] = self.store.get(part, "T", slot[1]) or {}
+            by_hash[slot][tid] = self._trajectories[tid].record.to_json()
+        for (part, name), value in by_hash.items():
+            self.store.put(part, "T", name, value)
+        for key in self._dirty_links:
+            self.store.put(partition_of(key, self.partitions), "L", key, self._links[key].to_json())
+        for key in self._dirty_targets:
+            self.store.put(self._target_partition(key), "X", key, self._targets[key].to_json())
+        for scope_id, group in self._groups.items():
+            self.store.put(home_partition(scope_id, self.partitions), "G", scope_id, group)
+        written = self.store.flush()
+        self.discard()
+        return written
+
+    def discard(self) -> None:
+        """Forget the checkpoint's work (after its flush, or when it is thrown away)."""
+        for cache in (self._trajectories, self._links, self._targets, self._groups, self._open_groups):
+            cache.clear()
+        for dirty in (self._dirty_trajectories, self._dirty_links, self._dirty_targets):
+            dirty.clear()
+        self.store.clear()
+
+    # ------------------------------------------------------------------ routing
+    def _target_partition(self, target_id: str) -> int:
+        return partition_of(target_id, self.partitions)
+
+    def _dispatch(self, partition: int, key: str, message: dict[str, Any]) -> None:
+        """Handle ``message`` now when its key lives in this partition, else send it there."""
+        if partition == self.partition:
+            self.on_work(key, message)
+        else:
+            self.outbox.send(partition, key, message)
+
+    def to_trajectory(self, trajectory_id: str, message: dict[str, Any]) -> None:
+        self._dispatch(home_partition(trajectory_id, self.partitions), trajectory_id, message)
+
+    def to_target(self, target_id: str, message: dict[str, Any]) -> None:
+        tag = id_tag(target_id)
+        if tag is not None and message["kind"] == messages.FEEDBACK:
+            self._dispatch(partition_of_hash(int(tag, 16), self.partitions), target_id,
+                           {**message, "kind": messages.ROUTED_FEEDBACK})
+        else:
+            self._dispatch(self._target_partition(target_id), target_id, message)
+
+    def dead_letter(self, stage: str, reason: str, origin: Origin) -> None:
+        record = dead_letter(reason, stage, origin.topic, origin.partition, origin.offset, origin.key,
+                             origin.value, origin.timestamp_ms, origin.index)
+        self.outbox.dead_letter(origin.topic.encode(), record)
+
+    # ------------------------------------------------------------------ ingest
+    def on_llm_call(self, key: str | None, record: dict[str, Any]) -> None:
+        turn = turn_from_llm_call(record)
+        link_key = key or turn.trajectory_id or record["conversation_key"] or conversation_key(turn.messages)
+        self._link_and_publish(link_key, turn)
+
+    def on_service_event(self, key: str | None, record: dict[str, Any]) -> None:
+        turn = turn_from_service_event(record)
+        if turn is not None:  # other event kinds are not steps; they stay on the raw topic
+            self._link_and_publish(key or record["trajectory_id"], turn)
+
+    def on_whitebox_step(self, record: dict[str, Any]) -> None:
+        self._publish_fact(step_from_whitebox(record, self.retokenizer))
+
+    def on_feedback(self, record: dict[str, Any], origin: Origin) -> None:
+        fact = feedback_fact(record)
+        if fact["target_kind"] == "trajectory":
+            self.to_trajectory(fact["target_id"], messages.message(messages.TRAJECTORY_FEEDBACK, feedback=fact))
+        else:
+            self.to_target(fact["target_id"], messages.message(messages.FEEDBACK, feedback=fact,
+                                                               origin=origin.to_json()))
+
+    def _link_state(self, key: str) -> LinkState:
+        state = self._links.get(key)
+        if state is None:
+            state = LinkState.from_json(self.store.get(partition_of(key, self.partitions), "L", key))
+            self._links[key] = state
+        return state
+
+    def _link_and_publish(self, key: str, turn: Turn) -> None:
+        self._dirty_links.add(key)
+        linked = link_turn(self._link_state(key), turn, self.config.link_horizon_ms, self.config.max_links_per_key)
+        for fact in steps_from_turn(turn, linked.assignments, self.retokenizer):
+            self._publish_fact(fact)
+        if len(turn.replies) > 1 and turn.engine_response_id:  # the bare id names every choice
+            for step_id, assignment in zip(step_ids_of(turn), linked.assignments, strict=True):
+                self._publish_target(turn.engine_response_id, step_id,
+                                     Target(assignment.trajectory_id, turn.created_at_ms, choice=True))
+        for step_id, trajectory_id in linked.superseded:
+            self.to_trajectory(trajectory_id, messages.message(messages.SUPERSEDE, step_id=step_id))
+        if linked.continued is not None:
+            c = linked.continued
+            self._publish_target(c.response_id, c.step_id,
+                                 Target(c.trajectory_id, c.created_at_ms, choice=True, continued=True))
+
+    def _publish_fact(self, fact: StepFact) -> None:
+        self.to_trajectory(fact.step["trajectory_id"], messages.message(messages.STEP, fact=fact.to_json()))
+        step = fact.step
+        target = Target(step["trajectory_id"], step["created_at_ms"])
+        home = home_partition(step["trajectory_id"], self.partitions)
+        for target_id in sorted({step["step_id"], step["response_id"]}):
+            tag = id_tag(target_id)
+            if tag is None or partition_of_hash(int(tag, 16), self.partitions) != home:
+                self._publish_target(target_id, step["step_id"], target)
+
+    def _publish_target(self, target_id: str, step_id: str, target: Target) -> None:
+        self._dispatch(self._target_partition(target_id), target_id,
+                       messages.message(messages.TARGET, step_id=step_id, target=target.__dict__))
+
+    # ------------------------------------------------------------------ the worker's own messages
+    def on_work(self, key: str, message: dict[str, Any]) -> None:
+        kind = message["kind"]
+        if kind in messages.TRAJECTORY_KINDS:
+            self._on_trajectory_message(key, message)
+        elif kind in (messages.TARGET, messages.FEEDBACK):
+            self._resolve(key, message)
+        elif kind == messages.ROUTED_FEEDBACK:
+            self._resolve_routed(key, message)
+        elif kind == messages.SCOPE_STEP:
+            self._merge_group(ScopeStep(**{k: v for k, v in message.items() if k != "kind"}))
+        else:
+            raise ValueError(f"unknown internal message kind {kind!r}")
+
+    # ------------------------------------------------------------------ targets
+    def _target_state(self, key: str) -> TargetState:
+        state = self._targets.get(key)
+        if state is None:
+            state = TargetState.from_json(self.store.get(self._target_partition(key), "X", key))
+            self._targets[key] = state
+        return state
+
+    def _resolve(self, key: str, message: dict[str, Any]) -> None:
+        state = self._target_state(key)
+        window = self.config.feedback_window_ms
+        if message["kind"] == messages.TARGET:
+            changed, forwards, refusals = add_target(state, key, message["step_id"], Target(**message["target"]),
+                                                     window)
+        else:
+            changed, forwards, refusals = add_feedback(state, key, message["feedback"], message["origin"], window)
+        if changed:
+            self._dirty_targets.add(key)
+        for forward in forwards:
+            self.to_trajectory(forward.trajectory_id, messages.message(
+                messages.STEP_FEEDBACK, step_id=forward.step_id, feedback=forward.feedback))
+        for refusal in refusals:
+            self._refuse(refusal)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        """Feedback that names no single step: a dead letter citing the raw feedback event."""
+        self.dead_letter("join", refusal.reason, Origin.from_json(refusal.origin))
+
+    def _locate(self, step_id: str) -> str | None:
+        """The trajectory holding a routable step id, in this partition: from ``S`` for ids named after
+        their call, else among the trajectories whose hash the id carries."""
+        mapped = self.store.get(self.partition, "S", step_id)
+        if mapped is not None:
+            return str(mapped)
+        tag = id_tag(step_id)
+        for tid in sorted(self.store.get(self.partition, "T", tag or "") or {}):
+            if step_id in self._trajectory(tid).record.steps:
+                return tid
+        for tid, trajectory in self._trajectories.items():  # created in this checkpoint, not yet stored
+            if key_hash(tid) == tag and step_id in trajectory.record.steps:
+                return tid
+        return None
+
+    def _resolve_routed(self, step_id: str, message: dict[str, Any]) -> None:
+        trajectory_id = self._locate(step_id)
+        if trajectory_id is not None:
+            self.to_trajectory(trajectory_id, messages.message(
+                messages.STEP_FEEDBACK, step_id=step_id, feedback=message["feedback"]))
+            return
+        held = self.store.get(self.partition, "H", step_id) or []
+        digest = fact_digest(message["feedback"])
+        if all(fact_digest(h["feedback"]) != digest for h in held):
+            held.append({"feedback": message["feedback"], "origin": message["origin"]})
+            self.store.put(self.partition, "H", step_id, held)
+
+    # ------------------------------------------------------------------ join
+    def _trajectory(self, trajectory_id: str) -> Trajectory:
+        cached = self._trajectories.get(trajectory_id)
+        if cached is not None:
+            return cached
+        part = home_partition(trajectory_id, self.partitions)
+        records = self.store.get(part, "T", key_hash(trajectory_id)) or {}
+        record = TrajectoryRecord.from_json(records.get(trajectory_id))
+
+        def load(n: int) -> Chunk | None:
+            chunk: Chunk | None = self.store.get(part, "C", f"{trajectory_id}{_SEP}{n}")
+            return chunk
+
+        def new(n: int) -> Chunk:
+            chunk: Chunk = {}
+            self.store.put(part, "C", f"{trajectory_id}{_SEP}{n}", chunk)
+            return chunk
+
+        trajectory = Trajectory(trajectory_id, record, load, new)
+        self._trajectories[trajectory_id] = trajectory
+        return trajectory
+
+    def _on_trajectory_message(self, trajectory_id: str, message: dict[str, Any]) -> None:
+        trajectory = self._trajectory(trajectory_id)
+        self._dirty_trajectories.add(trajectory_id)
+        kind = message["kind"]
+        if kind == messages.STEP:
+            self._on_step_fact(trajectory, StepFact.from_json(message["fact"]))
+        elif kind == messages.TRAJECTORY_FEEDBACK:
+            apply_feedback(trajectory.state.feedback, message["feedback"])
+            for step_id in trajectory.state.step_ids():
+                self._emit(trajectory, trajectory.step_state(step_id), to_scope=False)
+        else:
+            step_id = message["step_id"]
+            state = trajectory.step_state(step_id)
+            changed = apply_supersede(state) if kind == messages.SUPERSEDE \
+                else apply_feedback(state.feedback, message["feedback"])
+            if changed:
+                trajectory.store(step_id, state, base_changed=False)
+            self._emit(trajectory, state, to_scope=False)
+
+    def _on_step_fact(self, trajectory: Trajectory, fact: StepFact) -> None:
+        step_id = fact.step["step_id"]
+        state = trajectory.step_state(step_id)
+        # Steps at the next index may take this one as their parent (found by index).
+        children = [trajectory.step_state(c) for c in trajectory.state.at(fact.step["step_index"] + 1)]
+        children = [c for c in children if c.base is not None and c.base["parent_step_id"] is None]
+        before = [_scope_signature(c, trajectory) for c in [state, *children]]
+        known = step_id in trajectory.record.steps
+        new = apply_step_fact(state, trajectory.state, fact)
+        if new:
+            trajectory.store(step_id, state, base_changed=state.base is fact.step)
+        if not known:
+            self._arrived(trajectory, step_id, state)
+        for displaced in displaced_terminals(trajectory.state, fact.step["step_index"]):  # lost the mark
+            self._emit(trajectory, trajectory.step_state(displaced), to_scope=False)
+        for step, step_before in zip([state, *children], before, strict=True):
+            changed = step_before != _scope_signature(step, trajectory)
+            self._emit(trajectory, step, to_scope=changed or not new)
+
+    def _arrived(self, trajectory: Trajectory, step_id: str, state: StepState) -> None:
+        """A step seen for the first time: make its routable id findable, and take feedback that came first."""
+        tag = id_tag(step_id)
+        if tag is None:
+            return
+        if tag != key_hash(trajectory.id):
+            self.store.put(self.partition, "S", step_id, trajectory.id)
+        held = self.store.get(self.partition, "H", step_id)
+        if held:
+            for entry in held:
+                apply_feedback(state.feedback, entry["feedback"])
+            trajectory.store(step_id, state, base_changed=False)
+            self.store.delete(self.partition, "H", step_id)
+
+    def _emit(self, trajectory: Trajectory, state: StepState, to_scope: bool) -> None:
+        """Publish the step's current version, and its tokens to its merge scope when asked."""
+        record = build_step(state, trajectory.state, self.config.readiness)
+        if record is None:
+            return
+        self.outbox.step(record)
+        if not (to_scope and mergeable(record)):
+            return
+        scope_id, scope_kind = scope_of(record)
+        scope_step = ScopeStep(scope_id, scope_kind, record["step_id"], record["prompt_token_ids"],
+                               record["response_token_ids"], record["parent_step_id"], record["created_at_ms"])
+        if scope_kind == "trajectory":
+            self._merge_trajectory(trajectory, scope_step)
+        else:
+            self._dispatch(home_partition(scope_id, self.partitions), scope_id,
+                           messages.message(messages.SCOPE_STEP, **scope_step.__dict__))
+
+    # ------------------------------------------------------------------ prefix trees
+    def _tree(self, scope_id: str, state: ScopeState,
+              tokens_of: Callable[[str], tuple[list[int], list[int]] | None]) -> PrefixTree:
+        """The scope's tree: from the cache when it matches the stored state, else rebuilt from it."""
+        cached = self.trees.pop(scope_id, None)  # put back after a successful merge only
+        if cached is not None and cached[0] == state.version and len(cached[1]) == len(state.steps):
+            return cached[1]
+        return rebuild(state, tokens_of)
+
+    def _merged(self, scope_id: str, state: ScopeState, tree: PrefixTree, merge: Merge) -> None:
+        self.trees[scope_id] = (state.version, tree)
+        while len(self.trees) > self.config.tree_cache_size:
+            self.trees.popitem(last=False)
+        for row in merge.rows:
+            self.outbox.prefix_node(row)
+
+    def _merge_trajectory(self, trajectory: Trajectory, step: ScopeStep) -> None:
+        """A trajectory's scope lives in its record; a failed merge is the prefix stage's dead letter."""
+        try:
+            record = trajectory.record
+            state = record.scope or ScopeState()
+            tree = self._tree(step.scope_id, state, trajectory.tokens_of)
+            merge = merge_step(state, tree, step, self.bounds)
+            record.scope = state
+            self._merged(step.scope_id, state, tree, merge)
+        except Exception as exc:  # noqa: BLE001 - the step itself was published; only its merge failed
+            log.exception("prefix merge of %s failed", step.step_id)
+            if self.origin is not None:
+                self.dead_letter("prefix", f"{type(exc).__name__}: {exc}", self.origin)
+
+    def _merge_group(self, step: ScopeStep) -> None:
+        part = home_partition(step.scope_id, self.partitions)
+        group = self._groups.get(step.scope_id)
+        if group is None:
+            group = self.store.get(part, "G", step.scope_id) or {"scope": None, "where": {}, "chunks": 0}
+            self._groups[step.scope_id] = group
+        state = ScopeState.from_json(group["scope"])
+
+        def chunk_name(n: int) -> str:
+            return f"{step.scope_id}{_SEP}{n}"
+
+        def tokens_of(step_id: str) -> tuple[list[int], list[int]] | None:
+            n = group["where"].get(step_id)
+            chunk = None if n is None else self.store.get(part, "GC", chunk_name(n))
+            entry = None if chunk is None else chunk.get(step_id)
+            return None if entry is None else (entry[0], entry[1])
+
+        tree = self._tree(step.scope_id, state, tokens_of)
+        merge = merge_step(state, tree, step, self.bounds)
+        if merge.outcome == "added":
+            n = self._open_groups.get(step.scope_id)
+            if n is None:
+                n = self._open_groups[step.scope_id] = group["chunks"]
+                group["chunks"] += 1
+                self.store.put(part, "GC", chunk_name(n), {})
+            self.store.get(part, "GC", chunk_name(n))[step.step_id] = [step.prompt_ids, step.response_ids]
+            group["where"][step.step_id] = n
+        group["scope"] = state.to_json()
+        self._merged(step.scope_id, state, tree, merge)
+
+
+def _scope_signature(state: StepState, trajectory: Trajectory) -> tuple[str, str | None] | None:
+    """What a step's prefix-tree entry depends on (its fact and its parent); a change means re-merge."""
+    if state.base is None:
+        return None
+    return state.base_digest, effective_parent(state.base, trajectory.state)

@@ -1,0 +1,67 @@
+"""Every use of Quix Streams beyond its documented examples, in one place, pinned by a test.
+
+The worker keeps one state store per partition for all its inputs and writes its outputs in batches
+at the end of each checkpoint, inside the checkpoint's Kafka transaction. Quix's documented surface
+gives each dataframe a ``State`` scoped to the current message's key, and produces per row; so the
+worker reaches for the two objects underneath, both public names that Quix's own ``stateful`` wrapper
+and sinks use:
+
+- the checkpoint's store transaction of a partition (``StreamingDataFrame.processing_context
+  .checkpoint.get_store_transaction(...).as_state(...)``): the same ``State`` protocol, without the
+  per-key prefix;
+- the application's transactional producer (``processing_context.producer``), called from a sink's
+  ``flush`` (which Quix runs before the changelogs are produced and the transaction commits).
+
+``tests/unit/streams/test_quix_compat.py`` checks that every name in ``PINNED`` exists on the installed
+version, so an upgrade that renames one fails there with this module named, not in production.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from quixstreams.dataframe import StreamingDataFrame
+
+# (module, attribute path) this module relies on; see the module doc.
+PINNED: tuple[tuple[str, str], ...] = (
+    ("quixstreams.dataframe.dataframe", "StreamingDataFrame.processing_context"),
+    ("quixstreams.dataframe.dataframe", "StreamingDataFrame.stream_id"),
+    ("quixstreams.processing.context", "ProcessingContext.checkpoint"),
+    ("quixstreams.processing.context", "ProcessingContext.producer"),
+    ("quixstreams.checkpointing.checkpoint", "Checkpoint.get_store_transaction"),
+    ("quixstreams.state.base.transaction", "PartitionTransaction.as_state"),
+    ("quixstreams.internal_producer", "InternalProducer.produce"),
+)
+
+STATE_PREFIX = b"clawr1"
+
+
+def missing_names(pinned: tuple[tuple[str, str], ...] = PINNED) -> list[str]:
+    """The pinned names the installed Quix Streams lacks (``module:Class.attr``)."""
+    missing = []
+    for module_name, path in pinned:
+        try:
+            target: Any = importlib.import_module(module_name)
+        except ImportError:
+            missing.append(f"{module_name}:{path}")
+            continue
+        owner_name, _, attribute = path.partition(".")
+        owner = getattr(target, owner_name, None)
+        annotations = getattr(owner, "__annotations__", {}) if owner is not None else {}
+        if owner is None or not (hasattr(owner, attribute) or attribute in annotations):
+            missing.append(f"{module_name}:{path}")
+    return missing
+
+
+def partition_state(sdf: StreamingDataFrame, partition: int) -> Any:
+    """The ``State`` of ``sdf``'s store for ``partition`` in the current checkpoint (bytes keys)."""
+    transaction = sdf.processing_context.checkpoint.get_store_transaction(
+        stream_id=sdf.stream_id, partition=partition)
+    return transaction.as_state(prefix=STATE_PREFIX)
+
+
+def produce(sdf: StreamingDataFrame, topic: str, value: bytes, key: bytes | None = None,
+            partition: int | None = None) -> None:
+    """Produce with the application's producer: inside the open transaction under exactly-once."""
+    sdf.processing_context.producer.produce(topic=topic, value=value, key=key, partition=partition)

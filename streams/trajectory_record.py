@@ -1,0 +1,123 @@
+"""A trajectory's state in the worker: what the join knows of its steps, and its prefix-tree scope.
+
+The join's facts (``clawr1.streams.join``) are split by how they change: each step's small part
+(digests, feedback, whether superseded) lives in the trajectory's record, rewritten when anything in the
+trajectory changes; a step's fact itself (prompt, reply, token ids: most of the bytes) is written once,
+into a *chunk*: the facts of the trajectory's steps that arrived in one checkpoint, never rewritten. So
+a checkpoint writes one record and one chunk per trajectory it touched, whatever the number of steps,
+and a step's tokens are stored once, which also rebuilds the trajectory's prefix tree after a restart.
+
+Records are kept by the hash of the trajectory id (``clawr1.core.routing.key_hash``), a white-box step's
+id carries that hash, so feedback naming the step finds its trajectory from the id alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clawr1.streams.join import StepState, TrajectoryState
+from clawr1.streams.prefix_scope import ScopeState
+
+# A chunk is closed once it holds this many token ids (its changelog record stays well under a MB).
+CHUNK_TOKENS = 40_000
+
+
+@dataclass
+class StepEntry:
+    """A step's part of the record; its fact is in chunk ``chunk`` (None until it arrived)."""
+
+    chunk: int | None = None
+    base_digest: str = ""
+    base_digests: list[str] = field(default_factory=list)
+    feedback: list[dict[str, Any]] = field(default_factory=list)
+    superseded: bool = False
+
+    def to_json(self) -> list[Any]:
+        return [self.chunk, self.base_digest, self.base_digests, self.feedback, self.superseded]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> StepEntry:
+        return cls(*data)
+
+
+@dataclass
+class TrajectoryRecord:
+    trajectory: TrajectoryState = field(default_factory=TrajectoryState)
+    steps: dict[str, StepEntry] = field(default_factory=dict)
+    scope: ScopeState | None = None
+    chunks: int = 0  # chunks written so far; the next one is numbered this
+    open_chunk: int | None = None  # the chunk this checkpoint adds facts to (never stored)
+    open_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entries": self.trajectory.entries, "feedback": self.trajectory.feedback,
+                "steps": {s: e.to_json() for s, e in self.steps.items()},
+                "scope": None if self.scope is None else self.scope.to_json(), "chunks": self.chunks}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> TrajectoryRecord:
+        if not data:
+            return cls()
+        return cls(TrajectoryState(data["entries"], data["feedback"]),
+                   {s: StepEntry.from_json(e) for s, e in data["steps"].items()},
+                   None if data["scope"] is None else ScopeState.from_json(data["scope"]), data["chunks"])
+
+
+Chunk = dict[str, dict[str, Any]]  # step id -> the step's fact (step.avsc fields of the source)
+
+
+class Trajectory:
+    """A record plus access to its chunks, for one checkpoint (``load_chunk``/``new_chunk`` give the
+    checkpoint's decoded chunk dicts, which the caller writes back)."""
+
+    def __init__(self, trajectory_id: str, record: TrajectoryRecord, load_chunk: Callable[[int], Chunk | None],
+                 new_chunk: Callable[[int], Chunk]) -> None:
+        self.id = trajectory_id
+        self.record = record
+        self._load = load_chunk
+        self._new = new_chunk
+
+    @property
+    def state(self) -> TrajectoryState:
+        return self.record.trajectory
+
+    def base(self, step_id: str) -> dict[str, Any] | None:
+        entry = self.record.steps.get(step_id)
+        if entry is None or entry.chunk is None:
+            return None
+        chunk = self._load(entry.chunk)
+        return None if chunk is None else chunk.get(step_id)
+
+    def step_state(self, step_id: str) -> StepState:
+        entry = self.record.steps.get(step_id)
+        if entry is None:
+            return StepState()
+        return StepState(self.base(step_id), entry.base_digest, entry.base_digests, entry.feedback,
+                         entry.superseded)
+
+    def store(self, step_id: str, state: StepState, base_changed: bool) -> None:
+        """Keep ``state`` (after the join changed it); its fact goes into this checkpoint's chunk when new."""
+        entry = self.record.steps.setdefault(step_id, StepEntry())
+        entry.base_digest, entry.base_digests = state.base_digest, state.base_digests
+        entry.feedback, entry.superseded = state.feedback, state.superseded
+        if base_changed and state.base is not None:
+            entry.chunk = self._add_to_chunk(step_id, state.base)
+
+    def _add_to_chunk(self, step_id: str, base: dict[str, Any]) -> int:
+        record = self.record
+        tokens = len(base["prompt_token_ids"]) + len(base["response_token_ids"]) + 1
+        if record.open_chunk is None or record.open_tokens + tokens > CHUNK_TOKENS:
+            record.open_chunk, record.open_tokens = record.chunks, 0
+            record.chunks += 1
+            self._new(record.open_chunk)
+        record.open_tokens += tokens
+        chunk = self._load(record.open_chunk)
+        assert chunk is not None  # created just above, or earlier in this checkpoint
+        chunk[step_id] = base
+        return record.open_chunk
+
+    def tokens_of(self, step_id: str) -> tuple[list[int], list[int]] | None:
+        base = self.base(step_id)
+        return None if base is None else (base["prompt_token_ids"], base["response_token_ids"])
