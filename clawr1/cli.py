@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Callable
 
+from clawr1.core import registry
 from clawr1.core.settings import Settings, SettingsError, effective_settings, load_settings
 
 
@@ -146,12 +147,30 @@ def _cmd_kafka(settings: Settings) -> int:
     return run_foreground(settings.data_dir / "kafka", settings.kafka_port, settings.kafka_heap)
 
 
+def _watched_groups(settings: Settings, with_sink: bool,
+                    parts: list[str]) -> dict[str, tuple[str, list[str]]]:
+    """The consumer groups whose progress decides a part's health: group -> (part, input topics)."""
+    from clawr1.sinks.config import SinkConfig
+    from clawr1.sinks.pool_sink import routes_for
+    from clawr1.streams.config import StreamConfig
+
+    groups: dict[str, tuple[str, list[str]]] = {}
+    if "worker" in parts:
+        worker = StreamConfig.from_settings(settings)
+        groups[worker.app_id] = ("worker", worker.topics.inputs())
+    if with_sink:
+        sink = SinkConfig.from_settings(settings)
+        groups[sink.group_id] = ("sink", list(routes_for(sink)))
+    return groups
+
+
 def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> int:
     """Serve the API and run the sink in one process: the one process that may own the chDB pool."""
     import asyncio
 
     from clawr1 import readiness
     from clawr1.core.metrics import LagSampler, PoolRowsSampler, sample_interval
+    from clawr1.core.progress import ProgressWatch
     from clawr1.core.signals import stop_loop_on_signals
     from clawr1.dashboard.api import dashboard_page_router, dashboard_router
     from clawr1.gateway.app import create_app
@@ -180,11 +199,19 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     if with_sink:
         sink.start()
 
-    def parts() -> dict[str, bool]:
-        status = {"pool": True}
+    watched = _watched_groups(settings, with_sink, expect_parts)
+    progress = ProgressWatch(settings.bootstrap_servers,
+                             {group: topics for group, (_, topics) in watched.items()},
+                             settings.role_setting(registry.STALL_S)).start()
+    part_of = {group: part for group, (part, _) in watched.items()}
+
+    def parts() -> dict[str, bool | str]:
+        status: dict[str, bool | str] = {"pool": True}
         if with_sink:
             status["sink"] = sink_ready.is_set() and sink.is_alive()
         status.update({part: readiness.is_ready(data_dir, part) for part in expect_parts})
+        for group, stall in progress.stalls().items():  # alive is not enough: healthy means progressing
+            status[part_of[group]] = stall.describe()
         return status
 
     app = create_app(
@@ -216,6 +243,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         asyncio.run(main())
     finally:
         stop.set()
+        progress.stop()
         for sampler in samplers:
             sampler.stop()
         if with_sink:

@@ -23,9 +23,11 @@ from clawr1 import readiness
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core import registry
 from clawr1.core.kafka_io import ensure_topics
+from clawr1.core.progress import ProgressWatch
 from clawr1.core.settings import Settings, settings_to_env
 from clawr1.core.signals import stop_on_signals
 from clawr1.core.topics import ALL_TOPICS
+from clawr1.streams.config import StreamConfig
 from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor
 
 STATE_FILE = Path("run") / "supervisor.json"
@@ -70,6 +72,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
     supervisor = Supervisor(RestartPolicy.from_settings(settings), state_file=data_dir / STATE_FILE)
     started = time.monotonic()
     demo_thread: threading.Thread | None = None
+    progress: ProgressWatch | None = None
     try:
         if settings.manages_kafka:
             broker = KafkaBroker(data_dir=data_dir / "kafka", port=settings.kafka_port,
@@ -99,10 +102,21 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         rewarding = bool(env.get("CLAWR1_REWARD_FN"))
         parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
         supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
-        # One worker, restarted in place: static membership lets it resume at once (docs/streams.md).
+        # One worker, restarted in place: its slot lets it resume at once and abort its predecessor's open
+        # transaction (docs/streams.md); one that stops making progress is restarted too.
         worker_env = {"CLAWR1_STREAMS_INSTANCE_ID": f"{settings.role_setting(registry.STREAMS_APP_ID)}-up",
                       **env}
-        supervisor.add(_cli_role("worker", ["worker"], worker_env, data_dir))
+        stall_s = settings.role_setting(registry.STALL_S)
+        worker_config = StreamConfig.from_settings(settings)
+        progress = ProgressWatch(settings.bootstrap_servers,
+                                 {worker_config.app_id: worker_config.topics.inputs()}, stall_s).start()
+
+        def worker_stuck() -> str | None:
+            stall = progress.stalls().get(worker_config.app_id)
+            return None if stall is None else stall.describe()
+
+        supervisor.add(_cli_role("worker", ["worker"], worker_env, data_dir), health=worker_stuck,
+                       grace_s=stall_s)
         supervisor.add(_cli_role("proxy", ["proxy"], env, data_dir))
         if rewarding:
             supervisor.add(_cli_role("rewarder", ["rewarder"], env, data_dir))
@@ -128,6 +142,8 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         return 0
     finally:
         stop.set()  # also after a crash loop: the demo's actors end too
+        if progress is not None:
+            progress.stop()
         if demo_thread is not None:  # its actors finish their call before the roles stop under them
             demo_thread.join(timeout=30)
         supervisor.stop_all()

@@ -165,6 +165,10 @@ class ProcessRole:
 class _Watch:
     role: Role
     tier: int
+    # Why a running role is stuck (None when it is not); judged once it has run ``grace_s``.
+    health: Callable[[], str | None] | None = None
+    grace_s: float = 0.0
+    started_at: float = 0.0
     exits: list[float] = field(default_factory=list)
     restart_at: float | None = None
     restarts: int = 0
@@ -190,10 +194,15 @@ class Supervisor:
         self._clock = clock
         self._watches: list[_Watch] = []
 
-    def add(self, role: Role, tier: int = 1) -> None:
-        """Start ``role``; on stop, higher tiers stop first (the broker, tier 0, outlives its clients)."""
+    def add(self, role: Role, tier: int = 1, health: Callable[[], str | None] | None = None,
+            grace_s: float = 0.0) -> None:
+        """Start ``role``; on stop, higher tiers stop first (the broker, tier 0, outlives its clients).
+
+        ``health`` says why the running role is stuck, if it is: such a role is killed and restarted
+        like one that died (the same backoff and crash-loop limit), once it has had ``grace_s`` since
+        its start to make progress."""
         role.start()
-        self._watches.append(_Watch(role, tier))
+        self._watches.append(_Watch(role, tier, health, grace_s, self._clock()))
         self._write_state()
 
     def tick(self, restarting: bool = True) -> str | None:
@@ -202,11 +211,12 @@ class Supervisor:
         for watch in self._watches:
             if watch.restart_at is None:
                 code = watch.role.returncode()
-                if code is None:
+                reason = describe_exit(code) if code is not None else self._stuck(watch, now)
+                if reason is None:
                     continue
                 changed = True
                 watch.role.exited()
-                problem = self._exited(watch, describe_exit(code), now, restarting or code < 0)
+                problem = self._exited(watch, reason, now, restarting or code is None or code < 0)
             elif now >= watch.restart_at:
                 changed = True
                 problem = self._restart(watch, now, restarting)
@@ -218,6 +228,16 @@ class Supervisor:
         if changed:
             self._write_state()
         return None
+
+    def _stuck(self, watch: _Watch, now: float) -> str | None:
+        """Kill a running role its health check calls stuck; the reason, or None when it is fine."""
+        if watch.health is None or now - watch.started_at < watch.grace_s:
+            return None
+        problem = watch.health()
+        if problem is None:
+            return None
+        watch.role.kill()
+        return f"stuck ({problem}), killed"
 
     def _exited(self, watch: _Watch, reason: str, now: float, restarting: bool) -> str | None:
         name = watch.role.name
@@ -237,6 +257,7 @@ class Supervisor:
 
     def _restart(self, watch: _Watch, now: float, restarting: bool) -> str | None:
         watch.restart_at = None
+        watch.started_at = now
         try:
             watch.role.start()
         except Exception as exc:  # noqa: BLE001 - a failed start is one more exit, under the same policy

@@ -45,7 +45,8 @@ from clawr1.schemas.codec import AvroCodec, EncodeError, codec_for
 
 log = logging.getLogger(__name__)
 
-Readiness = Callable[[], dict[str, bool]]
+# Each part: True when healthy, False when not (yet), or why it is not (a stuck worker's lag, say).
+Readiness = Callable[[], dict[str, bool | str]]
 
 
 @dataclass(frozen=True)
@@ -281,14 +282,18 @@ async def healthz(request: Request) -> JSONResponse:
     """200 only when Kafka is ready and every part the stack registered says ready."""
     state = gateway_state(request)
     parts = {"kafka": state.publisher is not None and await state.publisher.ready()}
+    problems: dict[str, str] = {}
     if state.readiness is not None:
         try:
-            parts.update({name: bool(ok) for name, ok in state.readiness().items()})
+            for name, ok in state.readiness().items():
+                parts[name] = ok is True
+                if isinstance(ok, str):
+                    problems[name] = ok
         except Exception:
             log.exception("readiness check failed")
             parts["readiness"] = False
     ready = all(parts.values())
-    body = Health(status="ok" if ready else "unavailable", parts=parts)
+    body = Health(status="ok" if ready else "unavailable", parts=parts, problems=problems)
     return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
 
 

@@ -195,3 +195,5 @@ class Accepted(BaseModel):
 class Health(BaseModel):
     status: str = Field(description="ok | unavailable")
     parts: dict[str, bool]
+    problems: dict[str, str] = Field(
+        default_factory=dict, description="why a part is not healthy, where known (a stuck worker's lag)")

@@ -12,8 +12,8 @@ truth and every released record version has a readable envelope version too:
 - record names get ``Packed`` appended, and the envelope is ``<Name>Batch {records: [<Name>Packed]}``;
   its schema name is ``<name>_batch``.
 
-``pack_record`` / ``unpack_record`` turn a record between its plain and packed forms by the same rule;
-``AvroCodec.decode_records`` reads a message's records whichever of the two forms it was written in.
+``clawr1.schemas.codec.pack_record`` / ``unpack_record`` turn a record between its plain and packed forms
+by the same rule; ``AvroCodec.decode_records`` reads a message's records whichever form it was written in.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import array
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 BATCH_SUFFIX = "_batch"
@@ -105,7 +104,8 @@ class _Plan:
 
 def _array_kind(schema: Any) -> str | None:
     for branch in schema if isinstance(schema, list) else [schema]:
-        if isinstance(branch, dict) and branch.get("type") == "array" and branch.get("items") in ("int", "double"):
+        if isinstance(branch, dict) and branch.get("type") == "array" \
+                and branch.get("items") in ("int", "double"):
             return _INTS if branch["items"] == "int" else _DOUBLES
     return None
 
@@ -120,6 +120,11 @@ def _nested_record(schema: Any) -> tuple[bool, dict[str, Any]] | None:
     return None
 
 
+def plan_of(record: dict[str, Any]) -> _Plan:
+    """Which fields of records of this (plain) schema the rule packs."""
+    return _plan(record)
+
+
 def _plan(record: dict[str, Any]) -> _Plan:
     arrays, nested = [], []
     for field in record["fields"]:
@@ -131,13 +136,6 @@ def _plan(record: dict[str, Any]) -> _Plan:
         if inner is not None:
             nested.append((field["name"], inner[0], _plan(inner[1])))
     return _Plan(tuple(arrays), tuple(nested))
-
-
-@cache
-def _plan_of(name: str) -> _Plan:
-    from clawr1.schemas.codec import current_schema
-
-    return _plan(current_schema(name).raw)
 
 
 def pack_ints(values: Sequence[int] | Any) -> bytes:
@@ -188,19 +186,11 @@ def _apply(plan: _Plan, record: dict[str, Any], pack: bool) -> dict[str, Any]:
     return out
 
 
-def pack_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
-    """The packed form of a record of schema ``name`` (a new dict; arrays become bytes)."""
-    return _apply(_plan_of(name), record, pack=True)
+def pack(plan: _Plan, record: dict[str, Any]) -> dict[str, Any]:
+    """The packed form of a record (a new dict; arrays become bytes)."""
+    return _apply(plan, record, pack=True)
 
 
-def unpack_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
-    """The plain form of a packed record of schema ``name`` (a new dict; bytes become lists)."""
-    return _apply(_plan_of(name), record, pack=False)
-
-
-def records_of(name: str, envelope: dict[str, Any], unpack: bool = True) -> list[dict[str, Any]]:
-    """The records of a decoded ``<name>_batch`` envelope: plain by default, packed with ``unpack=False``."""
-    records: list[dict[str, Any]] = envelope["records"]
-    return [unpack_record(name, r) for r in records] if unpack else records
-
-
+def unpack(plan: _Plan, record: dict[str, Any]) -> dict[str, Any]:
+    """The plain form of a packed record (a new dict; bytes become lists)."""
+    return _apply(plan, record, pack=False)

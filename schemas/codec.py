@@ -22,7 +22,7 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from clawr1.schemas.batch import batch_name, batch_schema, record_name_of, records_of
+from clawr1.schemas.batch import batch_name, batch_schema, pack, plan_of, record_name_of, unpack
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 HISTORY_DIR = SCHEMA_DIR / "history"
@@ -87,6 +87,21 @@ def history_versions(name: str) -> list[SchemaVersion]:
         return [_version(name, batch_schema(v.raw)) for v in history_versions(record)]
     paths = sorted(HISTORY_DIR.glob(f"{name}.v*.avsc"), key=lambda p: int(p.stem.rsplit(".v", 1)[1]))
     return [_version(name, json.loads(p.read_text())) for p in paths]
+
+
+@cache
+def _plan(name: str) -> Any:
+    return plan_of(current_schema(name).raw)
+
+
+def pack_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A plain record of schema ``name`` in the packed form its envelope carries (``schemas/batch.py``)."""
+    return pack(_plan(name), record)
+
+
+def unpack_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
+    """A packed record of schema ``name`` back in its plain form."""
+    return unpack(_plan(name), record)
 
 
 @lru_cache(maxsize=1)
@@ -198,9 +213,9 @@ class AvroCodec:
             raise DecodeError(f"corrupt {writer.name!r} body: {exc}") from exc
         return writer.name, record  # type: ignore[return-value]
 
-    def decode_records(self, data: bytes | None, expect: str, unpack: bool = True) -> list[dict[str, Any]]:
+    def decode_records(self, data: bytes | None, expect: str, plain: bool = True) -> list[dict[str, Any]]:
         """The records of a message written as one ``expect`` record or as its envelope (``<expect>_batch``),
-        plain (token arrays as lists) or, with ``unpack=False``, as they came."""
+        plain (token arrays as lists) or, with ``plain=False``, as they came."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         name = self.writer_of(bytes(data)).name
@@ -209,13 +224,15 @@ class AvroCodec:
         _, record = self.decode(data)
         if name == expect:
             return [record]
-        return records_of(expect, record, unpack)
+        return [unpack_record(expect, r) for r in record["records"]] if plain else record["records"]
 
     def decode_all(self, data: bytes | None) -> tuple[str, list[dict[str, Any]]]:
         """(record schema name, its plain records) of a message written as one record or an envelope."""
         name, record = self.decode(data)
         base = record_name_of(name)
-        return (name, [record]) if base is None else (base, records_of(base, record))
+        if base is None:
+            return name, [record]
+        return base, [unpack_record(base, r) for r in record["records"]]
 
     def encode_batch(self, name: str, packed_records: list[dict[str, Any]]) -> bytes:
         """One envelope message of ``name`` records, given in their packed form (``batch.pack_record``)."""

@@ -1,6 +1,7 @@
 """One sink batch: rows per table plus the offset range consumed per topic partition.
 
-A batch is flushed when it holds ``max_rows`` messages or is ``max_seconds`` old. Its insert
+A batch is flushed when it holds ``max_rows`` rows or is ``max_seconds`` old (a message may be an
+envelope of many records: rows are what an insert costs). Its insert
 deduplication token is derived from the offset ranges it covers, so re-inserting the same ranges after
 a crash (before the offsets were committed) is dropped by ClickHouse; replays with other boundaries
 collapse through the tables' version replacement instead.
@@ -33,6 +34,7 @@ class TableRows:
 class Batch:
     started: float = field(default_factory=time.monotonic)
     messages: int = 0
+    rows: int = 0
     tables: dict[str, TableRows] = field(default_factory=dict)
     ranges: dict[tuple[str, int], OffsetRange] = field(default_factory=dict)
 
@@ -40,6 +42,7 @@ class Batch:
         rows = self.tables.setdefault(table, TableRows(columns))
         rows.rows.append(row)
         rows.origins.append(origin)
+        self.rows += 1
 
     def consumed(self, origin: Origin) -> None:
         """Record that the message at ``origin`` is covered by this batch (stored or dead-lettered)."""
@@ -56,7 +59,7 @@ class Batch:
         if not self.messages:
             return False
         age = (time.monotonic() if now is None else now) - self.started
-        return self.messages >= max_rows or age >= max_seconds
+        return self.rows >= max_rows or age >= max_seconds
 
     def commit_offsets(self) -> list[tuple[str, int, int]]:
         """(topic, partition, next offset to read) for every partition the batch consumed."""
@@ -75,4 +78,6 @@ class Batch:
                     if (o.topic, o.partition) not in lost]
             rows.rows = [r for r, _ in kept]
             rows.origins = [o for _, o in kept]
-        self.messages = sum(len(r.rows) for r in self.tables.values())
+        self.rows = sum(len(r.rows) for r in self.tables.values())
+        self.messages = len({(o.topic, o.partition, o.offset)
+                             for r in self.tables.values() for o in r.origins})

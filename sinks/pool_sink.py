@@ -13,7 +13,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -109,27 +110,37 @@ class PoolSink:
     # -- converting ---------------------------------------------------------------------------------
 
     def accept(self, msg: Message) -> None:
-        """Turn one message into a row of its table, or into a dead letter with the reason."""
+        """Turn one message (a record or an envelope of records) into rows of its table; what cannot be a
+        row becomes a dead letter with the reason."""
         origin = Origin(*consumed_at(msg), msg.key(), msg.value())
         route = self.routes[origin.topic]
         stamp = now_ms()
+        records: list[dict[str, Any]] = []
         try:
             if origin.value is None:
                 raise RowError("empty message (no value)")
-            _, record = self.codec.decode(origin.value, expect=route.schema)
-            row = route.to_row(record, origin, stamp)
+            envelope = self.codec.writer_of(origin.value).name != route.schema
+            records = self.codec.decode_records(origin.value, expect=route.schema)
         except DecodeError as exc:
             self._dead_letter(origin, "undecodable", f"undecodable {route.schema!r} message: {exc}", stamp)
-        except (RowError, KeyError, TypeError) as exc:
+        except RowError as exc:
             self._dead_letter(origin, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
-        else:
-            self._batch.add(route.table, tuple(route.columns), row, origin)
+        for index, record in enumerate(records):
+            # A record of an envelope is cited alone: its own bytes, its place in the envelope.
+            at = replace(origin, value=None, index=index,
+                         cite=partial(self.codec.encode, route.schema, record)) if envelope else origin
+            try:
+                row = route.to_row(record, at, stamp)
+            except (RowError, KeyError, TypeError) as exc:
+                self._dead_letter(at, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
+            else:
+                self._batch.add(route.table, tuple(route.columns), row, at)
         self._batch.consumed(origin)
         self.stats.messages += 1
         SINK_MESSAGES_IN.labels(topic=origin.topic).inc()
 
     def _dead_letter(self, origin: Origin, cause: str, reason: str, stamp: int) -> None:
-        log.warning("dead letter %s:%s:%s: %s", origin.topic, origin.partition, origin.offset, reason)
+        log.warning("dead letter %s: %s", origin.position, reason)
         self.stats.dead_letters += 1
         SINK_DEAD_LETTERS.labels(reason=cause).inc()
         self._batch.add(_DEAD_LETTER_TABLE, DEAD_LETTER_COLUMNS, sink_dead_letter_row(origin, reason, stamp),
@@ -238,7 +249,7 @@ class PoolSink:
 
     def _poll_once(self) -> None:
         assert self._consumer is not None
-        room = max(1, self.config.batch_rows - self._batch.messages)
+        room = max(1, self.config.batch_rows - self._batch.rows)
         wait = min(0.2, self.config.batch_seconds)
         for msg in self._consumer.consume(num_messages=min(room, 1000), timeout=wait):
             error = msg.error()

@@ -9,7 +9,7 @@ to the dead letters with that reason instead of blocking the batch.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
@@ -33,6 +33,17 @@ class Origin:
     offset: int
     key: bytes | None
     value: bytes | None
+    index: int | None = None  # the record's place in an envelope
+    cite: Callable[[], bytes] | None = field(default=None, compare=False)  # that record alone, encoded
+
+    def original(self) -> bytes | None:
+        """The bytes a dead letter keeps: the message, or the envelope's record re-encoded alone."""
+        return self.cite() if self.value is None and self.cite is not None else self.value
+
+    @property
+    def position(self) -> str:
+        place = f"{self.topic}:{self.partition}:{self.offset}"
+        return place if self.index is None else f"{place}#{self.index}"
 
 
 SOURCE_COLUMNS: tuple[str, ...] = ("ingested_at", "source_topic", "source_partition", "source_offset")
@@ -121,8 +132,8 @@ def dead_letter_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tupl
 def sink_dead_letter_row(origin: Origin, reason: str, now_ms: int) -> tuple[Any, ...]:
     """A message the sink itself could not store: kept whole, with the reason, keyed by its offset."""
     return (
-        f"{origin.topic}:{origin.partition}:{origin.offset}", reason, "sink", origin.topic, origin.partition,
-        origin.offset, origin.key, origin.value, now_ms, now_ms, "", -1, -1,
+        origin.position, reason, "sink", origin.topic, origin.partition,
+        origin.offset, origin.key, origin.original(), now_ms, now_ms, "", -1, -1,
     )
 
 

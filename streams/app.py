@@ -22,7 +22,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from functools import partial
+from typing import Any, Literal, cast
 
 from quixstreams import Application
 from quixstreams.context import message_context
@@ -76,6 +78,26 @@ class CheckpointFlush(BaseSink):
         self._flush()
 
 
+def kafka_overrides(config: StreamConfig, client_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the worker sets on Quix's consumer and producer beyond Quix's own exactly-once settings."""
+    consumer: dict[str, Any] = {
+        "client.id": client_id,
+        "session.timeout.ms": int(config.session_timeout_s * 1000),
+        "heartbeat.interval.ms": int(min(3.0, config.session_timeout_s / 3) * 1000),
+    }
+    producer: dict[str, Any] = {
+        "partitioner": "murmur2_random",  # Java's: where the gateway and the proxy put a key
+        "transaction.timeout.ms": config.transaction_timeout_ms,
+        "linger.ms": config.linger_ms,
+        "compression.type": "lz4",
+        "message.max.bytes": 16 * 1024 * 1024,
+    }
+    if config.instance_id:
+        consumer["group.instance.id"] = config.instance_id
+        producer["transactional.id"] = f"{config.app_id}-{config.instance_id}"
+    return consumer, producer
+
+
 class StreamsApp:
     """One worker: a Quix application over the stream inputs, with the processor behind them."""
 
@@ -84,21 +106,7 @@ class StreamsApp:
         self.partitions = partitions
         self.codec = codec_for(config.schema_registry_url)
         self.client_id = f"{config.app_id}-{config.instance_id or uuid.uuid4().hex[:8]}"
-        consumer: dict[str, Any] = {
-            "client.id": self.client_id,
-            "session.timeout.ms": int(config.session_timeout_s * 1000),
-            "heartbeat.interval.ms": int(min(3.0, config.session_timeout_s / 3) * 1000),
-        }
-        producer: dict[str, Any] = {
-            "partitioner": "murmur2_random",  # Java's: where the gateway and the proxy put a key
-            "transaction.timeout.ms": config.transaction_timeout_ms,
-            "linger.ms": config.linger_ms,
-            "compression.type": "lz4",
-            "message.max.bytes": 16 * 1024 * 1024,
-        }
-        if config.instance_id:
-            consumer["group.instance.id"] = config.instance_id
-            producer["transactional.id"] = f"{config.app_id}-{config.instance_id}"
+        consumer, producer = kafka_overrides(config, self.client_id)
         self.app = Application(
             broker_address=config.bootstrap,
             consumer_group=config.app_id,
@@ -110,7 +118,8 @@ class StreamsApp:
             rocksdb_options=RocksDBOptions(dumps=_same, loads=_same),
             consumer_extra_config=consumer,
             producer_extra_config=producer,
-            loglevel=config.log_level.upper(),
+            loglevel=cast(Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET"],
+                          config.log_level.upper()),
         )
         names = config.topics
         self.outbox = Outbox(partitions)
@@ -123,9 +132,11 @@ class StreamsApp:
                          metadata=True, stateful=True)
         readers: list[tuple[str, str, Callable[[str | None, dict[str, Any], Origin], None]]] = [
             (names.raw_llm, topics.RAW_LLM.schema, lambda k, r, o: self.processor.on_llm_call(k, r)),
-            (names.raw_events, topics.RAW_EVENTS.schema, lambda k, r, o: self.processor.on_service_event(k, r)),
+            (names.raw_events, topics.RAW_EVENTS.schema,
+             lambda k, r, o: self.processor.on_service_event(k, r)),
             (names.raw_steps, topics.RAW_STEPS.schema, lambda k, r, o: self.processor.on_whitebox_step(r)),
-            (names.raw_feedback, topics.RAW_FEEDBACK.schema, lambda k, r, o: self.processor.on_feedback(r, o)),
+            (names.raw_feedback, topics.RAW_FEEDBACK.schema,
+             lambda k, r, o: self.processor.on_feedback(r, o)),
         ]
         for name, schema, handle in readers:
             self._dataframe(name).update(self._reader(schema, handle), metadata=True)
@@ -155,13 +166,12 @@ class StreamsApp:
                 self._dead_letter(origin, "decode" if isinstance(exc, DecodeError) else "validate", str(exc))
                 return
             STREAM_RECORDS_IN.labels(topic=origin.topic).inc(len(records))
-            single = len(records) == 1 and not self.codec.writer_of(value).name.endswith("_batch")
+            envelope = self.codec.writer_of(value).name != schema
             text_key = _text(key)
             for index, record in enumerate(records):
-                if not single:
-                    origin = Origin(origin.topic, origin.partition, origin.offset, key,
-                                    self.codec.encode(schema, record), timestamp, index)
-                self._guarded(origin, "normalize", lambda r=record, o=origin: handle(text_key, r, o))
+                at = replace(origin, value=None, index=index,
+                             cite=partial(self.codec.encode, schema, record)) if envelope else origin
+                self._guarded(at, "normalize", partial(handle, text_key, record, at))
         return on_message
 
     def _on_work(self, value: bytes | None, key: Any, timestamp: int) -> None:
@@ -174,7 +184,7 @@ class StreamsApp:
             return
         STREAM_RECORDS_IN.labels(topic=origin.topic).inc(len(batch))
         for entry_key, message in batch:
-            self._guarded(origin, "join", lambda k=entry_key, m=message: self.processor.on_work(k, m))
+            self._guarded(origin, "join", partial(self.processor.on_work, entry_key, message))
 
     def _guarded(self, origin: Origin, stage: str, work: Callable[[], None]) -> None:
         """Run ``work``; whatever an event does wrong ends in the dead-letter topic, never a crash."""
@@ -199,7 +209,8 @@ class StreamsApp:
         STREAM_STATE_WRITES.inc(self.processor.flush())
         names = self.config.topics
         try:
-            envelopes = self.outbox.envelopes(self.codec, names.steps, names.prefix_nodes, names.work, names.dlq)
+            envelopes = self.outbox.envelopes(self.codec, names.steps, names.prefix_nodes, names.work,
+                                              names.dlq)
         except EncodeError as exc:  # a bug in what the join built: find the records, keep the rest
             log.error("an output envelope did not encode (%s); sending its records one by one", exc)
             envelopes = self._salvage()

@@ -14,7 +14,8 @@ STAGES = ("decode", "validate", "normalize", "join", "prefix")
 
 
 def dead_letter(reason: str, stage: str, topic: str, partition: int | None, offset: int | None,
-                key: bytes | None, value: bytes | None, timestamp_ms: int, index: int | None = None) -> dict[str, Any]:
+                key: bytes | None, value: bytes | None, timestamp_ms: int,
+                index: int | None = None) -> dict[str, Any]:
     """``index``: the record's place in an envelope (then ``value`` is that record alone, re-encoded)."""
     position = f"{topic}:{partition}:{offset}"
     return {

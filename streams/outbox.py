@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.routing import partition_of
-from clawr1.schemas.batch import pack_record
-from clawr1.schemas.codec import AvroCodec
+from clawr1.schemas.codec import AvroCodec, pack_record
 from clawr1.streams import messages
 
 
@@ -54,7 +53,8 @@ class Outbox:
         self.dead_letters.append((key, record))
 
     def __len__(self) -> int:
-        return len(self.steps) + len(self.nodes) + sum(map(len, self.internal.values())) + len(self.dead_letters)
+        internal = sum(map(len, self.internal.values()))
+        return len(self.steps) + len(self.nodes) + internal + len(self.dead_letters)
 
     def envelopes(self, codec: AvroCodec, steps_topic: str, nodes_topic: str, internal_topic: str,
                   dlq_topic: str) -> list[Envelope]:
@@ -71,7 +71,8 @@ class Outbox:
             by_partition[partition_of(scope_id, self.partitions)].append(pack_record("prefix_node", row))
         out += [Envelope(nodes_topic, p, None, codec.encode_batch("prefix_node", rows))
                 for p, rows in sorted(by_partition.items())]
-        out += [Envelope(internal_topic, p, None, messages.pack(batch)) for p, batch in sorted(self.internal.items())]
+        out += [Envelope(internal_topic, p, None, messages.pack(batch))
+                for p, batch in sorted(self.internal.items())]
         out += [Envelope(dlq_topic, None, key, codec.encode("dead_letter", record))
                 for key, record in self.dead_letters]
         return out

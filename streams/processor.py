@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.conversation import conversation_key
@@ -69,7 +69,8 @@ _SEP = "\x1f"
 
 @dataclass(frozen=True)
 class Origin:
-    """Where an event came from, as a dead letter cites it."""
+    """Where an event came from, as a dead letter cites it: a record of an envelope is cited alone, its
+    bytes encoded only when a dead letter needs them (``cite``)."""
 
     topic: str
     partition: int
@@ -78,11 +79,16 @@ class Origin:
     value: bytes | None
     timestamp_ms: int
     index: int | None = None  # the record's place in an envelope
+    cite: Callable[[], bytes] | None = field(default=None, compare=False)
+
+    def original(self) -> bytes | None:
+        return self.cite() if self.value is None and self.cite is not None else self.value
 
     def to_json(self) -> dict[str, Any]:
+        value = self.original()
         return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
                 "key": None if self.key is None else self.key.hex(),
-                "value": None if self.value is None else self.value.hex(), "timestamp_ms": self.timestamp_ms,
+                "value": None if value is None else value.hex(), "timestamp_ms": self.timestamp_ms,
                 "index": self.index}
 
     @classmethod
@@ -171,7 +177,7 @@ class Processor:
 
     def dead_letter(self, stage: str, reason: str, origin: Origin) -> None:
         record = dead_letter(reason, stage, origin.topic, origin.partition, origin.offset, origin.key,
-                             origin.value, origin.timestamp_ms, origin.index)
+                             origin.original(), origin.timestamp_ms, origin.index)
         self.outbox.dead_letter(origin.topic.encode(), record)
 
     # ------------------------------------------------------------------ ingest
@@ -191,7 +197,8 @@ class Processor:
     def on_feedback(self, record: dict[str, Any], origin: Origin) -> None:
         fact = feedback_fact(record)
         if fact["target_kind"] == "trajectory":
-            self.to_trajectory(fact["target_id"], messages.message(messages.TRAJECTORY_FEEDBACK, feedback=fact))
+            self.to_trajectory(fact["target_id"],
+                               messages.message(messages.TRAJECTORY_FEEDBACK, feedback=fact))
         else:
             self.to_target(fact["target_id"], messages.message(messages.FEEDBACK, feedback=fact,
                                                                origin=origin.to_json()))
@@ -205,7 +212,8 @@ class Processor:
 
     def _link_and_publish(self, key: str, turn: Turn) -> None:
         self._dirty_links.add(key)
-        linked = link_turn(self._link_state(key), turn, self.config.link_horizon_ms, self.config.max_links_per_key)
+        linked = link_turn(self._link_state(key), turn, self.config.link_horizon_ms,
+                           self.config.max_links_per_key)
         for fact in steps_from_turn(turn, linked.assignments, self.retokenizer):
             self._publish_fact(fact)
         if len(turn.replies) > 1 and turn.engine_response_id:  # the bare id names every choice
@@ -259,10 +267,11 @@ class Processor:
         state = self._target_state(key)
         window = self.config.feedback_window_ms
         if message["kind"] == messages.TARGET:
-            changed, forwards, refusals = add_target(state, key, message["step_id"], Target(**message["target"]),
-                                                     window)
+            target = Target(**message["target"])
+            changed, forwards, refusals = add_target(state, key, message["step_id"], target, window)
         else:
-            changed, forwards, refusals = add_feedback(state, key, message["feedback"], message["origin"], window)
+            changed, forwards, refusals = add_feedback(state, key, message["feedback"], message["origin"],
+                                                       window)
         if changed:
             self._dirty_targets.add(key)
         for forward in forwards:
@@ -363,7 +372,7 @@ class Processor:
             self._emit(trajectory, step, to_scope=changed or not new)
 
     def _arrived(self, trajectory: Trajectory, step_id: str, state: StepState) -> None:
-        """A step seen for the first time: make its routable id findable, and take feedback that came first."""
+        """A step seen for the first time: make its routable id findable, take feedback that came first."""
         tag = id_tag(step_id)
         if tag is None:
             return
@@ -386,7 +395,8 @@ class Processor:
             return
         scope_id, scope_kind = scope_of(record)
         scope_step = ScopeStep(scope_id, scope_kind, record["step_id"], record["prompt_token_ids"],
-                               record["response_token_ids"], record["parent_step_id"], record["created_at_ms"])
+                               record["response_token_ids"], record["parent_step_id"],
+                               record["created_at_ms"])
         if scope_kind == "trajectory":
             self._merge_trajectory(trajectory, scope_step)
         else:

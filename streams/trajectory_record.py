@@ -72,8 +72,8 @@ class Trajectory:
     """A record plus access to its chunks, for one checkpoint (``load_chunk``/``new_chunk`` give the
     checkpoint's decoded chunk dicts, which the caller writes back)."""
 
-    def __init__(self, trajectory_id: str, record: TrajectoryRecord, load_chunk: Callable[[int], Chunk | None],
-                 new_chunk: Callable[[int], Chunk]) -> None:
+    def __init__(self, trajectory_id: str, record: TrajectoryRecord,
+                 load_chunk: Callable[[int], Chunk | None], new_chunk: Callable[[int], Chunk]) -> None:
         self.id = trajectory_id
         self.record = record
         self._load = load_chunk

@@ -44,7 +44,8 @@ STREAM_RECORDS_IN = Counter("clawr1_stream_records_in", "records the stream work
                             "envelope counts), by topic", ["topic"])
 STREAM_MESSAGES_OUT = Counter("clawr1_stream_messages_out", "Kafka messages the stream worker sent (an "
                               "envelope counts once), by topic", ["topic"])
-STREAM_RECORDS_OUT = Counter("clawr1_stream_records_out", "records the stream worker sent, by topic", ["topic"])
+STREAM_RECORDS_OUT = Counter("clawr1_stream_records_out", "records the stream worker sent, by topic",
+                             ["topic"])
 STREAM_DEAD_LETTERS = Counter("clawr1_stream_dead_letters", "events the stream worker dead-lettered",
                               ["stage"])
 STREAM_CHECKPOINT_SECONDS = Histogram("clawr1_stream_checkpoint_flush_seconds",
@@ -81,6 +82,10 @@ HTTP_REQUESTS = Counter("clawr1_http_requests", "requests answered, by app (api,
 POOL_ROWS = Gauge("clawr1_pool_rows", "rows stored per pool table (active parts, sampled)", ["table"])
 CONSUMER_LAG = Gauge("clawr1_consumer_lag", "messages not yet committed by a consumer group (sampled)",
                      ["group", "topic"])
+CONSUMER_STALLED_SECONDS = Gauge("clawr1_consumer_stalled_seconds",
+                                 "how long a consumer group has had records "
+                                 "waiting and made no progress (0 = progressing; clawr1/core/progress.py)",
+                                 ["group"])
 
 ALL_METRICS: tuple[MetricWrapperBase, ...] = tuple(
     value for value in list(globals().values()) if isinstance(value, MetricWrapperBase))

@@ -271,6 +271,10 @@ SINK_EXIT_AFTER_INSERT = option("SINK_EXIT_AFTER_INSERT", bool, False,
 
 # -- stream worker -----------------------------------------------------------------------------------
 
+STALL_S = option("STALL_S", float, 30.0,
+                 "a consumer group (worker, sink) with records waiting and no progress for this long is "
+                 "unhealthy: /healthz answers 503 naming it, and `clawr1 up` restarts a stuck worker",
+                 ("api", "up"), check=positive)
 STREAMS_APP_ID = option("STREAMS_APP_ID", str, "clawr1-streams",
                         "app id / consumer group: workers with one id share the work", ("worker",))
 TOPIC_SUFFIX = option("TOPIC_SUFFIX", str, "",
@@ -292,7 +296,7 @@ STREAMS_FEEDBACK_WINDOW_MS = option("STREAMS_FEEDBACK_WINDOW_MS", int, 3_600_000
 PREFIX_MAX_STEPS = option("PREFIX_MAX_STEPS", int, 128, "steps merged per prefix-tree scope", ("worker",))
 PREFIX_MAX_TOKENS = option("PREFIX_MAX_TOKENS", int, 1 << 20, "tokens merged per prefix-tree scope",
                            ("worker",))
-STREAMS_SESSION_TIMEOUT_S = option("STREAMS_SESSION_TIMEOUT_S", float, 30.0,
+STREAMS_SESSION_TIMEOUT_S = option("STREAMS_SESSION_TIMEOUT_S", float, 10.0,
                                    "how long a dead worker holds its partitions (broker minimum 6)",
                                    ("worker",))
 STREAMS_INSTANCE_ID = option("STREAMS_INSTANCE_ID", str, "",

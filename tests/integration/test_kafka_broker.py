@@ -7,6 +7,7 @@ from pathlib import Path
 from bench.common import free_port
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.core.routing import partition_of
 
 MESSAGES = 5000
 
@@ -49,9 +50,8 @@ def test_acknowledged_messages_survive_a_broker_restart(tmp_path: Path, unique: 
 
 
 def test_same_key_lands_on_the_java_murmur2_partition(kafka_bootstrap: str, unique: str) -> None:
-    """confluent-kafka must agree with Faust/aiokafka (Java murmur2) on which partition a key owns."""
-    from aiokafka.partitioner import DefaultPartitioner
-
+    """Our producers and ``clawr1.core.routing`` (Java's murmur2) agree on which partition a key owns:
+    the worker relies on it to know where a trajectory, a target or a routable id lives."""
     topic = f"partitioner.{unique}"
     ensure_topics(kafka_bootstrap, [topic], partitions=8)
     producer = make_producer(kafka_bootstrap)
@@ -61,11 +61,9 @@ def test_same_key_lands_on_the_java_murmur2_partition(kafka_bootstrap: str, uniq
         assert err is None
         placed[msg.key()] = msg.partition()  # type: ignore[attr-defined]
 
-    keys = [f"trajectory-{i}".encode() for i in range(50)]
+    keys = [f"trajectory-{i}-é".encode() for i in range(50)]
     for key in keys:
         producer.produce(topic, key=key, value=b"v", on_delivery=on_delivery)
     assert producer.flush(30) == 0
-    java = DefaultPartitioner()
-    partitions = list(range(8))
     for key in keys:
-        assert placed[key] == java(key, partitions, partitions)
+        assert placed[key] == partition_of(key.decode(), 8)

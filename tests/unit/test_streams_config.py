@@ -14,7 +14,7 @@ from clawr1.streams.readiness import ReadinessRule
 def test_defaults_follow_the_project_topics() -> None:
     topics = StreamTopics()
     assert (topics.raw_llm, topics.steps, topics.dlq) == ("clawr1.raw.llm", "clawr1.steps", "clawr1.dlq")
-    assert all(n.startswith("clawr1.") for n in topics.all_names()) and len(topics.all_names()) == 10
+    assert all(n.startswith("clawr1.") for n in topics.all_names()) and len(topics.all_names()) == 8
 
 
 def test_from_environment() -> None:
@@ -52,12 +52,12 @@ def test_bad_values_fail_fast_with_the_variable() -> None:
 def test_a_named_slot_is_a_static_member_with_a_stable_transactional_id() -> None:
     """An instance id makes the worker a static group member whose transactional id survives a restart
     (so the restart fences its predecessor's open transaction); none, a dynamic member with a random one."""
-    from clawr1.streams.app import StreamsApp
+    from clawr1.streams.app import kafka_overrides
 
     named = StreamConfig.from_settings(load_settings({"CLAWR1_STREAMS_INSTANCE_ID": "w-1",
                                                       "CLAWR1_STREAMS_APP_ID": "g"}))
-    app = StreamsApp(named, partitions=4).app
-    assert app.config.consumer_extra_config["group.instance.id"] == "w-1"
-    assert app.config.producer_extra_config["transactional.id"] == "g-w-1"
-    unnamed = StreamsApp(StreamConfig.from_settings(load_settings({})), partitions=4).app
-    assert "group.instance.id" not in unnamed.config.consumer_extra_config
+    consumer, producer = kafka_overrides(named, "g-w-1")
+    assert consumer["group.instance.id"] == "w-1" and producer["transactional.id"] == "g-w-1"
+    assert producer["partitioner"] == "murmur2_random"
+    consumer, producer = kafka_overrides(StreamConfig.from_settings(load_settings({})), "c")
+    assert "group.instance.id" not in consumer and "transactional.id" not in producer

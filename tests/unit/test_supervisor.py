@@ -102,6 +102,29 @@ def test_a_crash_loop_gives_up_with_the_last_lines(tmp_path: Path) -> None:
     assert sum("restarted" in line for line in logs) == 2
 
 
+def test_a_stuck_role_is_killed_and_restarted_after_its_grace_and_counted(tmp_path: Path) -> None:
+    """A role alive but stuck (its health check names why) is restarted like one that died; a freshly
+    started one gets its grace before it is judged again."""
+    logs: list[str] = []
+    verdict: list[str | None] = [None]
+    role = ProcessRole("worker", _python("import time; time.sleep(60)"))
+    supervisor = Supervisor(RestartPolicy(backoff_s=0.01), log=logs.append)
+    try:
+        supervisor.add(role, health=lambda: verdict[0], grace_s=0.2)
+        first = role.pid
+        assert supervisor.tick() is None and role.returncode() is None  # healthy: left alone
+        verdict[0] = "consumer group g: 12 records waiting, no progress for 30s (t[0])"
+        time.sleep(0.25)
+        _tick_until(supervisor, lambda: len(logs) == 2)
+        assert logs[0].startswith("worker stuck (consumer group g: 12 records waiting")
+        assert "killed" in logs[0]
+        assert role.pid != first and role.returncode() is None
+        assert supervisor.state()[0]["restarts"] == 1
+        assert supervisor.tick() is None and role.returncode() is None  # within its new grace
+    finally:
+        supervisor.stop_all()
+
+
 def test_an_exit_during_start_up_stops_at_once() -> None:
     supervisor = Supervisor(POLICY, log=lambda _: None)
     supervisor.add(ProcessRole("api", _python("raise SystemExit(2)")))

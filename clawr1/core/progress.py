@@ -1,0 +1,174 @@
+"""Healthy means progressing: a consumer group with input waiting and no progress for a while is stuck,
+whatever its processes say.
+
+A worker that wedged once looked alive to every check that asked the process; what it did not do was
+move its group's committed offsets while records waited. So health is judged from the outside, from
+Kafka: per partition of the group's inputs, the committed offset and the end of the log. A partition
+*progresses* when its committed offset moved since the last look, or when nothing waits beyond it; it
+*stalls* when records have waited for ``stall_s`` while the offset did not move. The group is stuck while any
+partition stalls, and stays stuck until that partition's offset moves: a restart alone does not make
+it healthy.
+
+Records beyond the committed offset are not always work: a transaction's commit marker takes an offset
+of its own, and an aborted transaction's records are never delivered. Before a partition is called
+stalled, ``probe`` reads from its committed offset as a ``read_committed`` consumer does; if nothing
+comes, what waits is only markers or aborted records, and the partition is caught up.
+
+``ProgressTracker`` is the rule (pure, tested without Kafka); ``ProgressWatch`` samples the offsets in
+a background thread for ``/healthz`` (the API) and for the supervisor (which restarts a stuck worker).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, TopicPartition
+
+from clawr1.core.metrics import CONSUMER_STALLED_SECONDS
+
+log = logging.getLogger(__name__)
+
+Partition = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class Offsets:
+    committed: int  # the group's committed offset (the log's start when it never committed)
+    end: int  # the high watermark
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.end - self.committed)
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A stuck group: how much waits in its stalled partitions, and for how long nothing moved."""
+
+    group: str
+    lag: int
+    seconds: float
+    partitions: tuple[str, ...]
+
+    def describe(self) -> str:
+        where = ", ".join(self.partitions[:4]) + (" ..." if len(self.partitions) > 4 else "")
+        return (f"consumer group {self.group}: {self.lag} records waiting, no progress for "
+                f"{self.seconds:.0f}s ({where})")
+
+
+@dataclass
+class _Seen:
+    committed: int
+    since: float  # when the partition last progressed (or records started waiting)
+    waiting: bool
+
+
+@dataclass
+class ProgressTracker:
+    stall_s: float
+    _seen: dict[tuple[str, Partition], _Seen] = field(default_factory=dict)
+
+    def observe(self, group: str, now: float, offsets: Mapping[Partition, Offsets],
+                probe: Callable[[Partition, int], bool]) -> Stall | None:
+        """Fold in one look at ``group``'s offsets; the stall, if the group is stuck now.
+
+        ``probe(partition, offset)`` says whether a committed record waits at or after ``offset``.
+        """
+        stalled: list[tuple[Partition, Offsets, float]] = []
+        for partition, at in offsets.items():
+            seen = self._seen.get((group, partition))
+            if seen is None or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
+                self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0)
+                continue
+            if now - seen.since >= self.stall_s:
+                if probe(partition, at.committed):
+                    stalled.append((partition, at, now - seen.since))
+                else:  # only commit markers or aborted records wait: caught up
+                    seen.since = now
+        if not stalled:
+            return None
+        return Stall(group, sum(at.lag for _, at, _ in stalled), max(s for _, _, s in stalled),
+                     tuple(sorted(f"{t}[{p}]" for (t, p), _, _ in stalled)))
+
+
+class ProgressWatch:
+    """Samples the committed offsets of ``groups`` (group -> its input topics) every ``interval_s`` with a
+    consumer that never joins them; ``stalls()`` is the latest verdict per group."""
+
+    def __init__(self, bootstrap: str, groups: Mapping[str, Iterable[str]], stall_s: float,
+                 interval_s: float = 2.0) -> None:
+        self._bootstrap = bootstrap
+        self._groups = {group: list(topics) for group, topics in groups.items()}
+        self._tracker = ProgressTracker(stall_s)
+        self._interval = interval_s
+        self._stalls: dict[str, Stall] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="clawr1-progress", daemon=True)
+        self._readers: dict[str, Consumer] = {}
+        self._probe: Consumer | None = None
+
+    def start(self) -> ProgressWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def stalls(self) -> dict[str, Stall]:
+        with self._lock:
+            return dict(self._stalls)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(self._interval):
+                for group, topics in self._groups.items():
+                    try:
+                        stall = self._tracker.observe(group, time.monotonic(), self._offsets(group, topics),
+                                                      self._waiting)
+                    except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, try again later
+                        log.debug("progress of %s not sampled: %s", group, exc)
+                        continue
+                    with self._lock:
+                        if stall is None:
+                            self._stalls.pop(group, None)
+                        else:
+                            self._stalls[group] = stall
+                    CONSUMER_STALLED_SECONDS.labels(group=group).set(0 if stall is None else stall.seconds)
+        finally:
+            for consumer in [*self._readers.values(), *([self._probe] if self._probe else [])]:
+                consumer.close()
+
+    def _offsets(self, group: str, topics: list[str]) -> dict[Partition, Offsets]:
+        reader = self._readers.get(group)
+        if reader is None:
+            reader = self._readers[group] = Consumer({"bootstrap.servers": self._bootstrap, "group.id": group,
+                                                      "enable.auto.commit": False})
+        partitions: list[TopicPartition] = []
+        for topic in topics:
+            described = reader.list_topics(topic, timeout=5.0).topics.get(topic)
+            if described is not None and described.error is None:
+                partitions += [TopicPartition(topic, p) for p in described.partitions]
+        offsets: dict[Partition, Offsets] = {}
+        for tp in reader.committed(partitions, timeout=5.0) if partitions else []:
+            low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
+            offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high)
+        return offsets
+
+    def _waiting(self, partition: Partition, offset: int) -> bool:
+        """Whether a committed record waits at or after ``offset`` (read as the group reads it)."""
+        if self._probe is None:
+            self._probe = Consumer({"bootstrap.servers": self._bootstrap,
+                                    "group.id": f"clawr1-progress-probe-{uuid.uuid4().hex[:8]}",
+                                    "enable.auto.commit": False, "isolation.level": "read_committed"})
+        self._probe.assign([TopicPartition(partition[0], partition[1], offset)])
+        try:
+            return bool(self._probe.consume(1, timeout=3.0))
+        finally:
+            self._probe.unassign()
