@@ -167,7 +167,8 @@ class StreamsApp:
                 return
             STREAM_RECORDS_IN.labels(topic=origin.topic).inc(len(records))
             envelope = self.codec.writer_of(value).name != schema
-            text_key = _text(key)
+            # An envelope's records each carry their own key fields; only a lone record has the message's.
+            text_key = None if envelope else _text(key)
             for index, record in enumerate(records):
                 at = replace(origin, value=None, index=index,
                              cite=partial(self.codec.encode, schema, record)) if envelope else origin
