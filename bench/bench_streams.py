@@ -13,14 +13,16 @@ merged into its trajectory's prefix tree.
   is done, from the offsets, per step.
 - scale-out (``--workers N``): the same black-box load on N workers of one group.
 - trajectory length (``--lengths 10,200``): white-box steps (512 + 128 tokens, reward inline) in
-  trajectories of each length: CPU per step should not grow with length. Trajectory after trajectory
+  trajectories of each length, one message each: CPU per step should not grow with length.
+- envelopes (``--envelopes 100``): the same steps as the gateway produces a posted batch of that many,
+  one envelope per partition. Trajectory after trajectory
   (a rollout worker posting finished ones), and for the first length also interleaved by step index
   (agents posting each step as they take it: no two steps of a trajectory close together).
 - latency: with the worker warm, calls are produced at a fixed rate; ingest -> first normalized
   version of the step on ``clawr1.steps`` (p50/p99), beside the same calls' raw-topic hop.
 
     .venv/bin/python bench/bench_streams.py [--bootstrap HOST:PORT] [--calls 2000] [--workers 2]
-        [--lengths 10,200] [--rate 50] [--seconds 10] [--profile worker.prof]
+        [--lengths 10,200] [--envelopes 100] [--rate 50] [--seconds 10] [--profile worker.prof]
 
 Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
 Each phase prints a JSON line as it ends; all of them: bench/results/bench_streams.json.
@@ -51,7 +53,8 @@ from bench.common import free_port, percentile, process_cpu_s, settled_message_c
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.conversation import conversation_key  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from clawr1.schemas.codec import codec_for  # noqa: E402
+from clawr1.core.routing import partition_of  # noqa: E402
+from clawr1.schemas.codec import codec_for, pack_record  # noqa: E402
 from clawr1.streams.config import StreamTopics  # noqa: E402
 from clawr1.streams.worker import READY_LINE  # noqa: E402
 
@@ -146,9 +149,8 @@ def wait_for_final_steps(bootstrap: str, topics: StreamTopics, expected: int, ti
             if time.monotonic() > deadline:
                 raise RuntimeError(f"only {len(final)}/{expected} steps final after {timeout}s")
             for message in consumer.consume(1000, timeout=0.2):
-                _, record = CODEC.decode(message.value())
-                if record["version"] >= 2:
-                    final.add(record["step_id"])
+                _, records = CODEC.decode_all(message.value())
+                final.update(r["step_id"] for r in records if r["version"] >= 2)
         return time.monotonic()
     finally:
         consumer.close()
@@ -183,9 +185,11 @@ def latency(bootstrap: str, topics: StreamTopics, rate: float, seconds: float) -
         while not stop.is_set():
             for message in consumer.consume(500, timeout=0.05):
                 now = time.monotonic()
-                name, record = CODEC.decode(message.value())
+                name, records = CODEC.decode_all(message.value())
                 target = raw_at if name == "raw_llm_call" else step_at
-                target.setdefault(record["event_id"] if name == "raw_llm_call" else record["step_id"], now)
+                field = "event_id" if name == "raw_llm_call" else "step_id"
+                for record in records:
+                    target.setdefault(record[field], now)
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -222,17 +226,46 @@ def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
 
 
 def messages_written(bootstrap: str, suffix: str, app_id: str) -> dict[str, int]:
-    """Messages in every topic of this run (raw, internal, output, changelogs), by their short names."""
+    """Messages in every topic of this run (raw, internal, output, the worker's state changelog), by
+    their short names; offsets count transaction markers too, as Kafka stores them."""
     def label(name: str) -> str | None:
-        if name.endswith(suffix) or name.startswith(app_id + "-"):
-            return name.replace(suffix, "").replace(app_id + "-", "")
+        if name.endswith(suffix):
+            return name.replace(suffix, "")
+        if name.startswith("changelog__") and app_id in name:
+            return "changelog"
         return None
 
     return settled_message_counts(bootstrap, label)
 
 
+def produce_steps(bootstrap: str, topic: str, records: list[dict[str, Any]], envelope: int) -> int:
+    """White-box steps one message each, or (``envelope`` > 1) as the gateway posts a batch of that many:
+    one envelope per partition per batch. Returns the messages produced."""
+    producer = make_producer(bootstrap)
+    produced = 0
+    for start in range(0, len(records), max(1, envelope)):
+        batch = records[start:start + max(1, envelope)]
+        if envelope <= 1:
+            for record in batch:
+                producer.produce(topic, key=record["trajectory_id"].encode(),
+                                 value=CODEC.encode("whitebox_step", record))
+                produced += 1
+        else:
+            by_partition: dict[int, list[dict[str, Any]]] = {}
+            for record in batch:
+                by_partition.setdefault(partition_of(record["trajectory_id"], PARTITIONS), []).append(
+                    pack_record("whitebox_step", record))
+            for partition, packed in by_partition.items():
+                producer.produce(topic, value=CODEC.encode_batch("whitebox_step", packed),
+                                 partition=partition)
+                produced += 1
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return produced
+
+
 def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
-               profile: str = "") -> dict[str, Any]:
+               profile: str = "", envelope: int = 1) -> dict[str, Any]:
     """A fresh worker group (``workers`` processes) works through ``load`` produced beforehand.
 
     ``blackbox``: proxy-captured conversations of ``TURNS`` calls plus a reward per call;
@@ -248,16 +281,11 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
         produce(bootstrap, topics, calls)
         steps, events, names = len(calls), 2 * len(calls), [topics.raw_llm, topics.raw_feedback]
     else:
-        producer = make_producer(bootstrap)
         records = whitebox_steps("wb", n, length)
         if load == "whitebox_interleaved":
             records.sort(key=lambda r: (r["step_index"], r["trajectory_id"]))
-        for record in records:
-            producer.produce(topics.raw_steps, key=record["trajectory_id"].encode(),
-                             value=CODEC.encode("whitebox_step", record))
-            producer.poll(0)
-        assert producer.flush(60) == 0
-        steps, events, names = n, n, [topics.raw_steps]
+        events = produce_steps(bootstrap, topics.raw_steps, records, envelope)
+        steps, names = n, [topics.raw_steps]
     baseline = kafka_consume_rate(bootstrap, names, events)
     with tempfile.TemporaryDirectory() as workdir:
         group = [Worker(bootstrap, suffix, Path(workdir) / str(i), profile if i == 0 else "")
@@ -272,8 +300,9 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
             for worker in group:
                 worker.stop()
     rate = events / (done - ready)
-    return {"load": load, "steps": steps, "events": events, "trajectory_length": length if load != "blackbox"
-            else TURNS, "workers": workers, "partitions": PARTITIONS,
+    return {"load": load, "envelope": envelope, "steps": steps, "events": events,
+            "trajectory_length": length if load != "blackbox" else TURNS, "workers": workers,
+            "partitions": PARTITIONS,
             "worker_events_per_s": round(rate, 1), "steps_per_s": round(steps / (done - ready), 1),
             "worker_cpu_s": round(cpu, 2), "worker_cpu_ms_per_step": round(1000 * cpu / steps, 3),
             "kafka_consume_events_per_s": round(baseline, 1), "worker_vs_kafka": round(rate / baseline, 4),
@@ -317,6 +346,9 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
     if lengths:
         phase("whitebox_interleaved",
               throughput(bootstrap, "whitebox_interleaved", args.whitebox, lengths[0], 1))
+        for size in [int(x) for x in args.envelopes.split(",") if x]:
+            phase(f"whitebox_envelopes_of_{size}",
+                  throughput(bootstrap, "whitebox", args.whitebox, lengths[0], 1, envelope=size))
     if len(by_length) > 1:
         phase("whitebox_cpu_per_step_longest_vs_shortest", round(
             by_length[-1]["worker_cpu_ms_per_step"] / by_length[0]["worker_cpu_ms_per_step"], 3))
@@ -337,6 +369,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="also run the black-box load on this many")
     parser.add_argument("--whitebox", type=int, default=2000, help="white-box steps per trajectory length")
     parser.add_argument("--lengths", default="10,200", help="white-box trajectory lengths to compare")
+    parser.add_argument("--envelopes", default="100",
+                        help="also post white-box steps (first length) as the gateway does, in envelopes "
+                        "of these batch sizes")
     args = parser.parse_args()
     broker = None
     bootstrap = args.bootstrap

@@ -225,24 +225,41 @@ class Rewarder:
                 self._attempted.popitem(last=False)
             return True
 
-    def _dead_letter(self, message: Message, reason: str, stage: str) -> _Out:
+    def _dead_letter(self, message: Message, reason: str, stage: str, index: int | None = None,
+                     value: bytes | None = None) -> _Out:
+        """A dead letter citing the message, or (``index``) one step of an envelope with its own bytes."""
         timestamp = message.timestamp()[1]
         topic, partition, offset = consumed_at(message)
-        record = dead_letter(reason, stage, topic, partition, offset, message.key(), message.value(),
-                             timestamp)
+        record = dead_letter(reason, stage, topic, partition, offset, message.key(),
+                             message.value() if value is None else value, timestamp, index)
         # The streams or the sink may dead-letter the same message for their own reason: a separate id.
         record["dlq_id"] = f"{SOURCE}:{self.config.name}@{record['dlq_id']}"
         self.dead_letters += 1
         REWARDER_DEAD_LETTERS.labels(stage=stage).inc()
         return _Out(self.config.dlq_topic, topic, self.codec.encode(topics.DLQ.schema, record))
 
-    def handle(self, message: Message) -> _Out | None:
-        """What one step message produces: a feedback, a dead letter, or nothing."""
-        REWARDER_STEPS.inc()
+    def handle(self, message: Message) -> list[_Out]:
+        """What one message of steps (a record or an envelope) produces: feedback and dead letters."""
         try:
-            _, step = self.codec.decode(message.value(), expect=topics.STEPS.schema)
+            envelope = self.codec.writer_of(message.value() or b"").name != topics.STEPS.schema
+            steps = self.codec.decode_records(message.value(), expect=topics.STEPS.schema)
         except CodecError as exc:
-            return self._dead_letter(message, f"not a step record: {exc}", "decode")
+            REWARDER_STEPS.inc()
+            return [self._dead_letter(message, f"not a step record: {exc}", "decode")]
+        outs = []
+        for index, step in enumerate(steps):
+            REWARDER_STEPS.inc()
+            try:
+                out = self._score(step)
+            except RewardFnError as exc:
+                cited = self.codec.encode(topics.STEPS.schema, step) if envelope else None
+                out = self._dead_letter(message, str(exc), "reward", index if envelope else None, cited)
+            if out is not None:
+                outs.append(out)
+        return outs
+
+    def _score(self, step: dict[str, Any]) -> _Out | None:
+        """The step's feedback, or None when it is not to be scored (now); ``RewardFnError`` names it."""
         target = target_of(step, self.config.target)
         if target is None:
             return None
@@ -255,8 +272,8 @@ class Rewarder:
         try:
             result = compute_reward(self.fn, **reward_fields(step))
         except RewardFnError as exc:
-            return self._dead_letter(message, f"reward function {self.config.name} failed on {kind} "
-                                     f"{target_id}: {exc}", "reward")
+            raise RewardFnError(f"reward function {self.config.name} failed on {kind} {target_id}: {exc}") \
+                from exc
         record = feedback_of(self.config.name, kind, target_id, feedback_id, result.score, result.extra,
                              int(step["created_at_ms"]))
         self.scored += 1
@@ -272,7 +289,7 @@ class Rewarder:
                 usable.append(message)
             elif error.code() != KafkaError._PARTITION_EOF:
                 log.warning("rewarder consumer error: %s", error.str())
-        return [out for out in pool.map(self.handle, usable) if out is not None]
+        return [out for outs in pool.map(self.handle, usable) for out in outs]
 
     def run(self, consumer: Consumer, producer: Producer, stop: threading.Event,
             ready: Callable[[], None] | None = None, poll_s: float = 0.5) -> None:

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from clawr1.core.conversation import prefix_digests
 from clawr1.streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
 from clawr1.streams.rewards import inline_fact
@@ -40,7 +42,8 @@ def _dumps(value: Any) -> str:
 
 
 def _sha(value: Any) -> str:
-    return hashlib.sha256(_dumps(value).encode()).hexdigest()
+    """Digest of ids and text; orjson writes these exactly as ``_dumps`` does (compact, UTF-8), faster."""
+    return hashlib.sha256(orjson.dumps(value)).hexdigest()
 
 
 def prompt_id_of(messages: list[dict[str, Any]], prompt_ids: list[int]) -> str:

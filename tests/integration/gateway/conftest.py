@@ -150,8 +150,8 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[
                 raise RuntimeError(f"{topic}: {message.error()}")
             partition, offset = message.partition(), message.offset()
             if offset < ends[partition]:
-                key = message.key()
-                out.append((key.decode() if key else "", codec.decode(message.value())[1]))
+                key = message.key().decode() if message.key() else ""
+                out += [(key, record) for record in codec.decode_all(message.value())[1]]
             if offset >= ends[partition] - 1:
                 pending.discard(partition)
         return out

@@ -41,7 +41,8 @@ def publish(config: RewarderConfig, *records: dict[str, Any]) -> None:
 
 
 def read(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[tuple[bytes, Any]]:
-    """``count`` messages of ``topic`` from the start, as (raw value, decoded record)."""
+    """``count`` records of ``topic`` from the start, as (raw message value, decoded record); a message may
+    be an envelope of several records."""
     consumer: Consumer = make_consumer(bootstrap, f"reader-{time.monotonic_ns()}")
     consumer.subscribe([topic])
     out: list[tuple[bytes, Any]] = []
@@ -50,10 +51,10 @@ def read(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[
         while len(out) < count and time.monotonic() < deadline:
             message = consumer.poll(0.5)
             if message is not None and message.error() is None:
-                out.append((message.value(), CODEC.decode(message.value())[1]))
+                out += [(message.value(), record) for record in CODEC.decode_all(message.value())[1]]
     finally:
         consumer.close()
-    assert len(out) == count, f"expected {count} messages on {topic}, got {len(out)}: {out}"
+    assert len(out) == count, f"expected {count} records on {topic}, got {len(out)}: {out}"
     return out
 
 
