@@ -7,13 +7,19 @@ batches through ``GatewayClient`` with a reward (feedback) for the first step of
 
 Faults: SIGKILL of the worker, the proxy, the API and the broker; the full run adds a clean broker
 restart, a paused broker (SIGSTOP/SIGCONT: Kafka slow, not gone), a full spool disk (a small tmpfs
-mounted on the proxy's spool, root only) and garbage produced to the raw topics (dead letters).
+mounted on the proxy's spool, root only), garbage produced to the raw topics (dead letters) and a
+frozen worker (SIGSTOP for ``--freeze`` seconds: /healthz must name it once its group stops making
+progress or it drops out of its group, and the supervisor must restart it; with ``--workers 2`` its
+partitions are processed meanwhile by the other worker).
 
 Figures: load held, faults with time to healthy, steps acknowledged vs in the pool, exact duplicates
-and losses (both must be 0), dead letters, rewards joined. Run it::
+and losses (both must be 0), dead letters, rewards joined, and how long the pool took to hold every
+acknowledged step after the load stopped (at most ``--drain``). Run it::
 
     .venv/bin/python bench/chaos.py            # full run -> bench/results/chaos.json
     .venv/bin/python bench/chaos.py --quick    # the SIGKILL subset that make test runs
+    .venv/bin/python bench/chaos.py --quick --runs 5 --whitebox-clients 2 --first-fault 20 --drain 120
+                                               # the stream-layer schedule: 5 runs in a row must pass
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -51,14 +58,16 @@ SPOOL_TMPFS = "4m"
 class Stack:
     """``clawr1 up`` in front of a stand-in engine, on free ports and a fresh data dir."""
 
-    def __init__(self, data_dir: Path, log_file: Path) -> None:
+    def __init__(self, data_dir: Path, log_file: Path, workers: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
+        self.workers = workers
         self.ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "kafka", "compat")}
         self.api = f"http://127.0.0.1:{self.ports['api']}"
         self.reverse = f"http://127.0.0.1:{self.ports['reverse']}"
         self.bootstrap = f"127.0.0.1:{self.ports['kafka']}"
         self._log = log_file.open("ab")
-        self._env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+        self._env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}, **(env or {})}
         self.engine: subprocess.Popen[bytes] | None = None
         self.up: subprocess.Popen[bytes] | None = None
 
@@ -70,21 +79,27 @@ class Stack:
             [*CLAWR1, "up", "--data-dir", str(self.data_dir), "--api-port", str(self.ports["api"]),
              "--proxy-port", str(self.ports["proxy"]), "--reverse-port", str(self.ports["reverse"]),
              "--kafka-port", str(self.ports["kafka"]), "--compat-port", str(self.ports["compat"]),
-             "--upstream", f"http://127.0.0.1:{self.ports['engine']}"],
+             "--upstream", f"http://127.0.0.1:{self.ports['engine']}", "--workers", str(self.workers)],
             env=self._env, stdout=self._log, stderr=self._log)
         self.wait_healthy(timeout)
         return time.monotonic() - started
 
     def health(self) -> set[str]:
         """The parts /healthz names as missing (``no answer`` while the API itself is down)."""
+        return set(self.problems())
+
+    def problems(self) -> dict[str, str]:
+        """What /healthz names as not healthy, with its reason where it gives one."""
         try:
             reply = httpx.get(f"{self.api}/healthz", timeout=2)
         except httpx.HTTPError:
-            return {"no answer"}
+            return {"no answer": ""}
         if reply.status_code == 200:
-            return set()
-        named = {name for name, ok in reply.json().get("parts", {}).items() if not ok}
-        return named or {str(reply.status_code)}
+            return {}
+        body = reply.json()
+        named = {name: body.get("problems", {}).get(name, "") for name, ok in body.get("parts", {}).items()
+                 if not ok}
+        return named or {str(reply.status_code): ""}
 
     def wait_healthy(self, timeout: float, until: Callable[[], bool] = lambda: True,
                      missing: set[str] | None = None) -> float:
@@ -155,6 +170,7 @@ class Load:
 
     stack: Stack
     run_id: str
+    whitebox_clients: int = 1
     batch_size: int = 10
     max_ops: int = 20_000
     pause_s: float = 0.05
@@ -163,11 +179,14 @@ class Load:
     acked: dict[str, tuple[str, int]] = field(default_factory=dict)
     rewarded: set[str] = field(default_factory=set)
     _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
-        for target in (self._proxy_agent, self._whitebox_agent):
-            thread = threading.Thread(target=target, name=target.__name__, daemon=True)
+        clients = [partial(self._whitebox_agent, n) for n in range(self.whitebox_clients)]
+        targets = [self._proxy_agent, *clients]
+        for n, target in enumerate(targets):
+            thread = threading.Thread(target=target, name=f"chaos-load-{n}", daemon=True)
             thread.start()
             self._threads.append(thread)
 
@@ -202,26 +221,29 @@ class Load:
             self.figures.proxy_calls_answered += 1
             time.sleep(self.pause_s)
 
-    def _whitebox_agent(self) -> None:
+    def _whitebox_agent(self, client_no: int) -> None:
         client = GatewayClient(self.stack.api, batch_size=self.batch_size, timeout_s=15, retry_for_s=120)
         with client:
             for i in range(self.max_ops):
                 if self._stop.is_set():
                     return
-                trajectory = f"chaos-{self.run_id}-t{i}"
+                trajectory = f"chaos-{self.run_id}-t{client_no}-{i}"
                 steps = [{"trajectory_id": trajectory, "step_index": n, "prompt_token_ids": [1, 2, n],
                           "response_token_ids": [3, i % 250], "terminal": n == self.batch_size - 1}
                          for n in range(self.batch_size)]
                 try:
                     ids = client.submit_steps(steps)
-                    self.acked.update((step_id, (trajectory, n)) for n, step_id in enumerate(ids))
-                    self.figures.batches_acked += 1
-                    self.figures.steps_acked += len(ids)
+                    with self._lock:
+                        self.acked.update((step_id, (trajectory, n)) for n, step_id in enumerate(ids))
+                        self.figures.batches_acked += 1
+                        self.figures.steps_acked += len(ids)
                     client.submit_feedback({"step_id": ids[0], "reward": 1.0, "source": "chaos"})
-                    self.rewarded.add(ids[0])
-                    self.figures.feedback_acked += 1
+                    with self._lock:
+                        self.rewarded.add(ids[0])
+                        self.figures.feedback_acked += 1
                 except GatewayError:
-                    self.figures.batches_failed += 1
+                    with self._lock:
+                        self.figures.batches_failed += 1
                 time.sleep(self.pause_s * 4)
 
 
@@ -231,6 +253,7 @@ class Fault:
     healthy_after_s: float
     detail: str = ""
     health_named: list[str] = field(default_factory=list)
+    figures: dict[str, object] = field(default_factory=dict)
 
 
 def _restarted(stack: Stack, role: str, old_pid: int) -> Callable[[], bool]:
@@ -258,6 +281,39 @@ def pause_broker(stack: Stack, seconds: float = 8.0) -> Fault:
         os.kill(pid, signal.SIGCONT)
     healthy = stack.wait_healthy(HEAL_TIMEOUT_S) + time.monotonic() - started - seconds
     return Fault("SIGSTOP broker", healthy, f"paused {seconds:.0f}s, then SIGCONT")
+
+
+def freeze_worker(stack: Stack, seconds: float) -> Fault:
+    """SIGSTOP the last worker: /healthz must name it within the stall window and the supervisor must
+    restart it; the pool keeps filling meanwhile when another worker takes its partitions."""
+    role = "worker" if stack.workers == 1 else f"worker-{stack.workers - 1}"
+    pid = stack.pid(role)
+    before = int(str(stack.sql("SELECT count() AS n FROM steps")[0]["n"]))
+    started = time.monotonic()
+    os.kill(pid, signal.SIGSTOP)
+    named_after: float | None = None
+    reason = ""
+    try:
+        while time.monotonic() - started < seconds:
+            problems = stack.problems()
+            if named_after is None and any(name.startswith("worker") for name in problems):
+                named_after = time.monotonic() - started
+                reason = next(r for name, r in problems.items() if name.startswith("worker"))
+            if _restarted(stack, role, pid)():
+                break
+            time.sleep(0.5)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the supervisor may have killed it already
+            os.kill(pid, signal.SIGCONT)
+    restarted_after = time.monotonic() - started if _restarted(stack, role, pid)() else None
+    meanwhile = int(str(stack.sql("SELECT count() AS n FROM steps")[0]["n"])) - before
+    stack.wait_healthy(HEAL_TIMEOUT_S, _restarted(stack, role, pid))
+    figures = {"named_unhealthy_after_s": None if named_after is None else round(named_after, 1),
+               "reason": reason,
+               "restarted_after_s": None if restarted_after is None else round(restarted_after, 1),
+               "steps_into_pool_while_frozen": meanwhile}
+    return Fault(f"SIGSTOP {role}", time.monotonic() - started, json.dumps(figures),
+                 ["worker"] if named_after is not None else [], figures)
 
 
 def corrupt_raw(stack: Stack, count: int = 5) -> Fault:
@@ -356,15 +412,17 @@ def spool_tmpfs(data_dir: Path, wanted: bool) -> Iterator[bool]:
 
 
 def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], settle_s: float,
-               drain_s: float) -> dict[str, object]:
-    """Load on a healthy stack, each fault after ``settle_s`` of it, then the pool's figures."""
-    load = Load(stack, run_id=f"{time.time_ns()}")
+               drain_s: float, first_fault_s: float | None = None,
+               whitebox_clients: int = 1) -> dict[str, object]:
+    """Load on a healthy stack, the first fault after ``first_fault_s`` of it (default ``settle_s``), each
+    next after ``settle_s``, then the pool's figures once it holds everything acknowledged."""
+    load = Load(stack, run_id=f"{time.time_ns()}", whitebox_clients=whitebox_clients)
     faults: list[Fault] = []
     load.start()
     started = time.monotonic()
     try:
-        for _name, inject in plan:
-            time.sleep(settle_s)
+        for n, (_name, inject) in enumerate(plan):
+            time.sleep(first_fault_s if n == 0 and first_fault_s is not None else settle_s)
             faults.append(inject(stack))
             print(f"[chaos] {faults[-1].name}: healthy again after {faults[-1].healthy_after_s:.1f}s "
                   f"(/healthz named {faults[-1].health_named})", flush=True)
@@ -384,20 +442,35 @@ def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], s
     }
 
 
-def run(quick: bool, settle_s: float, drain_s: float, work_dir: Path) -> dict[str, object]:
+@dataclass(frozen=True)
+class Plan:
+    quick: bool
+    settle_s: float
+    drain_s: float
+    first_fault_s: float | None = None
+    whitebox_clients: int = 1
+    workers: int = 1
+    freeze_s: float = 0.0  # > 0: also freeze a worker this long
+    stall_s: float = 30.0
+
+
+def run(plan: Plan, work_dir: Path) -> dict[str, object]:
     data_dir = work_dir / "data"
-    with spool_tmpfs(data_dir, wanted=not quick) as tmpfs:
-        stack = Stack(data_dir, work_dir / "stack.log")
+    with spool_tmpfs(data_dir, wanted=not plan.quick) as tmpfs:
+        stack = Stack(data_dir, work_dir / "stack.log", plan.workers, {"CLAWR1_STALL_S": str(plan.stall_s)})
         try:
             startup = stack.start()
-            plan = QUICK_FAULTS if quick else QUICK_FAULTS + FULL_EXTRAS
+            faults = QUICK_FAULTS if plan.quick else QUICK_FAULTS + FULL_EXTRAS
             if tmpfs:
-                plan = [*plan, ("spool full", fill_spool)]
-            result = run_faults(stack, plan, settle_s, drain_s)
+                faults = [*faults, ("spool full", fill_spool)]
+            if plan.freeze_s > 0:
+                faults = [*faults, ("freeze worker", partial(freeze_worker, seconds=plan.freeze_s))]
+            result = run_faults(stack, faults, plan.settle_s, plan.drain_s, plan.first_fault_s,
+                                plan.whitebox_clients)
         finally:
             exit_code = stack.stop()
-    return {"mode": "quick" if quick else "full", "startup_s": round(startup, 1), **result,
-            "clean_stop_exit_code": exit_code, "spool_tmpfs": tmpfs}
+    return {"mode": "quick" if plan.quick else "full", "plan": asdict(plan), "startup_s": round(startup, 1),
+            **result, "clean_stop_exit_code": exit_code, "spool_tmpfs": tmpfs}
 
 
 def table(result: dict[str, object]) -> str:
@@ -410,11 +483,13 @@ def table(result: dict[str, object]) -> str:
             ("proxy calls refused during faults", load["proxy_calls_failed"]),
             ("gateway batches acked / failed", f"{load['batches_acked']} / {load['batches_failed']}")]
     rows += [(f"fault: {f['name']} -> healthy (s)", f["healthy_after_s"]) for f in result["faults"]]
+    rows += [(f"fault: {f['name']}", json.dumps(f["figures"])) for f in result["faults"] if f["figures"]]
     rows += [("steps acked / in pool", f"{pool['steps_acked']} / {pool['steps_in_pool']}"),
              ("calls answered / captured", f"{pool['calls_answered']} / {pool['calls_captured']}"),
              ("exact duplicates (steps + calls)", pool["steps_duplicated"] + pool["calls_duplicated"]),
              ("lost (steps + calls)", pool["steps_lost"] + pool["calls_lost"]),
              ("rewards sent / joined", f"{pool['rewards_sent']} / {pool['rewards_joined']}"),
+             ("all in the pool after the load stopped (s)", result["drained_s"]),
              ("dead letters", pool["dead_letters"]),
              ("clawr1 up stayed up / clean stop code", f"{result['stack_stayed_up']} / "
                                                         f"{result['clean_stop_exit_code']}")]
@@ -425,26 +500,43 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="only SIGKILL each role once")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of load between faults")
-    parser.add_argument("--drain", type=float, default=180.0, help="seconds allowed for the pool to catch up")
+    parser.add_argument("--first-fault", type=float, default=None,
+                        help="seconds of load before the first fault (default: --settle)")
+    parser.add_argument("--drain", type=float, default=180.0,
+                        help="seconds allowed, after the load stopped, for the pool to hold everything")
+    parser.add_argument("--whitebox-clients", type=int, default=1, help="white-box clients posting at once")
+    parser.add_argument("--workers", type=int, default=1, help="stream workers of the stack")
+    parser.add_argument("--freeze", type=float, default=0.0,
+                        help="also SIGSTOP a worker this many seconds")
+    parser.add_argument("--stall", type=float, default=30.0, help="CLAWR1_STALL_S of the stack")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="runs in a row, each on a fresh stack; all must pass")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos.json")
     args = parser.parse_args(argv)
-    work_dir = Path(tempfile.mkdtemp(prefix="clawr1-chaos-"))
-    result = run(args.quick, args.settle, args.drain, work_dir)
+    plan = Plan(args.quick, args.settle, args.drain, args.first_fault, args.whitebox_clients, args.workers,
+                args.freeze, args.stall)
+    results = []
+    for n in range(args.runs):
+        work_dir = Path(tempfile.mkdtemp(prefix="clawr1-chaos-"))
+        result = run(plan, work_dir)
+        results.append(result)
+        print(f"[chaos] run {n + 1}/{args.runs}:\n{table(result)}", flush=True)
+        if not passed(result, plan.drain_s):
+            print(f"[chaos] FAILED; the stack's log and data stay in {work_dir}", file=sys.stderr)
+            break
+        shutil.rmtree(work_dir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    if not passed(result):
-        print(f"[chaos] FAILED; the stack's log and data stay in {work_dir}", file=sys.stderr)
-        return 1
-    shutil.rmtree(work_dir, ignore_errors=True)
-    return 0
+    args.out.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=2) + "\n")
+    return 0 if len(results) == args.runs and all(passed(r, plan.drain_s) for r in results) else 1
 
 
-def passed(result: dict[str, object]) -> bool:
-    """The bar: clawr1 up survived, nothing acknowledged was lost or doubled, Ctrl-C stopped it cleanly."""
+def passed(result: dict[str, object], drain_s: float) -> bool:
+    """The bar: clawr1 up survived, nothing acknowledged was lost or doubled and all of it was in the pool
+    within ``drain_s`` of the load stopping, and Ctrl-C stopped it cleanly."""
     pool = result["pool"]
     assert isinstance(pool, dict)
-    return bool(result["stack_stayed_up"]) and result["clean_stop_exit_code"] == 0 and not (
+    drained = float(str(result["drained_s"])) <= drain_s
+    return bool(result["stack_stayed_up"]) and result["clean_stop_exit_code"] == 0 and drained and not (
         pool["steps_lost"] or pool["calls_lost"] or pool["steps_duplicated"] or pool["calls_duplicated"])
 
 

@@ -4,12 +4,13 @@ Flags override ``CLAWR1_*`` environment variables; both feed the one ``Settings`
 or malformed ``CLAWR1_*`` variable stops every command at once (exit 2), naming it; ``clawr1 config``
 prints the effective settings.
 Role modules are imported inside their command, so a trainer's SDK-only install never needs
-mitmproxy or Faust.
+mitmproxy or Quix Streams.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -42,6 +43,7 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--kafka-port", dest="kafka_port", type=int)
     up.add_argument("--capture-token-ids", dest="capture_token_ids", action="store_true", default=None)
     up.add_argument("--demo", action="store_true", help="start a stand-in LLM engine and a demo workload")
+    up.add_argument("--workers", type=int, help="stream worker processes (CLAWR1_WORKERS, default 1)")
 
     sql = sub.add_parser("sql", help="query the pool (interactive without a query)")
     _common(sql)
@@ -256,6 +258,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    if getattr(args, "workers", None) is not None:  # a role setting: it reaches the stack as its variable
+        os.environ[registry.WORKERS.name] = str(args.workers)
     if args.command == "standin-engine":
         from clawr1.demo.standin_engine import main as engine_main
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -102,21 +103,21 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         rewarding = bool(env.get("CLAWR1_REWARD_FN"))
         parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
         supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
-        # One worker, restarted in place: its slot lets it resume at once and abort its predecessor's open
-        # transaction (docs/streams.md); one that stops making progress is restarted too.
-        worker_env = {"CLAWR1_STREAMS_INSTANCE_ID": f"{settings.role_setting(registry.STREAMS_APP_ID)}-up",
-                      **env}
+        # Workers restarted in place: a slot's instance id lets its next process resume at once and abort
+        # its predecessor's open transaction (docs/streams.md). One that stops making progress (its
+        # partitions stall, or it dropped out of its group) is restarted too.
         stall_s = settings.role_setting(registry.STALL_S)
         worker_config = StreamConfig.from_settings(settings)
         progress = ProgressWatch(settings.bootstrap_servers,
                                  {worker_config.app_id: worker_config.topics.inputs()}, stall_s).start()
-
-        def worker_stuck() -> str | None:
-            stall = progress.stalls().get(worker_config.app_id)
-            return None if stall is None else stall.describe()
-
-        supervisor.add(_cli_role("worker", ["worker"], worker_env, data_dir), health=worker_stuck,
-                       grace_s=stall_s)
+        for slot in range(settings.role_setting(registry.WORKERS)):
+            instance = f"up-{slot}"
+            worker_env = {**env, "CLAWR1_STREAMS_INSTANCE_ID": instance}
+            member = f"{worker_config.app_id}-{instance}"  # its client id (clawr1.streams.app)
+            name = "worker" if slot == 0 else f"worker-{slot}"
+            supervisor.add(_cli_role(name, ["worker"], worker_env, data_dir),
+                           health=partial(progress.member_problem, worker_config.app_id, member),
+                           grace_s=stall_s)
         supervisor.add(_cli_role("proxy", ["proxy"], env, data_dir))
         if rewarding:
             supervisor.add(_cli_role("rewarder", ["rewarder"], env, data_dir))

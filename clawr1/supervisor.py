@@ -165,8 +165,9 @@ class ProcessRole:
 class _Watch:
     role: Role
     tier: int
-    # Why a running role is stuck (None when it is not); judged once it has run ``grace_s``.
-    health: Callable[[], str | None] | None = None
+    # Why a running role is stuck (None when it is not), given its start time; judged once it has run
+    # ``grace_s``.
+    health: Callable[[float], str | None] | None = None
     grace_s: float = 0.0
     started_at: float = 0.0
     exits: list[float] = field(default_factory=list)
@@ -194,11 +195,12 @@ class Supervisor:
         self._clock = clock
         self._watches: list[_Watch] = []
 
-    def add(self, role: Role, tier: int = 1, health: Callable[[], str | None] | None = None,
+    def add(self, role: Role, tier: int = 1, health: Callable[[float], str | None] | None = None,
             grace_s: float = 0.0) -> None:
         """Start ``role``; on stop, higher tiers stop first (the broker, tier 0, outlives its clients).
 
-        ``health`` says why the running role is stuck, if it is: such a role is killed and restarted
+        ``health(started_at)`` says why the running role is stuck, if it is (``started_at`` is its start on
+        the supervisor's clock): such a role is killed and restarted
         like one that died (the same backoff and crash-loop limit), once it has had ``grace_s`` since
         its start to make progress."""
         role.start()
@@ -233,7 +235,7 @@ class Supervisor:
         """Kill a running role its health check calls stuck; the reason, or None when it is fine."""
         if watch.health is None or now - watch.started_at < watch.grace_s:
             return None
-        problem = watch.health()
+        problem = watch.health(watch.started_at)
         if problem is None:
             return None
         watch.role.kill()

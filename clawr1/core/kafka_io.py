@@ -1,7 +1,7 @@
 """confluent-kafka clients configured the one way Claw-R1 needs them.
 
 Producers are idempotent with acks=all and hash keys with murmur2 (Java's partitioner), so a key
-lands on the same partition whichever client (confluent-kafka or Faust/aiokafka) produced it.
+lands on the partition Java's partitioner would choose (``clawr1.core.routing.partition_of``).
 
 Also the one place that creates topics (``ensure_topics``), says what a produce error means
 (``classify``) and applies the one policy for fatal producer errors (``RebuildingProducer``).
@@ -80,7 +80,7 @@ def ensure_topics(
     replication: int = 1, config: Mapping[str, str] | None = None,
 ) -> None:
     """Create missing topics (with ``config``, e.g. ``{"cleanup.policy": "compact"}``, for each) and
-    return once the broker serves every one; existing topics are left as they are (Faust checks
+    return once the broker serves every one; existing topics are left as they are (the worker checks
     partition counts). Raises KafkaException when the broker is unreachable, RuntimeError when it
     refuses a topic."""
     admin = make_admin(bootstrap)
@@ -101,8 +101,8 @@ def wait_until_served(admin: AdminClient, names: Iterable[str], timeout: float =
     """Return once the broker's metadata shows every partition of ``names`` with a leader.
 
     A created topic reaches the broker's metadata a moment after CreateTopics answers; a client that
-    reads metadata in between sees it with no partitions, and Faust then keeps that view (its tables
-    fail with ``PartitionsMismatch`` on their first write, seen on a loaded 2-core machine).
+    reads metadata in between sees it with no partitions and may keep that view (seen on a loaded
+    2-core machine).
     """
     pending = set(names)
     deadline = time.monotonic() + timeout

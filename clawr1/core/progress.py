@@ -14,8 +14,14 @@ of its own, and an aborted transaction's records are never delivered. Before a p
 stalled, ``probe`` reads from its committed offset as a ``read_committed`` consumer does; if nothing
 comes, what waits is only markers or aborted records, and the partition is caught up.
 
-``ProgressTracker`` is the rule (pure, tested without Kafka); ``ProgressWatch`` samples the offsets in
-a background thread for ``/healthz`` (the API) and for the supervisor (which restarts a stuck worker).
+A worker can also be cut off while its group goes on: frozen (SIGSTOP) or partitioned from the broker,
+it drops out of the group after its session timeout and another worker takes its partitions, so no
+offset stalls. ``ProgressWatch`` therefore also records when each member (by client id) was last seen
+in its group: a worker process that has not been a member for ``stall_s`` is stuck too.
+
+``ProgressTracker`` is the rule (pure, tested without Kafka); ``ProgressWatch`` samples the offsets and
+the members in a background thread for ``/healthz`` (the API) and for the supervisor (which restarts a
+stuck worker).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from clawr1.core.metrics import CONSUMER_STALLED_SECONDS
 
@@ -112,6 +119,9 @@ class ProgressWatch:
         self._thread = threading.Thread(target=self._run, name="clawr1-progress", daemon=True)
         self._readers: dict[str, Consumer] = {}
         self._probe: Consumer | None = None
+        self._admin: AdminClient | None = None
+        self._members: dict[str, dict[str, set[Partition]]] = {}  # group -> client id -> its partitions
+        self._last_seen: dict[tuple[str, str], float] = {}  # (group, client id) -> when
 
     def start(self) -> ProgressWatch:
         self._thread.start()
@@ -125,6 +135,20 @@ class ProgressWatch:
         with self._lock:
             return dict(self._stalls)
 
+    def member_problem(self, group: str, client_id: str, since: float) -> str | None:
+        """Why the member ``client_id`` of ``group`` is stuck, if it is (checked from ``since``, its start):
+        out of the group for ``stall_s``, or owning a stalled partition."""
+        now = time.monotonic()
+        with self._lock:
+            stall = self._stalls.get(group)
+            owned = self._members.get(group, {}).get(client_id)
+            seen = max(since, self._last_seen.get((group, client_id), since))
+        if owned is None and now - seen >= self._tracker.stall_s:
+            return f"not a member of consumer group {group} for {now - seen:.0f}s (frozen or cut off)"
+        if stall is not None and (owned is None or any(f"{t}[{p}]" in stall.partitions for t, p in owned)):
+            return stall.describe()
+        return None
+
     def _run(self) -> None:
         try:
             while not self._stop.wait(self._interval):
@@ -135,15 +159,31 @@ class ProgressWatch:
                     except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, try again later
                         log.debug("progress of %s not sampled: %s", group, exc)
                         continue
+                    members = self._describe(group)
                     with self._lock:
                         if stall is None:
                             self._stalls.pop(group, None)
                         else:
                             self._stalls[group] = stall
+                        if members is not None:
+                            self._members[group] = members
+                            self._last_seen.update({(group, m): time.monotonic() for m in members})
                     CONSUMER_STALLED_SECONDS.labels(group=group).set(0 if stall is None else stall.seconds)
         finally:
             for consumer in [*self._readers.values(), *([self._probe] if self._probe else [])]:
                 consumer.close()
+
+    def _describe(self, group: str) -> dict[str, set[Partition]] | None:
+        """The group's members (client id -> assigned partitions), None when the broker did not say."""
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self._bootstrap})
+        try:
+            described = self._admin.describe_consumer_groups([group])[group].result(5)
+        except Exception as exc:  # noqa: BLE001 - unknown group, broker away: no verdict this time
+            log.debug("members of %s not described: %s", group, exc)
+            return None
+        return {m.client_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
+                for m in described.members}
 
     def _offsets(self, group: str, topics: list[str]) -> dict[Partition, Offsets]:
         reader = self._readers.get(group)

@@ -275,6 +275,8 @@ STALL_S = option("STALL_S", float, 30.0,
                  "a consumer group (worker, sink) with records waiting and no progress for this long is "
                  "unhealthy: /healthz answers 503 naming it, and `clawr1 up` restarts a stuck worker",
                  ("api", "up"), check=positive)
+WORKERS = option("WORKERS", int, 1, "stream workers `clawr1 up` runs, one process each (a worker uses one "
+                 "core at most; more than the topics' partitions would idle)", ("up",), check=positive)
 STREAMS_APP_ID = option("STREAMS_APP_ID", str, "clawr1-streams",
                         "app id / consumer group: workers with one id share the work", ("worker",))
 TOPIC_SUFFIX = option("TOPIC_SUFFIX", str, "",

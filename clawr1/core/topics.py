@@ -2,7 +2,8 @@
 
 Keys are chosen so that what must be joined is co-partitioned: every topic that feeds a join on
 trajectories is keyed by trajectory id (or by the conversation root a trajectory grows from), and
-every producer hashes keys with Java's murmur2 so confluent-kafka and Faust (aiokafka) agree.
+every producer hashes keys with Java's murmur2 (``clawr1.core.routing``), so any role can tell where a
+key lands.
 """
 
 from __future__ import annotations

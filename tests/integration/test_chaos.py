@@ -80,7 +80,8 @@ def test_a_batch_retried_after_the_api_died_lands_once(stack: Stack) -> None:
 
 
 def test_sigkill_of_each_role_under_load_loses_and_doubles_nothing(stack: Stack) -> None:
-    result = run_faults(stack, QUICK_FAULTS, settle_s=3.0, drain_s=120.0)
+    # The worker is killed first, within seconds of the first traffic, as the stream layer's wedge was.
+    result = run_faults(stack, QUICK_FAULTS, settle_s=3.0, drain_s=120.0, whitebox_clients=2)
     assert result["stack_stayed_up"], result
     faults = {f["name"]: f for f in result["faults"]}  # type: ignore[union-attr]
     assert list(faults) == ["SIGKILL worker", "SIGKILL proxy", "SIGKILL api", "SIGKILL broker"]
@@ -97,16 +98,17 @@ def test_sigkill_of_each_role_under_load_loses_and_doubles_nothing(stack: Stack)
     assert pool["calls_captured"] == pool["calls_answered"] and pool["calls_lost"] == 0, pool
     assert pool["calls_duplicated"] == 0, pool
     assert pool["rewards_joined"] == pool["rewards_sent"] > 0, pool
+    assert result["drained_s"] <= 120, result
 
 
 def test_the_worker_is_a_static_group_member(stack: Stack) -> None:
-    """clawr1 up names its worker's group instance, so a restarted worker takes its partitions back at
-    once instead of waiting out the dead member's session (and the rebalances that follow)."""
+    """clawr1 up names its worker's slot, so a restarted worker takes its partitions back at once instead
+    of waiting out the dead member's session, and its transactional id fences the dead one's transaction."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
     group = admin.describe_consumer_groups(["clawr1-streams"])["clawr1-streams"].result(30)
-    assert [member.group_instance_id for member in group.members] == ["clawr1-streams-up"]
+    assert [(m.group_instance_id, m.client_id) for m in group.members] == [("up-0", "clawr1-streams-up-0")]
 
 
 def test_status_names_the_restarts(stack: Stack) -> None:

@@ -89,9 +89,9 @@ def test_parse_source_refuses(source: str, transport: str | None, needle: str) -
         parse_source(source, transport)  # type: ignore[arg-type]
 
 
-def test_sdk_imports_without_kafka_faust_mitmproxy_or_torch() -> None:
+def test_sdk_imports_without_kafka_quix_mitmproxy_or_torch() -> None:
     """A trainer installs claw-r1[sdk]: importing and parsing must not touch the stack's heavy parts."""
-    blocked = ["confluent_kafka", "faust", "mitmproxy", "aiokafka", "torch", "fastapi", "chdb"]
+    blocked = ["confluent_kafka", "quixstreams", "mitmproxy", "torch", "fastapi", "chdb"]
     code = (
         "import sys\n"
         f"for name in {blocked!r}:\n"

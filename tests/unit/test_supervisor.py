@@ -110,7 +110,7 @@ def test_a_stuck_role_is_killed_and_restarted_after_its_grace_and_counted(tmp_pa
     role = ProcessRole("worker", _python("import time; time.sleep(60)"))
     supervisor = Supervisor(RestartPolicy(backoff_s=0.01), log=logs.append)
     try:
-        supervisor.add(role, health=lambda: verdict[0], grace_s=0.2)
+        supervisor.add(role, health=lambda _started: verdict[0], grace_s=0.2)
         first = role.pid
         assert supervisor.tick() is None and role.returncode() is None  # healthy: left alone
         verdict[0] = "consumer group g: 12 records waiting, no progress for 30s (t[0])"

@@ -1,4 +1,4 @@
-"""A real Faust worker on the real broker replays the recorded mix: exact steps, dead letters and
+"""A real stream worker on the real broker replays the recorded mix: exact steps, dead letters and
 prefix trees, and the same final state when the worker is SIGKILLed mid-stream and restarted."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two real Faust workers with one app id split the partitions and, together, write exactly what a
+"""Two real stream workers with one app id split the partitions and, together, write exactly what a
 single worker writes for the recorded mix (``clawr1 up`` / several ``clawr1 worker``)."""
 
 from __future__ import annotations
