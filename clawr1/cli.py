@@ -175,6 +175,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1.core.progress import ProgressWatch
     from clawr1.core.signals import stop_loop_on_signals
     from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+    from clawr1.dashboard.decoding import load_decoder
     from clawr1.gateway.app import create_app
     from clawr1.gateway.metrics import RequestMetrics, metrics_router
     from clawr1.gateway.server import serve
@@ -218,7 +219,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     app = create_app(
         settings,
-        routers=[pool_router(store, analyst), dashboard_router(store), metrics_router()],
+        routers=[pool_router(store, analyst), dashboard_router(store, load_decoder(settings.tokenizer)),
+                 metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,
     )

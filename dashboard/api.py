@@ -32,6 +32,7 @@ from clawr1.dashboard.curation import (
     curation_feedback,
     preview_batch,
 )
+from clawr1.dashboard.decoding import TokenDecoder
 from clawr1.dashboard.panels import Dashboard
 from clawr1.gateway.app import INGESTS, encode_items, gateway_state, publish
 from clawr1.gateway.auth import ANONYMOUS
@@ -39,11 +40,13 @@ from clawr1.gateway.models import FeedbackIn
 from clawr1.pool.store import PoolError, PoolStore
 
 STATIC_DIR = Path(__file__).parent / "static"
+_MEDIA_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 ASSETS: dict[str, str] = {
-    "app.js": "text/javascript; charset=utf-8",
-    "app.css": "text/css; charset=utf-8",
+    path.name: _MEDIA_TYPES[path.suffix]
+    for path in sorted(STATIC_DIR.iterdir()) if path.suffix in _MEDIA_TYPES
 }
-"""The only files served under /dashboard/assets: a fixed list, so no request can name another path."""
+"""The only files served under /dashboard/assets (the page's style and its ES modules), listed once at
+import: no request can name another path."""
 
 MAX_PAGE = 500
 _NO_STORE = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
@@ -109,6 +112,13 @@ async def _read(fn: Callable[..., Any], *args: Any) -> Any:
         raise HTTPException(503, f"the pool could not answer: {exc}") from exc
 
 
+def _found(value: Any, missing: str) -> JSONResponse:
+    """``value`` as the answer, or a 404 saying what is ``missing`` when the pool has none."""
+    if value is None:
+        raise HTTPException(404, missing)
+    return JSONResponse(value, headers=_NO_STORE)
+
+
 def dashboard_page_router() -> APIRouter:
     """The page and its assets. They hold no data, so they are served without a key; the page's
     requests for data carry the key the user gives it when the API asks for one."""
@@ -135,9 +145,11 @@ def dashboard_page_router() -> APIRouter:
     return router
 
 
-def dashboard_router(store: PoolStore) -> APIRouter:
-    """The data routes over ``store``; a store of its own keeps refreshes from queuing behind the sink."""
-    board = Dashboard(store)
+def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None) -> APIRouter:
+    """The data routes over ``store``; a store of its own keeps refreshes from queuing behind the sink.
+    ``decoder`` (``clawr1.dashboard.decoding.load_decoder``) lets the trajectory view show the text of
+    the token ids that tokenizer made."""
+    board = Dashboard(store, decoder)
     router = APIRouter(tags=["dashboard"])
 
     @router.get(
@@ -161,10 +173,27 @@ def dashboard_router(store: PoolStore) -> APIRouter:
         responses={404: {"description": "no step with this id"}, **_POOL_DOWN},
     )
     async def step(step_id: Annotated[str, PathParam(min_length=1, max_length=512)]) -> JSONResponse:
-        detail = await _read(board.step, step_id)
-        if detail is None:
-            raise HTTPException(404, f"no step with id {step_id!r}")
-        return JSONResponse(detail, headers=_NO_STORE)
+        return _found(await _read(board.step, step_id), f"no step with id {step_id!r}")
+
+    @router.get(
+        "/v1/dashboard/trajectories/{trajectory_id:path}",
+        summary="A trajectory as its conversation: what each step added, replies, rewards, feedback, tokens",
+        responses={404: {"description": "no trajectory with this id"}, **_POOL_DOWN},
+    )
+    async def trajectory(trajectory_id: Annotated[str, PathParam(min_length=1, max_length=512)]
+                         ) -> JSONResponse:
+        return _found(await _read(board.trajectory, trajectory_id),
+                      f"no trajectory with id {trajectory_id!r}")
+
+    @router.get(
+        "/v1/dashboard/prompt-groups/{prompt_group_id:path}",
+        summary="A prompt group's rollouts side by side and the prompt they share",
+        responses={404: {"description": "no prompt group with this id"}, **_POOL_DOWN},
+    )
+    async def prompt_group(prompt_group_id: Annotated[str, PathParam(min_length=1, max_length=512)]
+                           ) -> JSONResponse:
+        return _found(await _read(board.prompt_group, prompt_group_id),
+                      f"no prompt group with id {prompt_group_id!r}")
 
     @router.post(
         "/v1/dashboard/curate", status_code=202,
@@ -211,10 +240,8 @@ def dashboard_router(store: PoolStore) -> APIRouter:
     )
     async def tree(scope_kind: Literal["prompt_group", "trajectory"],
                    scope_id: Annotated[str, Query(min_length=1, max_length=512)]) -> JSONResponse:
-        found = await _read(board.tree, scope_kind, scope_id)
-        if found is None:
-            raise HTTPException(404, f"no {scope_kind} scope {scope_id!r} in the pool")
-        return JSONResponse(found, headers=_NO_STORE)
+        return _found(await _read(board.tree, scope_kind, scope_id),
+                      f"no {scope_kind} scope {scope_id!r} in the pool")
 
     @router.get(
         "/v1/dashboard/live", response_class=StreamingResponse,

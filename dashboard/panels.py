@@ -14,7 +14,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from clawr1.dashboard import queries as q
+from clawr1.dashboard.conversation import feedback_by_target, trajectory_totals, turns
 from clawr1.dashboard.curation import scope_tree
+from clawr1.dashboard.decoding import TokenDecoder
 from clawr1.pool.store import PoolStore
 
 CHANNELS: Mapping[str, str] = {
@@ -39,6 +41,17 @@ STEPS_PER_TRAJECTORY_ROWS = 200
 TRAJECTORY_STEP_ROWS = 500
 TREE_NODES = 500
 TREE_STEPS = 64
+TRAJECTORY_TURNS = 200
+TRAJECTORY_FEEDBACK_ROWS = 2000
+GROUP_TRAJECTORIES = 256
+JSON_COLUMNS: Mapping[str, str] = {
+    "prompt_messages": "prompt_messages",
+    "tool_calls_json": "tool_calls",
+    "sampling_params_json": "sampling_params",
+    "feedback_json": "feedback",
+    "metadata_json": "metadata",
+}
+"""The pool's JSON text columns and the key each is shown under, parsed."""
 
 
 def json_safe(value: Any) -> Any:
@@ -183,11 +196,21 @@ def parse_json_text(text: str) -> Any:
         return text
 
 
+def parse_json_columns(row: dict[str, Any]) -> dict[str, Any]:
+    """``row`` with each JSON text column it holds parsed, under its shown name (``JSON_COLUMNS``)."""
+    for column, key in JSON_COLUMNS.items():
+        if column in row:
+            row[key] = parse_json_text(row.pop(column))
+    return row
+
+
 class Dashboard:
     """Reads the panels from one pool store; every method is one consistent unit the API serves."""
 
-    def __init__(self, store: PoolStore) -> None:
+    def __init__(self, store: PoolStore, decoder: TokenDecoder | None = None) -> None:
         self.store = store
+        self.decoder = decoder
+        """The tokenizer the trajectory view decodes ids with (``clawr1.dashboard.decoding``), if any."""
 
     def _rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         return self.store.query(sql, parameters=params or None)
@@ -303,15 +326,7 @@ class Dashboard:
         rows = self._rows(q.STEP_DETAIL_SQL, step_id=step_id)
         if not rows:
             return None
-        step = rows[0]
-        for column, key in (
-            ("prompt_messages", "prompt_messages"),
-            ("tool_calls_json", "tool_calls"),
-            ("sampling_params_json", "sampling_params"),
-            ("feedback_json", "feedback"),
-            ("metadata_json", "metadata"),
-        ):
-            step[key] = parse_json_text(step.pop(column))
+        step = parse_json_columns(rows[0])
         return json_safe(
             {
                 "step": step,
@@ -327,6 +342,36 @@ class Dashboard:
                 "prefix_scopes": self._rows(q.STEP_PREFIX_SCOPES_SQL, step_id=step_id),
             }
         )
+
+
+    def trajectory(self, trajectory_id: str) -> dict[str, Any] | None:
+        """A trajectory as its conversation (``clawr1.dashboard.conversation``): the first
+        ``TRAJECTORY_TURNS`` steps with what each added, their replies, tokens, rewards and feedback."""
+        rows = self._rows(q.TRAJECTORY_TURNS_SQL, trajectory_id=trajectory_id, limit=TRAJECTORY_TURNS + 1)
+        if not rows:
+            return None
+        shown = [parse_json_columns(row) for row in rows[:TRAJECTORY_TURNS]]
+        records = self._rows(q.TRAJECTORY_FEEDBACK_SQL, trajectory_id=trajectory_id,
+                             step_ids=[row["step_id"] for row in shown],
+                             response_ids=[row["response_id"] for row in shown],
+                             limit=TRAJECTORY_FEEDBACK_ROWS)
+        per_step, whole = feedback_by_target(records, shown)
+        return json_safe({
+            "trajectory": trajectory_totals(trajectory_id, shown),
+            "more_steps": len(rows) > len(shown),
+            "decoder": self.decoder.identity if self.decoder else None,
+            "feedback_records": whole,
+            "steps": turns(shown, per_step, self.decoder),
+        })
+
+    def prompt_group(self, prompt_group_id: str) -> dict[str, Any] | None:
+        """A prompt group's rollouts side by side, with the prompt they share (the first one's)."""
+        rows = self._rows(q.GROUP_TRAJECTORIES_SQL, prompt_group_id=prompt_group_id, limit=GROUP_TRAJECTORIES)
+        if not rows:
+            return None
+        prompts = [row.pop("first_prompt") for row in rows]
+        return json_safe({"prompt_group_id": prompt_group_id, "prompt_messages": parse_json_text(prompts[0]),
+                          "trajectories": rows})
 
 
 def _headline(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -304,13 +304,16 @@ FROM steps
 WHERE step_id = {{step_id:String}}
 """
 
-STEP_FEEDBACK_SQL = """
-SELECT feedback_id, target_kind, target_id, reward, components, final, source, source_name, label, comment,
-       correction, toUnixTimestamp64Milli(received_at_ms) AS received_ms
+FEEDBACK_COLUMNS = """
+    feedback_id, target_kind, target_id, reward, components, final, source, source_name, label, comment,
+    correction, toUnixTimestamp64Milli(received_at_ms) AS received_ms"""
+
+STEP_FEEDBACK_SQL = f"""
+SELECT {FEEDBACK_COLUMNS}
 FROM feedback
-WHERE (target_kind = 'step' AND target_id = {step_id:String})
-   OR (target_kind = 'response' AND target_id = {response_id:String})
-   OR (target_kind = 'trajectory' AND target_id = {trajectory_id:String})
+WHERE (target_kind = 'step' AND target_id = {{step_id:String}})
+   OR (target_kind = 'response' AND target_id = {{response_id:String}})
+   OR (target_kind = 'trajectory' AND target_id = {{trajectory_id:String}})
 ORDER BY received_at_ms, feedback_id
 """
 """Every feedback record aimed at the step, at its response or at its whole trajectory."""
@@ -322,6 +325,43 @@ WHERE trajectory_id = {trajectory_id:String}
 ORDER BY step_index, step_id
 LIMIT {limit:UInt32}
 """
+
+TRAJECTORY_TURNS_SQL = f"""
+SELECT {STEP_ROW_COLUMNS},
+       parent_step_id, prompt_group_size, prompt_id, response_id, error, reward_components, reward_source,
+       trajectory_reward, trajectory_reward_status, tokenizer, link_status, link_candidate_step_id, channel,
+       prompt_messages, response_text, tool_calls_json, prompt_token_ids, response_token_ids
+FROM steps
+WHERE trajectory_id = {{trajectory_id:String}}
+ORDER BY step_index, created_at_ms, step_id
+LIMIT {{limit:UInt32}}
+"""
+"""A trajectory's steps in conversation order, with their text and token ids (the trajectory view)."""
+
+TRAJECTORY_FEEDBACK_SQL = f"""
+SELECT {FEEDBACK_COLUMNS}
+FROM feedback
+WHERE (target_kind = 'trajectory' AND target_id = {{trajectory_id:String}})
+   OR (target_kind = 'step' AND target_id IN {{step_ids:Array(String)}})
+   OR (target_kind = 'response' AND target_id IN {{response_ids:Array(String)}})
+ORDER BY received_at_ms, feedback_id
+LIMIT {{limit:UInt32}}
+"""
+"""Feedback aimed at a trajectory, at any of its steps or at their responses."""
+
+GROUP_TRAJECTORIES_SQL = """
+SELECT trajectory_id, count() AS num_steps, sum(reward) AS reward_sum,
+       max(trajectory_reward) AS trajectory_reward, countIf(status = 'failed') AS failed,
+       min(ready) AS all_ready, max(terminal) AS terminal,
+       max(policy_version) AS policy_version, toUnixTimestamp64Milli(min(created_at_ms)) AS started_ms,
+       argMax(response_text, step_index) AS last_response, argMin(prompt_messages, step_index) AS first_prompt
+FROM steps
+WHERE prompt_group_id = {prompt_group_id:String}
+GROUP BY trajectory_id
+ORDER BY started_ms, trajectory_id
+LIMIT {limit:UInt32}
+"""
+"""A prompt group's trajectories (its rollouts) side by side: rewards, readiness, the final reply."""
 
 STEP_PREFIX_SCOPES_SQL = """
 SELECT scope_kind, scope_id, total_tokens, tree_tokens, saved_tokens, savings_ratio, forks, num_nodes

@@ -37,6 +37,8 @@ ROUTE_KINDS: dict[str, frozenset[str]] = {
     "/v1/dashboard/summary": frozenset({"read"}),
     "/v1/dashboard/steps": frozenset({"read"}),
     "/v1/dashboard/steps/{step_id}": frozenset({"read"}),
+    "/v1/dashboard/trajectories/{trajectory_id}": frozenset({"read"}),
+    "/v1/dashboard/prompt-groups/{prompt_group_id}": frozenset({"read"}),
     "/v1/dashboard/preview": frozenset({"read"}),
     "/v1/dashboard/tree": frozenset({"read"}),
     "/v1/dashboard/live": frozenset({"read"}),

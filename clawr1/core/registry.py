@@ -202,7 +202,8 @@ MAX_REQUEST_BYTES = option("MAX_REQUEST_BYTES", int, 4 * 1024 * 1024,
                            "gateway: larger bodies get 413 before parsing")
 MAX_BATCH_STEPS = option("MAX_BATCH_STEPS", int, 1000,
                          "gateway: items per request (steps, feedback or events); more get 413")
-TOKENIZER = option("TOKENIZER", str, "", "re-tokenize calls without engine ids (tokenizer.json path)")
+TOKENIZER = option("TOKENIZER", str, "", "re-tokenize calls without engine ids (tokenizer.json path); "
+                   "the dashboard decodes the ids it made")
 TOPIC_PARTITIONS = option("TOPIC_PARTITIONS", int, 4, "partitions of the topics the stack creates")
 METRICS_HOST = option("METRICS_HOST", str, "127.0.0.1", "where the roles' Prometheus metrics ports listen")
 PROXY_METRICS_PORT = option("PROXY_METRICS_PORT", int, 0,

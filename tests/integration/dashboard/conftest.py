@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+from clawr1.dashboard.decoding import TokenDecoder
 from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
 from clawr1.pool.store import PoolStore
 from clawr1.sinks.rows import DLQ_ROUTE, FEEDBACK_ROUTE, PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, TableRoute
@@ -288,10 +289,10 @@ def seed(store: PoolStore) -> None:
     )
 
 
-def client_for(store: PoolStore) -> TestClient:
+def client_for(store: PoolStore, decoder: TokenDecoder | None = None) -> TestClient:
     app = FastAPI()
     app.include_router(dashboard_page_router())
-    app.include_router(dashboard_router(store))
+    app.include_router(dashboard_router(store, decoder))
     return TestClient(app)
 
 

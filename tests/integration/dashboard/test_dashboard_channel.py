@@ -31,4 +31,4 @@ def test_page_offers_train_val_and_all() -> None:
     for option in ('<option value="">all</option>', '<option value="train">train</option>',
                    '<option value="val">val</option>'):
         assert option in page
-    assert 'getElementById("data-channel")' in (STATIC / "app.js").read_text()
+    assert 'getElementById("data-channel")' in (STATIC / "steps.js").read_text()

@@ -9,7 +9,7 @@ from urllib.parse import urljoin, urlsplit
 from fastapi.testclient import TestClient
 
 from clawr1.core.settings import Settings
-from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+from clawr1.dashboard.api import ASSETS, dashboard_page_router, dashboard_router
 from clawr1.gateway.app import create_app
 from clawr1.pool.api import pool_router
 from clawr1.pool.store import PoolStore
@@ -39,13 +39,21 @@ def page_links(client: TestClient) -> list[str]:
     return parser.urls
 
 
+IMPORT = re.compile(r'^import [^;]*? from "([^"]+)";$', re.MULTILINE)
+
+
 def test_the_page_loads_only_local_assets_served_with_their_types(empty_client: TestClient) -> None:
     links = page_links(empty_client)
     assert "data:," in links  # an empty inline icon: the browser asks the server for no favicon
     links.remove("data:,")
     assert sorted(links) == ["dashboard/assets/app.css", "dashboard/assets/app.js"]
-    types = {}
-    for link in links:
+    # The script is a module: every asset it reaches through its imports is loaded too.
+    loaded, todo, types = set(), list(links), {}
+    while todo:
+        link = todo.pop()
+        if link in loaded:
+            continue
+        loaded.add(link)
         assert not urlsplit(link).scheme and not link.startswith("//"), link
         response = empty_client.get(urljoin(PAGE_URL, link))
         assert response.status_code == 200, link
@@ -55,11 +63,22 @@ def test_the_page_loads_only_local_assets_served_with_their_types(empty_client: 
             "http://www.w3.org/2000/svg"
         }, link
         assert "@import" not in response.text and "url(" not in response.text
+        assert "import(" not in response.text, link  # no dynamic imports: the module graph is static
+        for target in IMPORT.findall(response.text):
+            assert target.startswith("./") and target.endswith(".js"), (link, target)
+            todo.append(urljoin(link, target))
     assert types == {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
+    # Every module shipped is reached from the page, and every one reached is served.
+    assert loaded == {f"dashboard/assets/{name}" for name in ASSETS}
+
+
+def test_the_page_runs_its_script_as_a_module(empty_client: TestClient) -> None:
+    page = empty_client.get("/dashboard").text
+    assert '<script type="module" src="dashboard/assets/app.js"></script>' in page
 
 
 def test_the_script_calls_the_api_relative_to_the_page(empty_client: TestClient) -> None:
-    script = empty_client.get("/dashboard/assets/app.js").text
+    script = empty_client.get("/dashboard/assets/api.js").text
     assert 'const API = "v1/dashboard";' in script
     assert urljoin(PAGE_URL, "v1/dashboard/summary") == "http://testserver/v1/dashboard/summary"
 
@@ -95,6 +114,9 @@ def test_with_keys_the_page_is_public_and_its_data_needs_a_read_key(pool_store: 
     assert client.get("/dashboard").status_code == 200
     assert client.get("/dashboard/assets/app.js").status_code == 200
     assert client.get("/v1/dashboard/summary").status_code == 401
+    assert client.get("/v1/dashboard/trajectories/t").status_code == 401
+    reader = {"Authorization": "Bearer key-r"}
+    assert client.get("/v1/dashboard/trajectories/t", headers=reader).status_code == 404
     assert client.get("/v1/dashboard/summary", headers={"Authorization": "Bearer key-a"}).status_code == 403
     reply = client.get("/v1/dashboard/summary", headers={"Authorization": "Bearer key-r"})
     assert reply.status_code == 200 and reply.json()["totals"]["steps"] == 0
