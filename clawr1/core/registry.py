@@ -401,6 +401,9 @@ TEST_KAFKA_BOOTSTRAP = option("TEST_KAFKA_BOOTSTRAP", str, "",
                               "tests: an already running broker instead of a private one", ("test",))
 TEST_POOL_DSN = option("TEST_POOL_DSN", str, "", "tests: a ClickHouse server instead of the embedded pool",
                        ("test",), secret=True)
+TEST_SCREENSHOTS = option("TEST_SCREENSHOTS", str, "",
+                          "tests: `docs` makes the dashboard's browser test refresh the screenshots in docs/ "
+                          "(otherwise they go to a temporary folder)", ("test",))
 BENCH_KAFKA_BOOTSTRAP = option("BENCH_KAFKA_BOOTSTRAP", str, "",
                                "benchmarks: an already running broker instead of a private one", ("bench",))
 

@@ -6,7 +6,9 @@ clean. Screenshots go to docs/."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +24,10 @@ from clawr1.gateway.client import GatewayClient
 from tests.integration.live_stack import clawr1_up
 
 CHROMIUM = "/usr/bin/chromium"
-DOCS = Path(__file__).resolve().parents[3] / "docs"
+# Screenshots go to docs/ (the README shows them) only when asked, so a test run leaves the tree as it was:
+# CLAWR1_TEST_SCREENSHOTS=docs refreshes them; otherwise they land in a temporary folder.
+DOCS = Path(__file__).resolve().parents[3] / "docs" if os.environ.get("CLAWR1_TEST_SCREENSHOTS") == "docs" \
+    else Path(tempfile.mkdtemp(prefix="clawr1-screenshots-"))
 PREVIEW_GROUP = "browser-check"  # never commits: its preview changes only when curation takes rows out
 VERSIONS = 20
 MAX_HEIGHT = {1440: 4500, 1024: 5000}
