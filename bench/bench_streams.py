@@ -5,13 +5,16 @@ reply and a new user turn, engine token ids present) captured by the proxy, plus
 per call from a reward model, i.e. every call becomes a normalized step, joined with its reward,
 merged into its trajectory's prefix tree.
 
-- throughput: all events are produced first; one worker (a subprocess, as ``clawr1 worker`` runs
-  it) then processes them; events/s = input events / (last step's final version - worker ready),
-  and the worker's CPU per step (comparable on a busy machine, where wall-clock rates are not).
+- throughput: one worker (a subprocess, as ``clawr1 worker`` runs it) holds its partitions, then all
+  events are produced at once and it works through them; events/s = input events / (last step's final
+  version - load start), and the worker's CPU per step (comparable on a busy machine, where wall-clock
+  rates are not).
 - baseline: a confluent-kafka consumer reading the same raw topics from the start (events/s).
 - messages: what every topic of the run (raw, internal, outputs, changelogs) holds once the worker
   is done, from the offsets, per step.
-- scale-out (``--workers N``): the same black-box load on N workers of one group.
+- scale-out (``--workers N``): the same black-box load on N workers of one group, once their group
+  settled: the group's CPU per step against one worker's (this machine has no free core to show
+  wall-clock scaling).
 - trajectory length (``--lengths 10,200``): white-box steps (512 + 128 tokens, reward inline) in
   trajectories of each length, one message each: CPU per step should not grow with length.
 - envelopes (``--envelopes 100``): the same steps as the gateway produces a posted batch of that many,
@@ -53,7 +56,7 @@ from bench.common import free_port, percentile, process_cpu_s, settled_message_c
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.conversation import conversation_key  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from clawr1.core.routing import partition_of  # noqa: E402
+from clawr1.core.routing import partition_of, routable_id  # noqa: E402
 from clawr1.schemas.codec import codec_for, pack_record  # noqa: E402
 from clawr1.streams.config import StreamTopics  # noqa: E402
 from clawr1.streams.worker import READY_LINE  # noqa: E402
@@ -216,9 +219,26 @@ def latency(bootstrap: str, topics: StreamTopics, rate: float, seconds: float) -
             "kafka_hop_p50_ms": statistics.median(hop), "kafka_hop_p99_ms": percentile(hop, 0.99)}
 
 
+def wait_assigned(bootstrap: str, group: str, members: int, partitions: int, timeout: float = 120) -> None:
+    """Until ``group`` has ``members`` members sharing all ``partitions`` (a rebalance settled)."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        assigned = sum(len(m.assignment.topic_partitions) for m in described.members)
+        if len(described.members) == members and assigned == partitions:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"group {group} did not settle on {members} members within {timeout}s")
+
+
 def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
-    """``n`` white-box steps (512 + 128 tokens, a final reward each) in trajectories of ``length`` steps."""
-    return [{"step_id": f"{tag}-{i}", "trajectory_id": f"{tag}-t{i // length}", "step_index": i % length,
+    """``n`` white-box steps (512 + 128 tokens, a final reward each) in trajectories of ``length`` steps,
+    with step ids as the gateway mints them (routable to their trajectory)."""
+    return [{"step_id": routable_id(f"{tag}-t{i // length}", f"{tag}-{i}".encode()),
+             "trajectory_id": f"{tag}-t{i // length}", "step_index": i % length,
              "prompt_token_ids": [(i * 31 + k) % 32_000 for k in range(512)],
              "response_token_ids": [(i * 17 + k) % 32_000 for k in range(128)],
              "response_logprobs": [-0.5] * 128, "reward": 1.0, "received_at_ms": 1, "agent": "bench"}
@@ -276,30 +296,35 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
     suffix = "." + uuid.uuid4().hex[:8]
     topics = StreamTopics().with_suffix(suffix)
     ensure_topics(bootstrap, topics.all_names(), PARTITIONS)
-    if load == "blackbox":
-        calls = [c for i in range(max(1, n // TURNS)) for c in conversation("tp", i)]
-        produce(bootstrap, topics, calls)
-        steps, events, names = len(calls), 2 * len(calls), [topics.raw_llm, topics.raw_feedback]
-    else:
-        records = whitebox_steps("wb", n, length)
-        if load == "whitebox_interleaved":
-            records.sort(key=lambda r: (r["step_index"], r["trajectory_id"]))
-        events = produce_steps(bootstrap, topics.raw_steps, records, envelope)
-        steps, names = n, [topics.raw_steps]
-    baseline = kafka_consume_rate(bootstrap, names, events)
     with tempfile.TemporaryDirectory() as workdir:
+        # The group first (every worker holding its partitions), then the load: CPU and time are the
+        # load's alone, for one worker or several alike.
         group = [Worker(bootstrap, suffix, Path(workdir) / str(i), profile if i == 0 else "")
                  for i in range(workers)]
         try:
-            ready = max(worker.wait_ready() for worker in group)
+            for worker in group:
+                worker.wait_ready()
+            wait_assigned(bootstrap, "bench" + suffix, workers, len(topics.inputs()) * PARTITIONS)
             cpu_at_ready = sum(worker.cpu_seconds() for worker in group)
+            ready = time.monotonic()
+            if load == "blackbox":
+                calls = [c for i in range(max(1, n // TURNS)) for c in conversation("tp", i)]
+                produce(bootstrap, topics, calls)
+                steps, events, names = len(calls), 2 * len(calls), [topics.raw_llm, topics.raw_feedback]
+            else:
+                records = whitebox_steps("wb", n, length)
+                if load == "whitebox_interleaved":
+                    records.sort(key=lambda r: (r["step_index"], r["trajectory_id"]))
+                events = produce_steps(bootstrap, topics.raw_steps, records, envelope)
+                steps, names = n, [topics.raw_steps]
             done = wait_for_final_steps(bootstrap, topics, steps, timeout=900)
             cpu = sum(worker.cpu_seconds() for worker in group) - cpu_at_ready
             written = messages_written(bootstrap, suffix, "bench" + suffix)
         finally:
             for worker in group:
                 worker.stop()
-    rate = events / (done - ready)
+    baseline = kafka_consume_rate(bootstrap, names, events)
+    rate = events / (done - ready)  # produce included: the bench's producer takes well under a second
     return {"load": load, "envelope": envelope, "steps": steps, "events": events,
             "trajectory_length": length if load != "blackbox" else TURNS, "workers": workers,
             "partitions": PARTITIONS,
@@ -335,8 +360,11 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
     phase("blackbox", throughput(bootstrap, "blackbox", args.calls, TURNS, 1, args.profile))
     if args.workers > 1:
         scaled = throughput(bootstrap, "blackbox", args.calls, TURNS, args.workers)
-        phase("scale_out", {**scaled, "vs_one_worker": round(
-            scaled["worker_events_per_s"] / result["blackbox"]["worker_events_per_s"], 3)})
+        one = result["blackbox"]
+        phase("scale_out", {**scaled,
+                            "vs_one_worker": round(scaled["worker_events_per_s"] / one["worker_events_per_s"], 3),
+                            "cpu_per_step_vs_one_worker": round(
+                                scaled["worker_cpu_ms_per_step"] / one["worker_cpu_ms_per_step"], 3)})
     lengths = [int(x) for x in args.lengths.split(",") if x]
     by_length = []
     for length in lengths:
