@@ -363,7 +363,8 @@ def run(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
         one = result["blackbox"]
         rate = scaled["worker_events_per_s"] / one["worker_events_per_s"]
         cpu = scaled["worker_cpu_ms_per_step"] / one["worker_cpu_ms_per_step"]
-        phase("scale_out", {**scaled, "vs_one_worker": round(rate, 3), "cpu_per_step_vs_one_worker": round(cpu, 3)})
+        phase("scale_out", {**scaled, "vs_one_worker": round(rate, 3),
+                            "cpu_per_step_vs_one_worker": round(cpu, 3)})
     lengths = [int(x) for x in args.lengths.split(",") if x]
     by_length = []
     for length in lengths:
