@@ -211,6 +211,12 @@ class PoolSink:
     def _commit(self, batch: Batch) -> None:
         assert self._consumer is not None
         offsets = [TopicPartition(t, p, o) for t, p, o in batch.commit_offsets()]
+        # Past a transaction's commit marker too: the worker writes its outputs in transactions, and a
+        # marker after the last record would otherwise read as lag forever. The consumer's position
+        # is past every record it returned, all of which are in this batch, plus skipped markers.
+        for tp, at in zip(offsets, self._consumer.position(offsets), strict=True):
+            if at.offset > tp.offset:
+                tp.offset = at.offset
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:

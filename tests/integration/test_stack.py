@@ -212,9 +212,10 @@ def test_every_role_exports_metrics_that_move_under_load(stack: dict[str, str]) 
     proxy = moved("proxy", ("clawr1_proxy_calls_captured_total", {"api": "openai.chat"}),
                   ("clawr1_proxy_records_delivered_total", {}))
     assert "clawr1_proxy_spool_depth{}" in proxy
-    worker = moved("worker", ("clawr1_stream_events_in_total", {"agent": "ingest_llm"}),
-                   ("clawr1_stream_events_in_total", {"agent": "ingest_steps"}),
-                   ("clawr1_stream_events_out_total", {"topic": "clawr1.steps"}),
+    worker = moved("worker", ("clawr1_stream_records_in_total", {"topic": "clawr1.raw.llm"}),
+                   ("clawr1_stream_records_in_total", {"topic": "clawr1.raw.steps"}),
+                   ("clawr1_stream_messages_out_total", {"topic": "clawr1.steps"}),
+                   ("clawr1_stream_records_out_total", {"topic": "clawr1.steps"}),
                    zero_lag=("clawr1-streams", "clawr1.raw.steps"))
     assert 'clawr1_consumer_lag{group="clawr1-streams",topic="clawr1.raw.llm"}' in worker
     api = moved("api", ("clawr1_http_requests_total", {"app": "api", "route": "/v1/steps", "status": "202"}),
