@@ -68,8 +68,12 @@ def _build_parser() -> argparse.ArgumentParser:
     api.add_argument("--expect-parts", default="", help="comma-separated parts /healthz waits for")
     api.add_argument("--no-sink", action="store_true", help="serve only; a separate `clawr1 sink` writes")
 
+    worker = sub.add_parser("worker", help="run one stream worker")
+    _common(worker)
+    worker.add_argument("--ready-as", default="worker",
+                        help="the part this worker marks ready under (clawr1 up names each worker slot)")
+
     for name, text in (
-        ("worker", "run one stream worker"),
         ("sink", "run the pool sink alone"),
         ("rewarder", "score trajectories or steps with CLAWR1_REWARD_FN and post the rewards"),
         ("ca", "print the path of the proxy's CA certificate"),
@@ -212,7 +216,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         status: dict[str, bool | str] = {"pool": True}
         if with_sink:
             status["sink"] = sink_ready.is_set() and sink.is_alive()
-        status.update({part: readiness.is_ready(data_dir, part) for part in expect_parts})
+        for part in expect_parts:
+            status[part] = readiness.problem(data_dir, part) or readiness.is_ready(data_dir, part)
         for group, stall in progress.stalls().items():  # alive is not enough: healthy means progressing
             status[part_of[group]] = stall.describe()
         return status
@@ -302,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         read = config.topics.inputs()  # what the worker reads (its consumer group is its app id)
         served = _or_exit("worker", lambda: serve_role_metrics(
             settings, "worker_metrics_port", {config.app_id: read}))
-        return served or run_worker(settings, ready=_ready_marker(settings, "worker"), config=config)
+        return served or run_worker(settings, ready=_ready_marker(settings, args.ready_as), config=config)
     if args.command == "rewarder":
         from clawr1.core.metrics import serve_role_metrics
         from clawr1.rewards.worker import RewarderConfig, run_rewarder

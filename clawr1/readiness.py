@@ -15,15 +15,35 @@ def _run_dir(data_dir: Path) -> Path:
 
 
 def mark_ready(data_dir: Path, part: str) -> None:
+    """The part serves (again): its marker holds this pid, and a problem reported before is gone."""
     folder = _run_dir(data_dir)
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{part}.tmp"
     tmp.write_text(str(os.getpid()))
     tmp.replace(folder / f"{part}.ready")
+    (folder / f"{part}.problem").unlink(missing_ok=True)
+
+
+def report_problem(data_dir: Path, part: str, reason: str) -> None:
+    """Why the part is not healthy though its process lives (the supervisor found it stuck); /healthz
+    says so until the part marks itself ready again."""
+    folder = _run_dir(data_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{part}.problem.tmp"
+    tmp.write_text(reason)
+    tmp.replace(folder / f"{part}.problem")
+    withdraw(data_dir, part)
+
+
+def problem(data_dir: Path, part: str) -> str | None:
+    try:
+        return (_run_dir(data_dir) / f"{part}.problem").read_text() or None
+    except FileNotFoundError:
+        return None
 
 
 def clear(data_dir: Path) -> None:
-    for path in _run_dir(data_dir).glob("*.ready"):
+    for path in [*_run_dir(data_dir).glob("*.ready"), *_run_dir(data_dir).glob("*.problem")]:
         path.unlink(missing_ok=True)
 
 

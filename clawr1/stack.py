@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -40,6 +41,15 @@ def _cli_role(name: str, args: list[str], env: dict[str, str], data_dir: Path) -
                                 stderr=subprocess.PIPE, start_new_session=True)
 
     return ProcessRole(name, launch, on_exit=lambda: readiness.withdraw(data_dir, name))
+
+
+def _reported(data_dir: Path, part: str, check: Callable[[float], str | None],
+              started_at: float) -> str | None:
+    """``check``'s verdict, and /healthz names the part with it until the part is ready again."""
+    reason = check(started_at)
+    if reason is not None:
+        readiness.report_problem(data_dir, part, reason)
+    return reason
 
 
 def _healthy(api_url: str) -> tuple[bool, str]:
@@ -101,7 +111,8 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             # The demo's rewarder scores every step (the default readiness needs a step reward).
             env |= {"CLAWR1_REWARD_FN": "clawr1.demo.tasks:demo_reward", "CLAWR1_REWARD_TARGET": "step"}
         rewarding = bool(env.get("CLAWR1_REWARD_FN"))
-        parts = "worker,proxy,rewarder" if rewarding else "worker,proxy"
+        worker_names = ["worker", *(f"worker-{n}" for n in range(1, settings.role_setting(registry.WORKERS)))]
+        parts = ",".join([*worker_names, "proxy", *(["rewarder"] if rewarding else [])])
         supervisor.add(_cli_role("api", ["api", "--expect-parts", parts], env, data_dir))
         # Workers restarted in place: a slot's instance id lets its next process resume at once and abort
         # its predecessor's open transaction (docs/streams.md). One that stops making progress (its
@@ -110,13 +121,13 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         worker_config = StreamConfig.from_settings(settings)
         progress = ProgressWatch(settings.bootstrap_servers,
                                  {worker_config.app_id: worker_config.topics.inputs()}, stall_s).start()
-        for slot in range(settings.role_setting(registry.WORKERS)):
+        for slot, name in enumerate(worker_names):
             instance = f"up-{slot}"
             worker_env = {**env, "CLAWR1_STREAMS_INSTANCE_ID": instance}
             member = f"{worker_config.app_id}-{instance}"  # its client id (clawr1.streams.app)
-            name = "worker" if slot == 0 else f"worker-{slot}"
-            supervisor.add(_cli_role(name, ["worker"], worker_env, data_dir),
-                           health=partial(progress.member_problem, worker_config.app_id, member),
+            supervisor.add(_cli_role(name, ["worker", "--ready-as", name], worker_env, data_dir),
+                           health=partial(_reported, data_dir, name, partial(
+                               progress.member_problem, worker_config.app_id, member)),
                            grace_s=stall_s)
         supervisor.add(_cli_role("proxy", ["proxy"], env, data_dir))
         if rewarding:

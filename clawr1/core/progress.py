@@ -77,8 +77,13 @@ class _Seen:
 
 @dataclass
 class ProgressTracker:
+    """``max_gap_s``: looks further apart than this (Kafka did not answer meanwhile) start the clocks
+    again: a group cannot be blamed for what happened while nobody could see it."""
+
     stall_s: float
+    max_gap_s: float = 10.0
     _seen: dict[tuple[str, Partition], _Seen] = field(default_factory=dict)
+    _looked: dict[str, float] = field(default_factory=dict)
 
     def observe(self, group: str, now: float, offsets: Mapping[Partition, Offsets],
                 probe: Callable[[Partition, int], bool]) -> Stall | None:
@@ -86,10 +91,12 @@ class ProgressTracker:
 
         ``probe(partition, offset)`` says whether a committed record waits at or after ``offset``.
         """
+        fresh = now - self._looked.get(group, now) > self.max_gap_s
+        self._looked[group] = now
         stalled: list[tuple[Partition, Offsets, float]] = []
         for partition, at in offsets.items():
             seen = self._seen.get((group, partition))
-            if seen is None or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
+            if seen is None or fresh or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
                 self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0)
                 continue
             if now - seen.since >= self.stall_s:
@@ -111,7 +118,7 @@ class ProgressWatch:
                  interval_s: float = 2.0) -> None:
         self._bootstrap = bootstrap
         self._groups = {group: list(topics) for group, topics in groups.items()}
-        self._tracker = ProgressTracker(stall_s)
+        self._tracker = ProgressTracker(stall_s, max_gap_s=max(5.0, 3 * interval_s))
         self._interval = interval_s
         self._stalls: dict[str, Stall] = {}
         self._lock = threading.Lock()
@@ -122,6 +129,7 @@ class ProgressWatch:
         self._admin: AdminClient | None = None
         self._members: dict[str, dict[str, set[Partition]]] = {}  # group -> client id -> its partitions
         self._last_seen: dict[tuple[str, str], float] = {}  # (group, client id) -> when
+        self._described: dict[str, float] = {}  # group -> when its members were last described
 
     def start(self) -> ProgressWatch:
         self._thread.start()
@@ -140,6 +148,8 @@ class ProgressWatch:
         out of the group for ``stall_s``, or owning a stalled partition."""
         now = time.monotonic()
         with self._lock:
+            if now - self._described.get(group, -float("inf")) > self._tracker.max_gap_s:
+                return None  # Kafka has not answered lately: no verdict (it is Kafka that is down)
             stall = self._stalls.get(group)
             owned = self._members.get(group, {}).get(client_id)
             seen = max(since, self._last_seen.get((group, client_id), since))
@@ -158,6 +168,8 @@ class ProgressWatch:
                                                       self._waiting)
                     except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, try again later
                         log.debug("progress of %s not sampled: %s", group, exc)
+                        with self._lock:
+                            self._stalls.pop(group, None)
                         continue
                     members = self._describe(group)
                     with self._lock:
@@ -166,8 +178,10 @@ class ProgressWatch:
                         else:
                             self._stalls[group] = stall
                         if members is not None:
+                            now = time.monotonic()
                             self._members[group] = members
-                            self._last_seen.update({(group, m): time.monotonic() for m in members})
+                            self._described[group] = now
+                            self._last_seen.update({(group, m): now for m in members})
                     CONSUMER_STALLED_SECONDS.labels(group=group).set(0 if stall is None else stall.seconds)
         finally:
             for consumer in [*self._readers.values(), *([self._probe] if self._probe else [])]:

@@ -12,7 +12,7 @@ def _always(_partition: tuple[str, int], _offset: int) -> bool:
 
 
 def test_a_partition_with_records_waiting_and_no_progress_stalls_after_the_window() -> None:
-    tracker = ProgressTracker(stall_s=30)
+    tracker = ProgressTracker(stall_s=30, max_gap_s=100)
     assert tracker.observe("g", 0, {P: Offsets(100, 150)}, _always) is None
     assert tracker.observe("g", 29, {P: Offsets(100, 160)}, _always) is None
     stall = tracker.observe("g", 31, {P: Offsets(100, 170)}, _always)
@@ -22,7 +22,7 @@ def test_a_partition_with_records_waiting_and_no_progress_stalls_after_the_windo
 
 
 def test_progress_or_an_empty_lag_resets_the_clock_and_only_progress_ends_a_stall() -> None:
-    tracker = ProgressTracker(stall_s=10)
+    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
     tracker.observe("g", 0, {P: Offsets(5, 9)}, _always)
     assert tracker.observe("g", 20, {P: Offsets(5, 9)}, _always) is not None
     assert tracker.observe("g", 25, {P: Offsets(5, 9)}, _always) is not None  # still stuck: not healthy again
@@ -32,7 +32,7 @@ def test_progress_or_an_empty_lag_resets_the_clock_and_only_progress_ends_a_stal
 
 def test_only_markers_or_aborted_records_waiting_is_caught_up() -> None:
     """A transaction's commit marker takes an offset: the probe finds no record, so no stall."""
-    tracker = ProgressTracker(stall_s=10)
+    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
     probed: list[tuple[tuple[str, int], int]] = []
 
     def nothing(partition: tuple[str, int], offset: int) -> bool:
@@ -46,10 +46,20 @@ def test_only_markers_or_aborted_records_waiting_is_caught_up() -> None:
 
 
 def test_groups_and_partitions_are_judged_apart() -> None:
-    tracker = ProgressTracker(stall_s=10)
+    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
     q = ("clawr1.internal.work", 3)
     tracker.observe("g", 0, {P: Offsets(0, 5), q: Offsets(0, 0)}, _always)
     tracker.observe("h", 0, {P: Offsets(0, 5)}, _always)
     stall = tracker.observe("g", 11, {P: Offsets(0, 5), q: Offsets(0, 1)}, _always)
     assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]",)
     assert tracker.observe("h", 11, {P: Offsets(5, 5)}, _always) is None
+
+
+def test_a_gap_in_the_looks_starts_the_clocks_again() -> None:
+    """Kafka did not answer for a while (the broker was down): the group is not blamed for it."""
+    tracker = ProgressTracker(stall_s=10, max_gap_s=5)
+    tracker.observe("g", 0, {P: Offsets(3, 9)}, _always)
+    assert tracker.observe("g", 30, {P: Offsets(3, 9)}, _always) is None  # 30 s without a look
+    for now in (34, 38):
+        assert tracker.observe("g", now, {P: Offsets(3, 9)}, _always) is None
+    assert tracker.observe("g", 41, {P: Offsets(3, 9)}, _always) is not None  # 11 s since the gap
