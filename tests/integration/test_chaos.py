@@ -12,19 +12,23 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, kill_role, run_faults
+from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, freeze_worker, kill_role, run_faults
 from clawr1.core.topics import RAW_STEPS
 from clawr1.gateway.client import GatewayClient
+
+STALL_S = 10.0
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Two workers (one is frozen in a test) and a short stall window, so a stuck worker shows soon."""
     work = tmp_path_factory.mktemp("chaos")
-    stack = Stack(work / "data", work / "stack.log")
+    stack = Stack(work / "data", work / "stack.log", workers=2, env={"CLAWR1_STALL_S": str(STALL_S)})
     try:
         stack.start()
         yield stack
@@ -108,7 +112,27 @@ def test_the_worker_is_a_static_group_member(stack: Stack) -> None:
 
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
     group = admin.describe_consumer_groups(["clawr1-streams"])["clawr1-streams"].result(30)
-    assert [(m.group_instance_id, m.client_id) for m in group.members] == [("up-0", "clawr1-streams-up-0")]
+    assert sorted((m.group_instance_id, m.client_id) for m in group.members) == [
+        ("up-0", "clawr1-streams-up-0"), ("up-1", "clawr1-streams-up-1")]
+
+
+def test_a_frozen_worker_is_named_unhealthy_and_restarted_while_the_other_takes_its_partitions(
+        stack: Stack) -> None:
+    """SIGSTOP of one worker under load: it drops out of its group after its session timeout, the other
+    worker takes its partitions (steps keep reaching the pool), /healthz names it with the reason once
+    it has been out for the stall window, and the supervisor restarts it; nothing lost or doubled."""
+    freeze = partial(freeze_worker, seconds=60.0)
+    result = run_faults(stack, [("freeze", freeze)], settle_s=3.0, drain_s=120.0)
+    figures = result["faults"][0]["figures"]  # type: ignore[index]
+    session_s = 10.0  # CLAWR1_STREAMS_SESSION_TIMEOUT_S's default
+    assert figures["named_unhealthy_after_s"] is not None, figures
+    assert figures["named_unhealthy_after_s"] <= session_s + STALL_S + 10, figures
+    assert "consumer group clawr1-streams" in figures["reason"], figures
+    assert figures["restarted_after_s"] is not None, figures
+    assert figures["steps_into_pool_while_frozen"] > 0, figures
+    pool = result["pool"]
+    assert pool["steps_lost"] == pool["steps_duplicated"] == pool["calls_lost"] == 0, pool  # type: ignore[index]
+    assert pool["calls_duplicated"] == 0, pool  # type: ignore[index]
 
 
 def test_status_names_the_restarts(stack: Stack) -> None:
