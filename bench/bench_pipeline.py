@@ -4,11 +4,15 @@ round trip of same-size messages on the same broker, in the same run.
 - baseline: a confluent-kafka producer sends N (at least 20,000) messages the size of one encoded
   white-box step to a fresh topic and a consumer reads them all back;
   msgs/s = N / (last consumed - first produced).
-- white-box: N steps of 512 prompt + 128 response token ids posted to the gateway in batches, timed from
-  the first POST until ``count()`` of them in ``steps`` equals N; steps/s and the ratio to the baseline.
+- white-box: N steps of 512 prompt + 128 response token ids posted to the gateway in batches (``--batch``,
+  and each size of ``--batches``), timed from the first POST until ``count()`` of them in ``steps``
+  equals N; steps/s and the ratio to the baseline.
 - the same with trajectories of ``--long`` steps (default 200): per-step cost against length.
-- messages: for each white-box run, the messages every topic of the stack gained (offsets), per step,
-  and the CPU each process of the stack (and this client) spent per step.
+- messages: for each run, the messages every topic of the stack gained (offsets, transaction markers
+  included), per step, and the CPU each process of the stack (and this client) spent per step, and
+  their sum over the stack (``cpu_ms_per_step_stack``: every process but this client and the engine).
+- workers (``--workers 2``): the main white-box load on a second stack with that many workers: the
+  workers' CPU per step against one worker's.
 - black-box: M chat calls with the official openai SDK through the proxy's reverse port in front of the
   stand-in engine, made by ``--agents`` agents at once (each its own client, one call after another),
   timed from the first call until all M steps are queryable; with the same messages and CPU figures
@@ -24,8 +28,8 @@ a tenth as many calls go through it uncounted: on a cold stack the broker's firs
 CPU per step of the same load run again (its JIT compiling, its new segments), which a running
 deployment does not pay.
 
-    .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 500]
-        [--seconds 10] [--long 200] [--warmup 4000]
+    .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 100]
+        [--batches 1,10,100,500] [--seconds 10] [--long 200] [--warmup 4000] [--workers 2]
 
 Results: bench/results/bench_pipeline.json.
 """
@@ -66,6 +70,8 @@ from clawr1.schemas.codec import codec_for  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
 RESULTS = REPO / "bench" / "results" / "bench_pipeline.json"
+# What generates the load rather than carries it: this client and the stand-in LLM engine.
+LOAD_ROLES = frozenset({"client", "engine"})
 
 
 def step(run: str, n: int, length: int = 10) -> dict[str, Any]:
@@ -79,7 +85,7 @@ def step(run: str, n: int, length: int = 10) -> dict[str, Any]:
 class Stack:
     """``clawr1 up`` on a private data dir and free ports, with the stand-in engine as upstream."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, workers: int = 1) -> None:
         self.api_port, self.kafka_port = free_port(), free_port()
         self.reverse_port, self.engine_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
@@ -94,7 +100,7 @@ class Stack:
             [*clawr1, "up", "--api-port", str(self.api_port), "--kafka-port", str(self.kafka_port),
              "--proxy-port", str(free_port()), "--reverse-port", str(self.reverse_port),
              "--compat-port", str(free_port()),
-             "--upstream", f"http://127.0.0.1:{self.engine_port}"],
+             "--upstream", f"http://127.0.0.1:{self.engine_port}", "--workers", str(workers)],
             cwd=REPO, env=env, stdout=(workdir / "stack.log").open("wb"), stderr=subprocess.STDOUT)
         self.log = workdir / "stack.log"
 
@@ -188,8 +194,10 @@ class Costs:
         per_topic = {name: self.messages[name] - start.messages.get(name, 0) for name in sorted(self.messages)
                      if self.messages[name] != start.messages.get(name, 0)}
         by_cost = dict(sorted(cpu_ms.items(), key=lambda kv: -kv[1]))
+        stack = sum(ms for role, ms in cpu_ms.items() if role not in LOAD_ROLES)
         return {f"kafka_messages_per_{unit}": round(sum(per_topic.values()) / units, 2),
-                "messages": per_topic, f"cpu_ms_per_{unit}_by_process": by_cost}
+                "messages": per_topic, f"cpu_ms_per_{unit}_by_process": by_cost,
+                f"cpu_ms_per_{unit}_stack": round(stack, 3)}
 
 
 def whitebox_throughput(stack: Stack, n: int, batch: int, length: int = 10) -> dict[str, Any]:
@@ -262,24 +270,28 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=8, help="black-box agents calling at once")
     parser.add_argument("--warmup", type=int, default=4000,
                         help="white-box steps (and a tenth as many calls) sent first, not timed (0: none)")
-    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument("--batch", type=int, default=100, help="steps per request of the main white-box run")
+    parser.add_argument("--batches", default="1,10,100,500",
+                        help="also post white-box steps in requests of these sizes (messages, CPU per step)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--long", type=int, default=200,
                         help="also post steps in trajectories this long (0: skip) and compare")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="also run the main white-box load on a stack with this many workers (1: skip)")
     args = parser.parse_args()
     size = len(codec_for().encode("whitebox_step", {
         **step("size", 1), "step_id": "s" * 32, "source_name": "anonymous", "received_at_ms": 0,
         "response_logprobs": [-0.5] * RESPONSE_TOKENS}))
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-pipeline-") as tmp:
-        stack = Stack(Path(tmp))
+        stack = Stack(Path(tmp) / "one")
         try:
             stack.wait_healthy()
             # Enough messages that the consumer's first fetch wait does not dominate the baseline.
             baseline = kafka_round_trip(stack.bootstrap, max(args.steps, 20_000), size)
-            if args.warmup:
-                whitebox_throughput(stack, args.warmup, args.batch)
-                blackbox_throughput(stack, max(args.agents, args.warmup // 10), args.agents)
+            warm_up(stack, args)
             white = whitebox_throughput(stack, args.steps, args.batch)
+            by_batch = [whitebox_throughput(stack, min(args.steps, 100 * b), b)
+                        for b in (int(x) for x in args.batches.split(",") if x)]
             long = whitebox_throughput(stack, args.steps, args.batch, args.long) if args.long else None
             black = blackbox_throughput(stack, args.calls, args.agents)
             capacity = white["steps_per_s"]
@@ -287,20 +299,44 @@ def main() -> int:
             fresh = [freshness(stack, rate, args.seconds) for rate in rates]
         finally:
             stack.stop()
+        scaled = None
+        if args.workers > 1:
+            stack = Stack(Path(tmp) / "many", workers=args.workers)
+            try:
+                stack.wait_healthy()
+                warm_up(stack, args)
+                scaled = whitebox_throughput(stack, args.steps, args.batch)
+            finally:
+                stack.stop()
+    worker_cpu = white["cpu_ms_per_step_by_process"].get("worker", 0.0)
     result = {
         "message_bytes": size,
         "kafka_round_trip_msgs_per_s": round(baseline, 1),
         "whitebox": {**white, "ratio_to_kafka": round(white["steps_per_s"] / baseline, 4)},
+        "whitebox_by_batch": [{**b, "ratio_to_kafka": round(b["steps_per_s"] / baseline, 4)}
+                              for b in by_batch],
         "whitebox_long_trajectories": long and {
             **long, "ratio_to_kafka": round(long["steps_per_s"] / baseline, 4),
             "steps_per_s_vs_10_step_trajectories": round(long["steps_per_s"] / white["steps_per_s"], 3)},
         "blackbox": {**black, "ratio_to_kafka": round(black["calls_per_s"] / baseline, 4)},
         "freshness": fresh,
+        "workers": scaled and {
+            **scaled, "workers": args.workers,
+            "worker_cpu_per_step_vs_one_worker": round(
+                scaled["cpu_ms_per_step_by_process"].get("worker", 0.0) / worker_cpu, 3)
+            if worker_cpu else None},
     }
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
+
+
+def warm_up(stack: Stack, args: argparse.Namespace) -> None:
+    """The broker's first load costs it far more than the same load again (JIT, new segments)."""
+    if args.warmup:
+        whitebox_throughput(stack, args.warmup, args.batch)
+        blackbox_throughput(stack, max(args.agents, args.warmup // 10), args.agents)
 
 
 if __name__ == "__main__":
