@@ -3,13 +3,13 @@ loads as they are (``load_dataset("parquet", data_files=...)``), for offline RL,
 
 The export reads the pool page by page in primary-key order (``trajectory_id, step_id``) with a key
 cursor, so it never holds more than a page and a shard's writer; it is bounded by a *watermark*, the
-pool's newest ``ingested_at`` when it started, so its row count is the SQL count of the same filter
-under that watermark however long it runs (a step whose newest version landed later waits for the
-next export). Shards are closed at the first page that brings them to the size cap, written under a
-temporary name and renamed; ``manifest.json`` then records the shard, the cursor past it and the
-counts. An interrupted export started again into the same folder continues from the manifest's cursor
-with the manifest's watermark, after removing any shard the manifest does not list: nothing twice,
-nothing missing.
+pool's newest ``ingested_at`` when it started: it exports the pool *as it was then* (each step in the
+newest version landed by the watermark), so its row count is the SQL count of the same filter over that
+snapshot (``count_sql`` in the manifest) however long it runs while agents keep writing. Shards are
+closed at the first page that brings them to the size cap, written under a temporary name and renamed;
+``manifest.json`` then records the shard, the cursor past it and the counts. An interrupted export
+started again into the same folder continues from the manifest's cursor with the manifest's watermark,
+after removing any shard the manifest does not list: nothing twice, nothing missing.
 
 Rows (``group_by="step"``): ids, positions, provenance, policy version, token ids with ``input_ids``
 (prompt then response), ``attention_mask`` and ``loss_mask`` (1 on response tokens), behaviour
@@ -70,7 +70,9 @@ class ExportManifest:
     filter: dict[str, Any]
     watermark_ms: int
     total_rows: int
-    """The SQL count of the filter under the watermark when the export started (steps or trajectories)."""
+    """What ``count_sql`` (with ``filter.parameters`` and ``x_watermark``) counts: the rows to write."""
+    count_sql: str = ""
+    """The SQL count of the filter over the pool as it was at the watermark (steps or trajectories)."""
     cursor: list[str] = field(default_factory=list)
     """The last (trajectory_id, step_id) written, or (trajectory_id,) when grouped by trajectory."""
     shards: list[dict[str, Any]] = field(default_factory=list)
@@ -130,19 +132,22 @@ def _with_messages(page: pa.Table) -> pa.Table:
 
 
 def _by_trajectory(page: pa.Table) -> pa.Table:
-    """One row per trajectory: each step column as a list in step order, ``messages`` of its last step."""
+    """One row per trajectory: each step column as a list in step order, ``messages`` of its last step.
+    (Lists are cut from the sorted columns by offsets: Arrow's ``list`` aggregation takes no list columns.)"""
     page = page.sort_by([("trajectory_id", "ascending"), ("step_index", "ascending")])
-    listed = [name for name in page.column_names if name != "trajectory_id"]
-    grouped = page.group_by("trajectory_id", use_threads=False).aggregate([(n, "list") for n in listed])
-    grouped = grouped.rename_columns(["trajectory_id" if n == "trajectory_id" else n.removesuffix("_list")
-                                      for n in grouped.column_names])
-    last = [steps[-1] for steps in grouped.column("messages").to_pylist()]
-    grouped = grouped.drop_columns(["messages"]).append_column("messages", pa.array(last, type=MESSAGES_TYPE))
-    lengths = pa.array([len(ids) for ids in grouped.column("step_id").to_pylist()], type=pa.int32())
-    grouped = grouped.append_column("num_steps", lengths)
-    first = ["trajectory_id", "num_steps"]
-    rest = [n for n in grouped.column_names if n not in first]
-    return grouped.sort_by("trajectory_id").select([*first, *rest])
+    ids = page.column("trajectory_id").to_pylist()
+    starts = [i for i, t in enumerate(ids) if i == 0 or t != ids[i - 1]]
+    ends = [*starts[1:], len(ids)]
+    offsets = pa.array([*starts, len(ids)], type=pa.int32())
+    columns: dict[str, pa.Array] = {
+        "trajectory_id": pa.array([ids[i] for i in starts], type=pa.string()),
+        "num_steps": pa.array([e - s for s, e in zip(starts, ends, strict=True)], type=pa.int32()),
+    }
+    for name in page.column_names:
+        if name not in {"trajectory_id", "messages"}:
+            columns[name] = pa.ListArray.from_arrays(offsets, page.column(name).combine_chunks())
+    columns["messages"] = page.column("messages").take([e - 1 for e in ends]).combine_chunks()
+    return pa.table(columns)
 
 
 class _ShardWriter:
@@ -152,28 +157,28 @@ class _ShardWriter:
         self.path, self.fmt = path, fmt
         self.temporary = path.with_name(f".{path.name}.tmp")
         self.rows = 0
+        self._file = pa.OSFile(str(self.temporary), "wb")
         self._parquet: pq.ParquetWriter | None = None
-        self._jsonl = open(self.temporary, "w", encoding="utf-8") if fmt == "jsonl" else None  # noqa: SIM115
 
     def write(self, table: pa.Table) -> None:
-        if self._jsonl is not None:
-            for row in table.to_pylist():
-                self._jsonl.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        if self.fmt == "jsonl":
+            lines = (json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in table.to_pylist())
+            self._file.write("".join(lines).encode())
         else:
             if self._parquet is None:
-                self._parquet = pq.ParquetWriter(self.temporary, table.schema, compression="zstd")
-            self._parquet.write_table(table)
+                self._parquet = pq.ParquetWriter(self._file, table.schema, compression="zstd")
+            self._parquet.write_table(table)  # one row group per page, written out at once
         self.rows += table.num_rows
 
     @property
     def bytes(self) -> int:
-        return self.temporary.stat().st_size if self.temporary.exists() else 0
+        """Bytes written so far (the Parquet footer, written on close, comes on top)."""
+        return int(self._file.tell())
 
     def close(self) -> dict[str, Any]:
-        if self._jsonl is not None:
-            self._jsonl.close()
         if self._parquet is not None:
             self._parquet.close()
+        self._file.close()
         os.replace(self.temporary, self.path)
         return {"file": self.path.name, "rows": self.rows, "bytes": self.path.stat().st_size}
 
@@ -258,19 +263,27 @@ def export_steps(
                     ("data-", ".data-")):
                 stray.unlink()
     else:
-        watermark = _scalar(transport, "SELECT toUnixTimestamp64Milli(max(ingested_at)) AS v FROM steps", {})
-        manifest = ExportManifest(format, group_by, described, int(watermark or 0), 0,
+        newest = "SELECT toUnixTimestamp64Milli(max(ingested_at)) AS v FROM step_versions"
+        manifest = ExportManifest(format, group_by, described, int(_scalar(transport, newest, {}) or 0), 0,
+                                  count_sql=_count_sql(query, group_by),
                                   started_at_ms=int(time.time() * 1000))
-        counted = "count()" if group_by == "step" else "uniqExact(trajectory_id)"
-        count_sql = f"SELECT {counted} AS v FROM steps WHERE {_bounded(query)}"
-        manifest.total_rows = int(_scalar(transport, count_sql, _bound_parameters(query, manifest)) or 0)
+        counted = _scalar(transport, manifest.count_sql, _bound_parameters(query, manifest))
+        manifest.total_rows = int(counted or 0)
         manifest.save(folder)
     _run(transport, folder, manifest, query, shard_bytes, page_rows, on_shard)
     return manifest
 
 
-def _bounded(query: _Query) -> str:
-    return f"{query.where} AND toUnixTimestamp64Milli(ingested_at) <= {{x_watermark:Int64}}"
+def _snapshot(bounds: str = "") -> str:
+    """The pool as it was at the watermark: each step in the newest version that had landed by then
+    (what the ``steps`` view showed at that instant), within ``bounds`` (more conditions on the keys)."""
+    return ("(SELECT * FROM step_versions WHERE toUnixTimestamp64Milli(ingested_at) <= {x_watermark:Int64}"
+            f"{bounds} ORDER BY trajectory_id, step_id, version DESC LIMIT 1 BY trajectory_id, step_id)")
+
+
+def _count_sql(query: _Query, group_by: str) -> str:
+    counted = "count()" if group_by == "step" else "uniqExact(trajectory_id)"
+    return f"SELECT {counted} AS v FROM {_snapshot()} WHERE {query.where}"
 
 
 def _bound_parameters(query: _Query, manifest: ExportManifest) -> dict[str, Any]:
@@ -284,32 +297,37 @@ def _scalar(transport: Transport, sql: str, parameters: Mapping[str, Any]) -> An
 
 def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
            page_rows: int) -> Iterator[pa.Table]:
-    """Pages of rows after the manifest's cursor, in key order; each moves the cursor to its end."""
+    """Pages after the manifest's cursor, in key order; each moves the cursor to its end. A page is the
+    next ``page_rows`` keys (steps, or trajectories) of the snapshot, then those rows of them the filter
+    keeps, read by primary-key range: it may hold fewer rows than keys, or none."""
     parameters = _bound_parameters(query, manifest)
+    by_step = manifest.group_by == "step"
+    keys = "trajectory_id, step_id" if by_step else "trajectory_id"
     while True:
         cursor = manifest.cursor
-        if manifest.group_by == "step":
-            after = "(trajectory_id, step_id) > ({x_t:String}, {x_s:String})" if cursor else "1"
-            sql = (f"SELECT {STEP_COLUMNS} FROM steps WHERE {_bounded(query)} AND {after} "
-                   f"ORDER BY trajectory_id, step_id LIMIT {int(page_rows)}")
-            keys = {"x_t": cursor[0], "x_s": cursor[1]} if cursor else {}
+        if by_step:
+            after = " AND (trajectory_id, step_id) > ({x_t:String}, {x_s:String})" if cursor else ""
+            until = " AND (trajectory_id, step_id) <= ({x_lt:String}, {x_ls:String})"
+            bound = {"x_t": cursor[0], "x_s": cursor[1]} if cursor else {}
         else:
-            after = "trajectory_id > {x_t:String}" if cursor else "1"
-            chosen = (f"SELECT trajectory_id FROM steps WHERE {_bounded(query)} AND {after} "
-                      f"GROUP BY trajectory_id ORDER BY trajectory_id LIMIT {int(page_rows)}")
-            sql = (f"SELECT {STEP_COLUMNS} FROM steps WHERE {_bounded(query)} "
-                   f"AND trajectory_id IN ({chosen}) ORDER BY trajectory_id, step_index")
-            keys = {"x_t": cursor[0]} if cursor else {}
-        page = transport.query(sql, {**parameters, **keys})
-        if not page.num_rows:
+            after = " AND trajectory_id > {x_t:String}" if cursor else ""
+            until = " AND trajectory_id <= {x_lt:String}"
+            bound = {"x_t": cursor[0]} if cursor else {}
+        window = transport.query(
+            "SELECT " + keys + " FROM step_versions WHERE toUnixTimestamp64Milli(ingested_at) <= "
+            f"{{x_watermark:Int64}}{after} GROUP BY {keys} ORDER BY {keys} LIMIT {int(page_rows)}",
+            {"x_watermark": manifest.watermark_ms, **bound})  # the API refuses unused parameters
+        if not window.num_rows:
             return
-        page = _with_messages(page)
-        if manifest.group_by == "trajectory":
-            page = _by_trajectory(page)
-            manifest.cursor = [page.column("trajectory_id")[-1].as_py()]
-        else:
-            manifest.cursor = [page.column("trajectory_id")[-1].as_py(), page.column("step_id")[-1].as_py()]
-        yield page
+        last = [window.column(name)[-1].as_py() for name in keys.split(", ")]
+        bound |= {"x_lt": last[0], **({"x_ls": last[1]} if by_step else {})}
+        order = "trajectory_id, step_id" if by_step else "trajectory_id, step_index"
+        page = transport.query(f"SELECT {STEP_COLUMNS} FROM {_snapshot(after + until)} WHERE {query.where} "
+                               f"ORDER BY {order}", {**parameters, **bound})
+        manifest.cursor = last
+        if page.num_rows:
+            page = _with_messages(page)
+            yield page if by_step else _by_trajectory(page)
 
 
 def _run(transport: Transport, folder: Path, manifest: ExportManifest, query: _Query, shard_bytes: int,

@@ -29,6 +29,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
+from clawr1.core.conversation import canonical_arguments as _structured
+
 INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 DETAILS_EVENT = "gen_ai.client.inference.operation.details"
 _MESSAGE_EVENTS = {f"gen_ai.{role}.message": role for role in ("system", "user", "assistant", "tool")}
@@ -38,6 +40,8 @@ SpanKey = tuple[str, str]
 """(trace id, span id), lower-case hex: what ties a log record to its span."""
 
 Json = dict[str, Any]
+# A content attribute is a JSON string on spans and a structured value on events: ``_structured`` parses
+# the first and passes the second (an unparsable string stays a string, which no reader takes).
 
 
 # --- OTLP values ------------------------------------------------------------------------------------
@@ -58,16 +62,6 @@ def any_value(value: AnyValue) -> Any:
 
 def attributes(pairs: Iterable[KeyValue]) -> dict[str, Any]:
     return {pair.key: any_value(pair.value) for pair in pairs}
-
-
-def _structured(value: Any) -> Any:
-    """A content attribute: a JSON string on spans, a structured value on events."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return None
-    return value
 
 
 def _text(value: Any) -> str:
