@@ -3,9 +3,10 @@ loads as they are (``load_dataset("parquet", data_files=...)``), for offline RL,
 
 The export reads the pool page by page in primary-key order (``trajectory_id, step_id``) with a key
 cursor, so it never holds more than a page and a shard's writer; it is bounded by a *watermark*, the
-pool's newest ``ingested_at`` when it started: it exports the pool *as it was then* (each step in the
-newest version landed by the watermark), so its row count is the SQL count of the same filter over that
-snapshot (``count_sql`` in the manifest) however long it runs while agents keep writing. Shards are
+pool's newest ``ingested_at`` when it started, recorded with ``count_sql`` and its count then. Each step
+is written in its newest version when its page is read; a filter on what does not change (ids, source,
+``created_at_ms``, channel, model) gives exactly ``count_sql``'s count, one on what joins later
+(rewards, labels, readiness) may gain or lose steps that change during the export. Shards are
 closed at the first page that brings them to the size cap, written under a temporary name and renamed;
 ``manifest.json`` then records the shard, the cursor past it and the counts. An interrupted export
 started again into the same folder continues from the manifest's cursor with the manifest's watermark,
@@ -70,9 +71,9 @@ class ExportManifest:
     filter: dict[str, Any]
     watermark_ms: int
     total_rows: int
-    """What ``count_sql`` (with ``filter.parameters`` and ``x_watermark``) counts: the rows to write."""
+    """What ``count_sql`` (with ``filter.parameters``) counted when the export started."""
     count_sql: str = ""
-    """The SQL count of the filter over the pool as it was at the watermark (steps or trajectories)."""
+    """The SQL count of the filter over the ``steps`` view (steps, or distinct trajectories)."""
     cursor: list[str] = field(default_factory=list)
     """The last (trajectory_id, step_id) written, or (trajectory_id,) when grouped by trajectory."""
     shards: list[dict[str, Any]] = field(default_factory=list)
@@ -275,10 +276,10 @@ def export_steps(
 
 
 def _snapshot(bounds: str = "") -> str:
-    """The pool as it was at the watermark: each step in the newest version that had landed by then
-    (what the ``steps`` view showed at that instant), within ``bounds`` (more conditions on the keys)."""
-    return ("(SELECT * FROM step_versions WHERE toUnixTimestamp64Milli(ingested_at) <= {x_watermark:Int64}"
-            f"{bounds} ORDER BY trajectory_id, step_id, version DESC LIMIT 1 BY trajectory_id, step_id)")
+    """The ``steps`` view (each step in its newest version) within ``bounds`` (conditions on the keys).
+    Not a snapshot of an earlier instant: ReplacingMergeTree merges drop superseded versions, so the pool
+    keeps no history to read one from."""
+    return f"(SELECT * FROM steps WHERE 1{bounds})"
 
 
 def _count_sql(query: _Query, group_by: str) -> str:
@@ -287,7 +288,7 @@ def _count_sql(query: _Query, group_by: str) -> str:
 
 
 def _bound_parameters(query: _Query, manifest: ExportManifest) -> dict[str, Any]:
-    return {**query.parameters, "x_watermark": manifest.watermark_ms}
+    return dict(query.parameters)
 
 
 def _scalar(transport: Transport, sql: str, parameters: Mapping[str, Any]) -> Any:
@@ -314,9 +315,8 @@ def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
             until = " AND trajectory_id <= {x_lt:String}"
             bound = {"x_t": cursor[0]} if cursor else {}
         window = transport.query(
-            "SELECT " + keys + " FROM step_versions WHERE toUnixTimestamp64Milli(ingested_at) <= "
-            f"{{x_watermark:Int64}}{after} GROUP BY {keys} ORDER BY {keys} LIMIT {int(page_rows)}",
-            {"x_watermark": manifest.watermark_ms, **bound})  # the API refuses unused parameters
+            f"SELECT {keys} FROM step_versions WHERE 1{after} GROUP BY {keys} ORDER BY {keys} "
+            f"LIMIT {int(page_rows)}", bound)  # only what it uses: the API refuses unused parameters
         if not window.num_rows:
             return
         last = [window.column(name)[-1].as_py() for name in keys.split(", ")]

@@ -1,5 +1,5 @@
 """The export over the pool API (guarded SQL) on steps written the sink's way: several versions of a
-step, one landing after the watermark; pages, shards and the snapshot's count, without a stack."""
+step, one landing during the export; pages, shards, counts and both groupings, without a stack."""
 
 from __future__ import annotations
 
@@ -21,14 +21,16 @@ def test_export_writes_the_snapshot_at_the_watermark_in_shards(pool: Pool, api_u
 
     def meanwhile(_manifest: object) -> None:  # a new version lands while the export runs
         if not late:
-            late.append(pool.write(step("s5-2", trajectory_id="t5", step_index=2, version=3, reward=0.0)))
+            late.append(pool.write(step("s5-2", trajectory_id="t5", step_index=2, version=3, reward=5.0)))
 
     manifest = export_dataset(api_url, out, format="parquet", where="reward >= 1", shard_bytes=1, page_rows=4,
                               on_shard=meanwhile)
     assert late and manifest.complete and len(manifest.shards) > 2
-    assert manifest.rows == manifest.total_rows == 13  # the pool as it was at the watermark
+    assert manifest.rows == manifest.total_rows == 13
     import pyarrow.parquet as pq
 
+    rows = {r["step_id"]: r for r in pq.read_table([str(out / n) for n in manifest.files]).to_pylist()}
+    assert rows["s5-2"]["reward"] == 5.0  # a page holds each step's newest version when it is read
     table = pq.read_table([str(out / name) for name in manifest.files])
     assert sorted(table.column("step_id").to_pylist())[:2] == ["s0-0", "s0-1"]
     row = table.to_pylist()[0]
