@@ -275,7 +275,7 @@ def export_steps(
     return manifest
 
 
-def _snapshot(bounds: str = "") -> str:
+def _steps_within(bounds: str = "") -> str:
     """The ``steps`` view (each step in its newest version) within ``bounds`` (conditions on the keys).
     Not a snapshot of an earlier instant: ReplacingMergeTree merges drop superseded versions, so the pool
     keeps no history to read one from."""
@@ -284,7 +284,7 @@ def _snapshot(bounds: str = "") -> str:
 
 def _count_sql(query: _Query, group_by: str) -> str:
     counted = "count()" if group_by == "step" else "uniqExact(trajectory_id)"
-    return f"SELECT {counted} AS v FROM {_snapshot()} WHERE {query.where}"
+    return f"SELECT {counted} AS v FROM {_steps_within()} WHERE {query.where}"
 
 
 def _bound_parameters(query: _Query, manifest: ExportManifest) -> dict[str, Any]:
@@ -299,7 +299,7 @@ def _scalar(transport: Transport, sql: str, parameters: Mapping[str, Any]) -> An
 def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
            page_rows: int) -> Iterator[pa.Table]:
     """Pages after the manifest's cursor, in key order; each moves the cursor to its end. A page is the
-    next ``page_rows`` keys (steps, or trajectories) of the snapshot, then those rows of them the filter
+    next ``page_rows`` keys (steps, or trajectories) of the pool, then those rows of them the filter
     keeps, read by primary-key range: it may hold fewer rows than keys, or none."""
     parameters = _bound_parameters(query, manifest)
     by_step = manifest.group_by == "step"
@@ -322,8 +322,8 @@ def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
         last = [window.column(name)[-1].as_py() for name in keys.split(", ")]
         bound |= {"x_lt": last[0], **({"x_ls": last[1]} if by_step else {})}
         order = "trajectory_id, step_id" if by_step else "trajectory_id, step_index"
-        page = transport.query(f"SELECT {STEP_COLUMNS} FROM {_snapshot(after + until)} WHERE {query.where} "
-                               f"ORDER BY {order}", {**parameters, **bound})
+        rows = f"SELECT {STEP_COLUMNS} FROM {_steps_within(after + until)} WHERE {query.where} ORDER BY {order}"
+        page = transport.query(rows, {**parameters, **bound})
         manifest.cursor = last
         if page.num_rows:
             page = _with_messages(page)
