@@ -322,7 +322,8 @@ def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
         last = [window.column(name)[-1].as_py() for name in keys.split(", ")]
         bound |= {"x_lt": last[0], **({"x_ls": last[1]} if by_step else {})}
         order = "trajectory_id, step_id" if by_step else "trajectory_id, step_index"
-        rows = f"SELECT {STEP_COLUMNS} FROM {_steps_within(after + until)} WHERE {query.where} ORDER BY {order}"
+        rows = f"SELECT {STEP_COLUMNS} FROM {_steps_within(after + until)} WHERE {query.where} " \
+               f"ORDER BY {order}"
         page = transport.query(rows, {**parameters, **bound})
         manifest.cursor = last
         if page.num_rows:
