@@ -50,7 +50,7 @@ DEFAULT_PAGE_ROWS = 1000
 STEP_COLUMNS = """
     step_id, trajectory_id, step_index, parent_step_id, prompt_group_id, prompt_group_size, prompt_id,
     response_id, source_kind, source_name, agent, model, policy_version, channel,
-    toUnixTimestamp64Milli(created_at_ms) AS created_at_ms, status, ready, terminal, link_status,
+    created_at_ms, status, ready, terminal, link_status,
     reward, reward_status, trajectory_reward, trajectory_reward_status, quality_labels, quality_score,
     token_provenance, tokenizer, prompt_token_ids, response_token_ids, response_logprobs,
     arrayConcat(prompt_token_ids, response_token_ids) AS input_ids,
@@ -299,8 +299,8 @@ def _scalar(transport: Transport, sql: str, parameters: Mapping[str, Any]) -> An
 def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
            page_rows: int) -> Iterator[pa.Table]:
     """Pages after the manifest's cursor, in key order; each moves the cursor to its end. A page is the
-    next ``page_rows`` keys (steps, or trajectories) of the pool, then those rows of them the filter
-    keeps, read by primary-key range: it may hold fewer rows than keys, or none."""
+    next ``page_rows`` keys (steps, or trajectories) the filter keeps, then their rows, read by
+    primary-key range (a step that changed in between may be left out by a filter on what changes)."""
     parameters = _bound_parameters(query, manifest)
     by_step = manifest.group_by == "step"
     keys = "trajectory_id, step_id" if by_step else "trajectory_id"
@@ -315,8 +315,8 @@ def _pages(transport: Transport, manifest: ExportManifest, query: _Query,
             until = " AND trajectory_id <= {x_lt:String}"
             bound = {"x_t": cursor[0]} if cursor else {}
         window = transport.query(
-            f"SELECT {keys} FROM step_versions WHERE 1{after} GROUP BY {keys} ORDER BY {keys} "
-            f"LIMIT {int(page_rows)}", bound)  # only what it uses: the API refuses unused parameters
+            f"SELECT {keys} FROM steps WHERE ({query.where}){after} GROUP BY {keys} ORDER BY {keys} "
+            f"LIMIT {int(page_rows)}", {**parameters, **bound})
         if not window.num_rows:
             return
         last = [window.column(name)[-1].as_py() for name in keys.split(", ")]

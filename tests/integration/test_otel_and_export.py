@@ -231,15 +231,16 @@ def test_an_export_of_the_live_pool_loads_with_datasets(demo: dict[str, Any], tm
 
 def test_an_interrupted_export_resumes_without_duplicates(demo: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "resumed"
-    args = ["--format", "jsonl", "--page-rows", "3", "--shard-mb", "0.002", "--where",
+    # A page a query, a shard a page: slow enough to be killed after its first shard.
+    args = ["--format", "jsonl", "--page-rows", "1", "--shard-mb", "0.001", "--where",
             f"source_kind IN ('otel', 'blackbox_service') AND {settled(demo['api'])}"]
     killed = subprocess.Popen([*CLAWR1, "export", "--api", demo["api"], "--out", str(out), *args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
-        while not (out / "manifest.json").exists() or len(manifest_of(out)["shards"]) < 2:
+        while not (out / "manifest.json").exists() or not manifest_of(out)["shards"]:
             assert killed.poll() is None, f"the export ended before it could be killed: {killed.stderr}"
-            assert time.monotonic() < deadline, "the export wrote no two shards in 120 s"
+            assert time.monotonic() < deadline, "the export wrote no shard in 120 s"
             time.sleep(0.05)
         killed.send_signal(signal.SIGKILL)
         killed.wait(30)
