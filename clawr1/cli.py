@@ -56,6 +56,21 @@ def _build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--format", default="TabSeparatedWithNames", help="ClickHouse output format")
     sql.add_argument("query", nargs="?")
 
+    export = sub.add_parser("export", help="write pool steps as sharded dataset files (Parquet, JSON Lines)")
+    export.add_argument("--api", required=True, help="the running stack's API URL (or a pool DSN)")
+    export.add_argument("--out", required=True,
+                        help="folder for the shards and manifest.json; an interrupted export into it resumes")
+    export.add_argument("--format", choices=("parquet", "jsonl"), default="parquet")
+    export.add_argument("--channel", help="only steps of this data channel (train, val, ...)")
+    export.add_argument("--where", help="a SQL condition on the steps view, e.g. \"reward_status = 'final'\"")
+    export.add_argument("--preset", help="a saved curation preset's filters (consumer SDK presets)")
+    export.add_argument("--group-by", dest="group_by", choices=("step", "trajectory"), default="step")
+    export.add_argument("--shard-mb", dest="shard_mb", type=float, default=256.0, help="size cap of a shard")
+    export.add_argument("--page-rows", dest="page_rows", type=int, default=1000,
+                        help="rows (trajectories with --group-by trajectory) read per query")
+    export.add_argument("--api-key", dest="api_key",
+                        help="API key when the stack requires one (default: $CLAWR1_API_KEY, hidden from ps)")
+
     status = sub.add_parser("status", help="health of a running stack, its restarts and what its pool holds")
     _common(status)
     status.add_argument("--api", default=None)
@@ -263,6 +278,23 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from clawr1.consumer_sdk import ConsumerError, export_dataset
+
+    try:
+        manifest = export_dataset(
+            args.api, args.out, preset=args.preset, api_key=args.api_key, format=args.format,
+            group_by=args.group_by, where=args.where, channel=args.channel,
+            shard_bytes=max(1, int(args.shard_mb * 1024 * 1024)), page_rows=args.page_rows)
+    except ConsumerError as exc:
+        print(f"clawr1 export: {exc}", file=sys.stderr)
+        return 2
+    unit = "steps" if args.group_by == "step" else "trajectories"
+    print(f"exported {manifest.rows} {unit} in {len(manifest.shards)} shard(s) to {args.out} "
+          f"(watermark {manifest.watermark_ms}; manifest.json)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if getattr(args, "workers", None) is not None:  # a role setting: it reaches the stack as its variable
@@ -296,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
         target = ["--api", args.api] if args.api else ["--dsn", args.dsn or settings.pool_dsn]
         key = ["--api-key", args.api_key] if args.api_key else []
         return sql_main([*target, *key, "--format", args.format, *([args.query] if args.query else [])])
+    if args.command == "export":
+        return _cmd_export(args)
     if args.command == "api":
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":

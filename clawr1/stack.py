@@ -145,7 +145,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         if demo:
             compat_url = f"http://127.0.0.1:{settings.compat_port}" if settings.compat_port else None
             reverse_url = f"http://127.0.0.1:{env['CLAWR1_REVERSE_PORT']}"
-            demo_thread = _start_demo(api_url, reverse_url, compat_url, stop)
+            demo_thread = _start_demo(api_url, reverse_url, compat_url, env.get("CLAWR1_UPSTREAM"), stop)
         while not stop.is_set():
             problem = supervisor.tick()
             if problem is not None:
@@ -170,12 +170,13 @@ def _fail(problem: str, stop: threading.Event) -> int:
     return 1
 
 
-def _start_demo(api_url: str, reverse_url: str, compat_url: str | None,
+def _start_demo(api_url: str, reverse_url: str, compat_url: str | None, engine_url: str | None,
                 stop: threading.Event) -> threading.Thread:
     """The demo loop runs beside the supervision loop (a role dying during it is restarted) until ``stop``."""
     from clawr1.demo.workload import run_demo
 
     thread = threading.Thread(target=run_demo, name="demo", daemon=True, kwargs={
-        "api_url": api_url, "reverse_url": reverse_url, "compat_url": compat_url, "stop": stop})
+        "api_url": api_url, "reverse_url": reverse_url, "compat_url": compat_url, "stop": stop,
+        "engine_url": engine_url})
     thread.start()
     return thread

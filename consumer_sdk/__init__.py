@@ -26,6 +26,7 @@ from clawr1.consumer_sdk.errors import (
     TransportError,
     UsageError,
 )
+from clawr1.consumer_sdk.export import ExportManifest, export_dataset
 from clawr1.consumer_sdk.filters import Filters
 from clawr1.consumer_sdk.presets import list_presets, load_preset, save_preset
 
@@ -33,6 +34,7 @@ __all__ = [
     "ConsumerClosed",
     "ConsumerError",
     "DataError",
+    "ExportManifest",
     "Filters",
     "InvalidFilter",
     "InvalidSource",
@@ -46,6 +48,7 @@ __all__ = [
     "StepBatch",
     "TransportError",
     "UsageError",
+    "export_dataset",
     "list_presets",
     "load_preset",
     "save_preset",

@@ -225,6 +225,15 @@ class StepBatch(Sequence[Step]):
         """The batch as the pool returned it: one row per step, token ids as Arrow lists."""
         return self._table
 
+    def to_hf(self) -> Any:
+        """The batch as a Hugging Face ``datasets.Dataset`` (the same columns as ``to_arrow``, no copy);
+        needs the ``datasets`` package."""
+        try:
+            from datasets import Dataset
+        except ImportError as exc:
+            raise MissingDependency("to_hf needs Hugging Face datasets (pip install datasets)") from exc
+        return Dataset(self._table)
+
     def to_numpy(self, pad_id: int = 0, pad_to_multiple: int | None = None) -> PaddedBatch:
         """Right-padded arrays (see the module docstring for the layout)."""
         if pad_to_multiple is not None and pad_to_multiple < 1:

@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
@@ -39,6 +40,7 @@ import pyarrow.compute as pc
 
 from clawr1.consumer_sdk.batch import StepBatch
 from clawr1.consumer_sdk.errors import ConsumerClosed, UsageError
+from clawr1.consumer_sdk.export import ExportManifest, export_steps
 from clawr1.consumer_sdk.filters import Filters, filter_sql, to_epoch_ms
 from clawr1.consumer_sdk.presets import read_preset
 from clawr1.consumer_sdk.queries import (
@@ -363,6 +365,12 @@ class PoolConsumer:
         for step_id, version in zip(batch.step_ids, versions, strict=True):
             self._in_flight[step_id] = (epoch, int(version))
         return batch
+
+    def export(self, out: str | Path, **options: Any) -> ExportManifest:
+        """Write every step matching this consumer's filters to dataset files in ``out`` (see
+        :func:`clawr1.consumer_sdk.export.export_steps` for ``format``, ``group_by``, ``where``...). Reads
+        only: nothing is delivered, committed or put in flight."""
+        return export_steps(self._link(), out, filters=self.filters, **options)
 
     def iter_batches(
         self, max_steps: int = 256, max_tokens: int | None = None, idle_timeout: float | None = None

@@ -20,7 +20,7 @@ from clawr1.consumer_sdk.errors import InvalidFilter, UsageError
 __all__ = ["Filters", "filter_sql", "to_epoch_ms"]
 
 REWARD_STATUSES = frozenset({"pending", "final"})
-SOURCE_KINDS = frozenset({"blackbox_agent", "whitebox_agent", "blackbox_service"})
+SOURCE_KINDS = frozenset({"blackbox_agent", "whitebox_agent", "blackbox_service", "otel"})
 TOKEN_PROVENANCES = frozenset({"engine", "retokenized", "none"})
 CURATION_EXCLUDED_LABELS = ("excluded", "untrainable")
 """Curation labels that take a step out of every consumer's batches unless ``include_excluded``."""
@@ -90,7 +90,7 @@ class Filters:
     """The step must carry none of these labels."""
     min_quality_score: float | None = None
     source_kind: tuple[str, ...] = ()
-    """'blackbox_agent', 'whitebox_agent', 'blackbox_service'."""
+    """'blackbox_agent', 'whitebox_agent', 'blackbox_service', 'otel'."""
     source_name: tuple[str, ...] = ()
     token_provenance: tuple[str, ...] = ()
     """'engine' (exact ids from the serving engine), 'retokenized', 'none'."""

@@ -23,9 +23,11 @@ CHANNELS: Mapping[str, str] = {
     "blackbox_agent": "proxy",
     "whitebox_agent": "gateway",
     "blackbox_service": "service",
+    "otel": "otel",
 }
 """How each source kind reaches the pool: black-box agents through the proxy, white-box agents and
-black-box services through the gateway's step and event routes."""
+black-box services through the gateway's step and event routes, OpenTelemetry GenAI spans through
+its OTLP routes."""
 
 PROVENANCE_KINDS: tuple[str, ...] = ("engine", "retokenized", "none")
 

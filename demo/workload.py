@@ -5,6 +5,12 @@ Every way into the pool runs at once, each in a thread that paces itself (``claw
 - black-box agents through the capture proxy with the official openai SDK (streamed and plain) and
   one with the anthropic SDK: multi-turn, calling a real grep tool over a temp directory, GRPO groups
   of ``group_size`` rollouts per task announced with ``X-Claw-*`` headers;
+- an agent built with the OpenAI Agents SDK (``openai-agents``: an ``Agent`` with the grep tool as a
+  ``function_tool``, run by ``Runner``), pointed at the proxy by base URL; its model is the SDK's chat
+  completions model (the stand-in engine also serves the Responses API, but chat completions is what
+  the proxy agents speak too), and the SDK's own tracing to OpenAI is off;
+- an agent instrumented with OpenTelemetry (``clawr1.demo.otel_agent``, its own process) that calls the
+  engine directly and whose model calls reach the pool as GenAI spans through ``/v1/traces``;
 - an agent of the seed system's protocol on the compat port (init, register, calls, complete);
 - a white-box rollout worker posting token-exact steps with logprobs, in groups, to ``/v1/steps``;
 - a black-box service posting its model calls as ``turn`` events to ``/v1/events``;
@@ -18,9 +24,12 @@ One progress line every ``progress_s`` seconds says what the pool holds and how 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -54,6 +63,7 @@ PRESET = "demo-train"
 OFF_TOPIC = "off-topic"
 """A label the demo's preset leaves out (``excluded``/``untrainable`` leave every consumer's batches)."""
 API_KEY = "sk-demo-secret-never-stored"
+AGENTS_SDK_AGENT = "agents-sdk-agent"
 VAL_EVERY = 5
 """Every fifth group of the white-box worker and the compat agent goes to the ``val`` channel."""
 
@@ -204,6 +214,50 @@ def anthropic_agent(demo: Demo) -> None:
                 messages.append({"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": b["id"],
                      "content": run_tool(demo.workspace, b["name"], json.dumps(b["input"]))} for b in uses]})
+
+
+def agents_sdk_agent(demo: Demo) -> None:
+    """One rollout of a fresh task by an OpenAI Agents SDK agent through the proxy (its trajectory
+    announced in ``X-Claw-*`` headers on the client), until the agent gives its final answer."""
+    from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)  # the SDK would otherwise export its traces to OpenAI's platform
+    number = demo.next_task_number()
+    task = agent_task(demo.rng(), number)
+
+    @function_tool
+    def grep_files(query: str) -> str:
+        """Search the workspace notes for any of the words in `query`; returns matching lines."""
+        return run_tool(demo.workspace, GREP_TOOL["function"]["name"], json.dumps({"query": query}))
+
+    async def run() -> None:
+        headers = demo.headers(f"{task.task_id}-agents-sdk", None, 0, AGENTS_SDK_AGENT, terminal=False)
+        async with AsyncOpenAI(base_url=f"{demo.reverse_url}/v1", api_key=API_KEY, max_retries=1,
+                               default_headers=headers) as client:
+            agent = Agent(name=AGENTS_SDK_AGENT, instructions=task.system, tools=[grep_files],
+                          model=OpenAIChatCompletionsModel(model=MODEL, openai_client=client))
+            await Runner.run(agent, task.question, max_turns=2 * demo.config.rounds + 2)
+
+    asyncio.run(run())
+
+
+def otel_agent(demo: Demo, engine_url: str) -> None:
+    """``clawr1.demo.otel_agent`` in its own process until the demo stops (or it dies: then retried)."""
+    command = [sys.executable, "-m", "clawr1.demo.otel_agent", "--api", demo.api_url, "--engine", engine_url,
+               "--pause", str(demo.config.agent_pause_s), "--rounds", str(demo.config.rounds),
+               "--seed", str(demo.config.seed)]
+    with subprocess.Popen(command, stdin=subprocess.DEVNULL) as process:
+        while process.poll() is None and not demo.stop.wait(0.5):
+            pass
+        if process.poll() is None:
+            process.terminate()  # it flushes its last spans on SIGTERM
+            try:
+                process.wait(15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        elif not demo.stop.is_set():
+            raise RuntimeError(f"the OpenTelemetry agent exited with {process.returncode}")
 
 
 def compat_agent(demo: Demo) -> None:
@@ -358,6 +412,8 @@ SELECT count() AS steps, countIf(ready = 1) AS ready_steps,
        countIf(source_kind = 'blackbox_agent') AS blackbox,
        countIf(source_kind = 'whitebox_agent') AS whitebox,
        countIf(source_kind = 'blackbox_service') AS service,
+       countIf(source_kind = 'otel') AS otel,
+       countIf(agent = {{agents_sdk:String}}) AS agents_sdk,
        countIf(ready = 1 AND channel = 'train'
                AND step_id NOT IN (SELECT step_id FROM {COMMITS_TABLE} WHERE group_name = {{group:String}}))
            AS lag
@@ -375,12 +431,14 @@ class Progress:
     last_at: float = field(default_factory=time.monotonic)
 
     def line(self) -> str:
-        row = query(self.demo.api_url, PROGRESS_SQL, {"group": TRAINER_GROUP})[0]
+        parameters = {"group": TRAINER_GROUP, "agents_sdk": AGENTS_SDK_AGENT}
+        row = query(self.demo.api_url, PROGRESS_SQL, parameters)[0]
         now = time.monotonic()
         rate = (int(row["steps"]) - self.last_steps) / max(now - self.last_at, 1e-6)
         self.last_steps, self.last_at = int(row["steps"]), now
         return (f"[demo] {now - self.started:5.0f}s | in {rate:5.1f} steps/s ({row['steps']} steps: "
-                f"black-box {row['blackbox']}, white-box {row['whitebox']}, service {row['service']}) | "
+                f"black-box {row['blackbox']} (agents-sdk {row['agents_sdk']}), white-box {row['whitebox']}, "
+                f"service {row['service']}, otel {row['otel']}) | "
                 f"ready {row['ready_steps']} | consumed {self.demo.groups_consumed} groups "
                 f"({self.demo.clock.batches} batches) | policy v{self.demo.clock.version} | "
                 f"lag {row['lag']} ready steps")
@@ -411,12 +469,15 @@ class Actor:
     act: Callable[[], None]
 
 
-def actors(demo: Demo, gateway: GatewayClient) -> Iterator[Actor]:
+def actors(demo: Demo, gateway: GatewayClient, engine_url: str | None) -> Iterator[Actor]:
     config = demo.config
     for number in range(config.agents):
         name = f"openai-agent-{number}"
         yield Actor(name, config.agent_pause_s, partial(openai_agent, demo, name))
     yield Actor("anthropic-agent", config.agent_pause_s, lambda: anthropic_agent(demo))
+    yield Actor(AGENTS_SDK_AGENT, config.agent_pause_s, lambda: agents_sdk_agent(demo))
+    if engine_url:
+        yield Actor("otel-agent", config.agent_pause_s, lambda: otel_agent(demo, engine_url))
     if demo.compat_url:
         yield Actor("seed-agent", config.agent_pause_s * 2, lambda: compat_agent(demo))
     yield Actor("rollout-worker", config.whitebox_pause_s, lambda: whitebox_group(demo, gateway))
@@ -425,8 +486,10 @@ def actors(demo: Demo, gateway: GatewayClient) -> Iterator[Actor]:
 
 
 def run_demo(api_url: str, reverse_url: str, compat_url: str | None = None,
-             stop: threading.Event | None = None, env: Mapping[str, str] | None = None) -> None:
-    """Run every actor of the demo until ``stop`` is set, printing progress; returns once all ended."""
+             stop: threading.Event | None = None, env: Mapping[str, str] | None = None,
+             engine_url: str | None = None) -> None:
+    """Run every actor of the demo until ``stop`` is set, printing progress; returns once all ended.
+    ``engine_url`` (the LLM engine itself) is where the OpenTelemetry agent calls, past the proxy."""
     config = DemoConfig.from_env(os.environ if env is None else env)
     stop = stop or threading.Event()
     with tempfile.TemporaryDirectory(prefix="clawr1-demo-") as workspace, GatewayClient(api_url) as gateway:
@@ -434,7 +497,8 @@ def run_demo(api_url: str, reverse_url: str, compat_url: str | None = None,
                     PolicyClock(config.bump_every))
         write_workspace(demo.workspace, demo.rng())
         threads = [threading.Thread(target=_forever, args=(demo, a.name, a.pause_s, a.act),
-                                    name=f"demo-{a.name}", daemon=True) for a in actors(demo, gateway)]
+                                    name=f"demo-{a.name}", daemon=True)
+                   for a in actors(demo, gateway, engine_url)]
         trainer: list[Trainer] = []
 
         def train() -> None:

@@ -32,6 +32,9 @@ ROUTE_KINDS: dict[str, frozenset[str]] = {
     "/v1/steps": frozenset({"steps"}),
     "/v1/feedback": frozenset({"feedback"}),
     "/v1/events": frozenset({"events"}),
+    # OTLP/HTTP (gateway/otlp/): GenAI spans become service turn events, so they take an events key.
+    "/v1/traces": frozenset({"events"}),
+    "/v1/logs": frozenset({"events"}),
     "/v1/sql": frozenset({"read", "consume"}),
     "/v1/pool/insert/{table}": frozenset({"consume"}),
     "/v1/dashboard/summary": frozenset({"read"}),

@@ -48,6 +48,7 @@ class GatewayConfig:
     idempotency_ttl_s: float
     idempotency_max_keys: int
     idempotency_max_bytes: int
+    otlp_join_wait_s: float = registry.OTLP_JOIN_WAIT_S.default
     retry_after_s: int = 1
 
     @classmethod
@@ -67,6 +68,7 @@ class GatewayConfig:
             idempotency_ttl_s=knob(registry.IDEMPOTENCY_TTL_S),
             idempotency_max_keys=knob(registry.IDEMPOTENCY_MAX_KEYS),
             idempotency_max_bytes=knob(registry.IDEMPOTENCY_MAX_BYTES),
+            otlp_join_wait_s=knob(registry.OTLP_JOIN_WAIT_S),
         )
 
 

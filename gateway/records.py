@@ -169,5 +169,6 @@ def event_record(event: EventIn, source_name: str, received_at_ms: int) -> Outgo
         "payload_json": compact_json(event_payload(event)),
         "source_name": source_name,
         "received_at_ms": received_at_ms,
+        "source_kind": "blackbox_service",
     }
     return Outgoing(event_id, event.trajectory_id, record)

@@ -200,7 +200,8 @@ def _place(state: LinkState, turn: Turn) -> _Place:
             children = retries or [s for s, n in live.items() if n.parent_step_id in matching]
             return _Place(LINKED, sibling=_best(turn, state, children))
         return _Place(AMBIGUOUS, candidate=_best(turn, state, matching))
-    same_prompt = [s for s, n in live.items() if n.prompt == prompt]
+    # An unknown prompt (a span without its messages) is not evidence of a retry: it matches nothing.
+    same_prompt = [s for s, n in live.items() if prompt and n.prompt == prompt]
     if turn.trajectory_id is not None:
         if same_prompt:
             return _Place(LINKED, sibling=_best(turn, state, same_prompt))

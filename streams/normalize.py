@@ -96,22 +96,29 @@ def _response_id(turn: Turn, reply: Reply, single: bool, prompt_id: str) -> str:
 
 # The proxy's note on a stream cut before its end (clawr1.proxy.record.TRUNCATED_NOTE).
 TRUNCATED_NOTE = "stream truncated"
+# The OTLP route's note on a span that came without its prompt or reply
+# (clawr1.gateway.otlp.events.NO_CONTENT_NOTE).
+NO_CONTENT_NOTE = "no message content"
 
 
 def step_status(turn: Turn, reply: Reply) -> str:
     """failed (no usable reply) | refused (the model declined: finish reason ``refusal``) | truncated
-    (the proxy saw the stream end without its finish) | ok."""
+    (the proxy saw the stream end without its finish) | no_content (a span without its messages:
+    metadata and usage only) | ok."""
     if turn.failed:
         return "failed"
     if reply.finish_reason == "refusal":
         return "refused"
-    if any(note.startswith(TRUNCATED_NOTE) for note in turn.metadata.get("capture_notes") or ()):
+    notes = turn.metadata.get("capture_notes") or ()
+    if any(note.startswith(TRUNCATED_NOTE) for note in notes):
         return "truncated"
+    if any(note.startswith(NO_CONTENT_NOTE) for note in notes):
+        return "no_content"
     return "ok"
 
 
 # Under which feedback source a reward that came with its step is folded in.
-INLINE_REWARD_SOURCE = {"blackbox_service": "service", "whitebox_agent": "whitebox"}
+INLINE_REWARD_SOURCE = {"blackbox_service": "service", "whitebox_agent": "whitebox", "otel": "otel"}
 
 
 def steps_from_turn(turn: Turn, assignments: list[Assignment],

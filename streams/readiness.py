@@ -7,7 +7,8 @@ step rewards and the sparse outcomes of GRPO rollouts (the seed protocol's ``com
 make steps trainable without configuration.
 
 A refusal is the policy's own action, so a ``refused`` step is training data like an ``ok`` one; a
-``truncated`` step lacks the end of its action and a ``failed`` one has none: never ready.
+``truncated`` step lacks the end of its action, a ``failed`` one has none and a ``no_content`` one (an
+OpenTelemetry span without its messages) has neither state nor action: never ready.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ class Reply:
 @dataclass(frozen=True)
 class Turn:
     event_id: str
-    source_kind: str  # blackbox_agent | blackbox_service
+    source_kind: str  # blackbox_agent | whitebox_agent | blackbox_service | otel
     source_name: str
     api: str
     messages: list[dict[str, Any]]
@@ -243,7 +243,9 @@ def turn_from_service_event(record: dict[str, Any]) -> Turn | None:
     """A service ``turn`` event (service_event.avsc) as a turn; other event kinds are not steps.
 
     The payload is the gateway's ``TurnPayload`` (docs/gateway.md), plus optional engine token ids
-    ``prompt_token_ids`` / ``response_token_ids`` / ``logprobs`` from services that have them.
+    ``prompt_token_ids`` / ``response_token_ids`` / ``logprobs`` from services that have them. The
+    gateway's OTLP route writes the same event for a GenAI span (``source_kind`` ``otel``, an ``error``
+    for a failed call, and possibly no messages: the span carried none).
     """
     if record["kind"] != "turn":
         return None
@@ -262,11 +264,13 @@ def turn_from_service_event(record: dict[str, Any]) -> Turn | None:
                                         for x in logprobs):
         raise InvalidEvent("payload logprobs must be a list of numbers")
     usage = _optional(payload, "usage", dict) or {}
+    source_kind = record.get("source_kind") or "blackbox_service"
+    api = "otel.genai" if source_kind == "otel" else "service.turn"
     return Turn(
         event_id=record["event_id"],
-        source_kind="blackbox_service",
+        source_kind=source_kind,
         source_name=record["source_name"],
-        api="service.turn",
+        api=api,
         messages=messages,
         replies=[Reply(0, text, tool_calls, [assistant_message(text, tool_calls)], token_ids=response_ids,
                        logprobs=logprobs)],
@@ -288,10 +292,10 @@ def turn_from_service_event(record: dict[str, Any]) -> Turn | None:
         usage_prompt_tokens=_optional(usage, "prompt_tokens", int),
         usage_completion_tokens=_optional(usage, "completion_tokens", int),
         sampling_params=_optional(payload, "sampling_params", dict) or {},
+        error=_optional(payload, "error", str),
         reward=_finite(payload.get("reward"), "payload reward"),
         reward_final=_optional(payload, "reward_final", bool) is not False,
-        metadata={"api": "service.turn", "event_id": record["event_id"],
-                  **(_optional(payload, "metadata", dict) or {})},
+        metadata={"api": api, "event_id": record["event_id"], **(_optional(payload, "metadata", dict) or {})},
         channel=_optional(payload, "channel", str) or "train",
     )
 

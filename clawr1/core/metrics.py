@@ -77,6 +77,11 @@ REWARDER_DEAD_LETTERS = Counter("clawr1_rewarder_dead_letters", "steps the rewar
                                 ["stage"])
 
 # -- API process and every consumer ------------------------------------------------------------------
+OTLP_SPANS = Counter("clawr1_otlp_spans", "OTLP spans the API read, by outcome: model_call (a step), "
+                     "not_genai and genai_other (tools, agents, embeddings: ignored)", ["outcome"])
+OTLP_LOG_RECORDS = Counter("clawr1_otlp_log_records", "OTLP log records the API read, by outcome: "
+                           "genai_event (message content), not_genai and no_span (ignored), expired (never "
+                           "claimed by its span)", ["outcome"])
 HTTP_REQUESTS = Counter("clawr1_http_requests", "requests answered, by app (api, compat), route and status",
                         ["app", "route", "status"])
 POOL_ROWS = Gauge("clawr1_pool_rows", "rows stored per pool table (active parts, sampled)", ["table"])

@@ -47,6 +47,11 @@ def _as_bool(value: str) -> bool:
     raise ValueError(f"not a boolean: {value!r}")
 
 
+def not_negative(value: float) -> str | None:
+    """A check: the value must be >= 0."""
+    return None if value >= 0 else f"must be 0 or more, got {value}"
+
+
 def positive(value: float) -> str | None:
     """A check: the value must be > 0."""
     return None if value > 0 else f"must be positive, got {value}"
@@ -231,6 +236,9 @@ IDEMPOTENCY_MAX_KEYS = option("IDEMPOTENCY_MAX_KEYS", int, 100_000, "keys kept b
                               ("api",), check=positive)
 IDEMPOTENCY_MAX_BYTES = option("IDEMPOTENCY_MAX_BYTES", int, 64 * 1024 * 1024,
                                "bytes kept by the replay store", ("api",), check=positive)
+OTLP_JOIN_WAIT_S = option("OTLP_JOIN_WAIT_S", float, 3.0,
+                          "how long a GenAI span whose messages travel as OTLP log events waits for them "
+                          "before it lands without content (0: never waits)", ("api",), check=not_negative)
 COMPAT_MAX_TRAJECTORIES = option("COMPAT_MAX_TRAJECTORIES", int, 100_000,
                                  "compat: trajectory registrations kept", ("api",))
 COMPAT_TIMEOUT_S = option("COMPAT_TIMEOUT_S", float, 600.0,

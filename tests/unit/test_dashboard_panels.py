@@ -113,6 +113,7 @@ def test_channels_are_always_listed_and_unknown_kinds_go_to_other() -> None:
         {"channel": "proxy", "steps": 0, "failed": 0},
         {"channel": "gateway", "steps": 0, "failed": 0},
         {"channel": "service", "steps": 3, "failed": 1},
+        {"channel": "otel", "steps": 0, "failed": 0},
         {"channel": "other", "steps": 2, "failed": 0},
     ]
 

@@ -54,6 +54,8 @@ MATRIX = [
          frozenset({"feedback", ""}), 202),
     Call("POST", "/v1/events", {"kind": "user_action", "trajectory_id": "t-kinds", "payload": {}},
          frozenset({"events", ""}), 202),
+    Call("POST", "/v1/traces", {"resourceSpans": []}, frozenset({"events", ""}), 200),
+    Call("POST", "/v1/logs", {"resourceLogs": []}, frozenset({"events", ""}), 200),
     Call("POST", "/v1/sql", {"query": "SELECT 1 AS one"}, frozenset({"read", "consume"}), 200),
     Call("POST", "/v1/pool/insert/consumer_commits", {"rows": [COMMIT]}, frozenset({"consume"}), 200,
          "/v1/pool/insert/{table}"),

@@ -1,0 +1,150 @@
+"""``POST /v1/traces`` and ``POST /v1/logs``: OTLP/HTTP in, service ``turn`` events out (key kind ``events``).
+
+Thin: ``wire`` decodes, ``genai`` finds the model calls and their content, ``join`` pairs spans with
+the log events that carry their messages, ``events`` writes the records. A traces request is answered
+200 once Kafka acknowledged every step it held (as the other ingest routes answer 202); a logs request
+once its content is held for its span. Errors keep the API's one shape (docs/gateway.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from clawr1.core.metrics import OTLP_LOG_RECORDS, OTLP_SPANS
+from clawr1.gateway.errors import ApiError, ErrorBody
+from clawr1.gateway.otlp import wire
+from clawr1.gateway.otlp.events import turn_event
+from clawr1.gateway.otlp.genai import ModelCall, Tally, log_contents, model_calls
+from clawr1.gateway.otlp.join import ContentJoin
+from clawr1.gateway.publisher import OutMessage
+from clawr1.schemas.codec import AvroCodec, EncodeError
+
+# Bodies above this are decoded in a worker thread, as the other ingest routes do.
+_INLINE_BODY_BYTES = 64 * 1024
+
+
+@dataclass
+class OtlpIngest:
+    """What the OTLP routes need from the API process (given by ``clawr1.gateway.app``)."""
+
+    publish: Callable[[list[OutMessage]], Awaitable[None]]
+    codec: AvroCodec
+    topic: str
+    schema: str
+    max_request_bytes: int
+    max_calls: int
+    wait_s: float
+    join: ContentJoin = field(default_factory=ContentJoin)
+
+    async def read(self, request: Request) -> tuple[wire.Encoding, bytes]:
+        encoding = wire.Encoding.of(request.headers.get("content-type", ""))
+        raw = await request.body()
+        body = wire.inflate(raw, request.headers.get("content-encoding", ""),
+                            self.max_request_bytes * wire.INFLATE_FACTOR)
+        return encoding, body
+
+    def encode(self, calls: list[ModelCall], source_name: str) -> list[OutMessage]:
+        received_at_ms = int(time.time() * 1000)
+        outgoing = [turn_event(call, source_name, received_at_ms) for call in calls]
+        try:
+            return [OutMessage(self.topic, o.key, self.codec.encode(self.schema, o.record)) for o in outgoing]
+        except EncodeError as exc:
+            raise ApiError(422, "invalid_request", str(exc)) from exc
+
+    async def traces(self, request: Request, source_name: str) -> bytes:
+        encoding, body = await self.read(request)
+        decoded = await _decode(wire.decode_traces, body, encoding)
+        tally = Tally()
+        calls = model_calls(decoded, tally)
+        if len(calls) > self.max_calls:
+            raise ApiError(413, "batch_too_large", f"{len(calls)} GenAI model-call spans exceed the limit of "
+                           f"{self.max_calls} per request (max_batch_steps); export smaller batches")
+        incomplete = [call.key for call in calls if not call.content.complete]
+        if incomplete and self.wait_s > 0:
+            await self.join.wait(incomplete, self.wait_s)
+        joined = []
+        for call in calls:
+            logs = self.join.take(call.key)
+            joined.append(call if logs is None else call.with_content(logs.content()))
+        if joined:
+            await self.publish(self.encode(joined, source_name))
+        for outcome, count in tally.counts.items():
+            OTLP_SPANS.labels(outcome=outcome).inc(count)
+        warning = tally.warning(("not_genai", "genai_other"), "spans (only GenAI model calls become steps)")
+        return wire.answer(ExportTraceServiceResponse, warning, encoding)
+
+    async def logs(self, request: Request) -> bytes:
+        encoding, body = await self.read(request)
+        decoded = await _decode(wire.decode_logs, body, encoding)
+        tally = Tally()
+        expired = self.join.expired
+        self.join.offer(log_contents(decoded, tally))
+        tally.counts["expired"] += self.join.expired - expired
+        for outcome, count in tally.counts.items():
+            OTLP_LOG_RECORDS.labels(outcome=outcome).inc(count)
+        warning = tally.warning(("not_genai", "no_span"), "log records (only a span's GenAI events are read)")
+        return wire.answer(ExportLogsServiceResponse, warning, encoding)
+
+
+async def _decode(decode: Callable[[bytes, wire.Encoding], Any], body: bytes, encoding: wire.Encoding) -> Any:
+    if len(body) > _INLINE_BODY_BYTES:
+        return await asyncio.to_thread(decode, body, encoding)
+    return decode(body, encoding)
+
+
+def _body(description: str) -> dict[str, Any]:
+    return {"required": True, "content": {
+        wire.PROTOBUF: {"schema": {"type": "string", "format": "binary", "description": description}},
+        wire.JSON: {"schema": {"type": "object", "description": f"{description} (OTLP/JSON)"}},
+    }}
+
+
+_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {"description": "accepted (a partial_success error_message says what was ignored)", "content": {
+        wire.PROTOBUF: {"schema": {"type": "string", "format": "binary"}},
+        wire.JSON: {"schema": {"type": "object"}}}},
+    **{status: {"model": ErrorBody, "description": text} for status, text in {
+        400: "malformed OTLP body (the reason says what the parser found)",
+        401: "missing or invalid API key", 403: "the key's kinds do not grant this route",
+        413: "body or decompressed body too large, or too many model-call spans",
+        415: "not application/x-protobuf or application/json, or an unsupported Content-Encoding",
+        503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
+    }.items()},
+}
+
+
+def otlp_router(ingest: OtlpIngest, authorize: Callable[..., Any]) -> APIRouter:
+    """The two OTLP/HTTP routes; ``authorize`` is the API's key check (kind ``events``, ``ROUTE_KINDS``)."""
+    router = APIRouter(prefix="/v1", tags=["otlp"])
+    authenticated = Depends(authorize)
+
+    async def answered(encoding_of: Request, handle: Awaitable[bytes]) -> Response:
+        try:
+            body = await handle
+        except wire.OtlpError as exc:
+            raise ApiError(exc.status, exc.code, str(exc)) from exc
+        media = wire.Encoding.of(encoding_of.headers.get("content-type", "")).media_type
+        return Response(body, 200, media_type=media)
+
+    @router.post("/traces", status_code=200, response_class=Response, responses=_ANSWERS,
+                 openapi_extra={"requestBody": _body("ExportTraceServiceRequest")},
+                 summary="OTLP/HTTP traces: GenAI model-call spans become steps (source kind otel)")
+    async def export_traces(request: Request, source_name: str = authenticated) -> Response:
+        return await answered(request, ingest.traces(request, source_name))
+
+    @router.post("/logs", status_code=200, response_class=Response, responses=_ANSWERS,
+                 openapi_extra={"requestBody": _body("ExportLogsServiceRequest")},
+                 summary="OTLP/HTTP logs: GenAI message events, joined to their spans")
+    async def export_logs(request: Request, source_name: str = authenticated) -> Response:
+        return await answered(request, ingest.logs(request))
+
+    return router
