@@ -9,11 +9,17 @@ Faults: SIGKILL of the worker, the proxy, the API and the broker; the full run a
 restart, a paused broker (SIGSTOP/SIGCONT: Kafka slow, not gone), a full spool disk (a small tmpfs
 mounted on the proxy's spool, root only) and garbage produced to the raw topics (dead letters).
 
+With ``--kafka-nodes 3`` the stack runs a local 3-broker cluster and the faults are the cluster's: one
+broker SIGKILLed (the supervisor starts it again after its backoff), then a rolling restart (SIGTERM
+to each broker in turn, the next once the last is back in sync). A probe posts one step at a time
+without retries meanwhile, so the figures say how long the gateway refused (503) after each fault.
+
 Figures: load held, faults with time to healthy, steps acknowledged vs in the pool, exact duplicates
 and losses (both must be 0), dead letters, rewards joined. Run it::
 
-    .venv/bin/python bench/chaos.py            # full run -> bench/results/chaos.json
-    .venv/bin/python bench/chaos.py --quick    # the SIGKILL subset that make test runs
+    .venv/bin/python bench/chaos.py                   # full run -> bench/results/chaos.json
+    .venv/bin/python bench/chaos.py --quick           # the SIGKILL subset that make test runs
+    .venv/bin/python bench/chaos.py --kafka-nodes 3   # a broker lost, then a rolling restart
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port  # noqa: E402
+from bench.common import free_port, free_ports  # noqa: E402
 from clawr1.gateway.client import GatewayClient, GatewayError  # noqa: E402
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
@@ -49,16 +55,20 @@ SPOOL_TMPFS = "4m"
 
 
 class Stack:
-    """``clawr1 up`` in front of a stand-in engine, on free ports and a fresh data dir."""
+    """``clawr1 up`` in front of a stand-in engine, on free ports and a fresh data dir; ``kafka_nodes``
+    brokers on consecutive ports, ``env`` added to its environment."""
 
-    def __init__(self, data_dir: Path, log_file: Path) -> None:
+    def __init__(self, data_dir: Path, log_file: Path, kafka_nodes: int = 1,
+                 env: dict[str, str] | None = None) -> None:
         self.data_dir = data_dir
-        self.ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "kafka", "compat")}
+        self.kafka_nodes = kafka_nodes
+        self.ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "compat")}
+        self.ports["kafka"] = free_ports(kafka_nodes)
         self.api = f"http://127.0.0.1:{self.ports['api']}"
         self.reverse = f"http://127.0.0.1:{self.ports['reverse']}"
-        self.bootstrap = f"127.0.0.1:{self.ports['kafka']}"
+        self.bootstrap = ",".join(f"127.0.0.1:{self.ports['kafka'] + i}" for i in range(kafka_nodes))
         self._log = log_file.open("ab")
-        self._env = {k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}
+        self._env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}, **(env or {})}
         self.engine: subprocess.Popen[bytes] | None = None
         self.up: subprocess.Popen[bytes] | None = None
 
@@ -69,7 +79,8 @@ class Stack:
         self.up = subprocess.Popen(
             [*CLAWR1, "up", "--data-dir", str(self.data_dir), "--api-port", str(self.ports["api"]),
              "--proxy-port", str(self.ports["proxy"]), "--reverse-port", str(self.ports["reverse"]),
-             "--kafka-port", str(self.ports["kafka"]), "--compat-port", str(self.ports["compat"]),
+             "--kafka-port", str(self.ports["kafka"]), "--kafka-nodes", str(self.kafka_nodes),
+             "--compat-port", str(self.ports["compat"]),
              "--upstream", f"http://127.0.0.1:{self.ports['engine']}"],
             env=self._env, stdout=self._log, stderr=self._log)
         self.wait_healthy(timeout)
@@ -149,24 +160,37 @@ class LoadFigures:
     feedback_acked: int = 0
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One probe request: when it was sent and answered (monotonic clock), and the HTTP status (0: none)."""
+
+    sent: float
+    answered: float
+    status: int
+
+
 @dataclass
 class Load:
-    """Two bounded agent loops; what they were told was accepted is what must be in the pool."""
+    """Two bounded agent loops (three with ``probe``: one step at a time, no retries, every answer kept);
+    what they were told was accepted is what must be in the pool."""
 
     stack: Stack
     run_id: str
     batch_size: int = 10
     max_ops: int = 20_000
     pause_s: float = 0.05
+    probe: bool = False
     figures: LoadFigures = field(default_factory=LoadFigures)
     answered: set[str] = field(default_factory=set)
     acked: dict[str, tuple[str, int]] = field(default_factory=dict)
     rewarded: set[str] = field(default_factory=set)
+    answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
-        for target in (self._proxy_agent, self._whitebox_agent):
+        agents = [self._proxy_agent, self._whitebox_agent, *([self._gateway_probe] if self.probe else [])]
+        for target in agents:
             thread = threading.Thread(target=target, name=target.__name__, daemon=True)
             thread.start()
             self._threads.append(thread)
@@ -224,6 +248,37 @@ class Load:
                     self.figures.batches_failed += 1
                 time.sleep(self.pause_s * 4)
 
+    def _gateway_probe(self) -> None:
+        """What a client without retries sees: each answer's status and how long it took."""
+        with httpx.Client(base_url=self.stack.api, timeout=30) as client:
+            for i in range(self.max_ops):
+                if self._stop.is_set():
+                    return
+                trajectory = f"chaos-{self.run_id}-tprobe-{i}"
+                sent = time.monotonic()
+                try:
+                    reply = client.post("/v1/steps", json=[{
+                        "trajectory_id": trajectory, "step_index": 0, "prompt_token_ids": [5, i % 250],
+                        "response_token_ids": [6], "terminal": True}])
+                    status = reply.status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.answers.append(Answer(sent, time.monotonic(), status))
+                if status == 202:
+                    self.acked[reply.json()["ids"][0]] = (trajectory, 0)
+                time.sleep(self.pause_s * 2)
+
+    def refusals_after(self, started: float, until: float | None = None) -> dict[str, float]:
+        """The probe's view of a fault at ``started`` (up to the next one, at ``until``): how long after
+        it the last refusal came (0 when none did), how many there were, and the slowest
+        acknowledgement of a request sent after it."""
+        after = [a for a in self.answers if a.sent >= started and (until is None or a.sent < until)]
+        refused = [a for a in after if a.status != 202]
+        acked = [a for a in after if a.status == 202]
+        return {"refused": len(refused),
+                "refused_for_s": round(max((a.answered - started for a in refused), default=0.0), 1),
+                "slowest_ack_s": round(max((a.answered - a.sent for a in acked), default=0.0), 1)}
+
 
 @dataclass
 class Fault:
@@ -231,6 +286,8 @@ class Fault:
     healthy_after_s: float
     detail: str = ""
     health_named: list[str] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+    at: float = 0.0  # when it was injected (monotonic clock): the probe's answers after it are its own
 
 
 def _restarted(stack: Stack, role: str, old_pid: int) -> Callable[[], bool]:
@@ -242,10 +299,56 @@ def _restarted(stack: Stack, role: str, old_pid: int) -> Callable[[], bool]:
 
 def kill_role(stack: Stack, role: str, sig: signal.Signals = signal.SIGKILL) -> Fault:
     pid = stack.pid(role)
+    at = time.monotonic()
     os.kill(pid, sig)
     missing: set[str] = set()
     healthy = stack.wait_healthy(HEAL_TIMEOUT_S, _restarted(stack, role, pid), missing)
-    return Fault(f"{sig.name} {role}", healthy, health_named=sorted(missing))
+    return Fault(f"{sig.name} {role}", healthy, health_named=sorted(missing), at=at)
+
+
+def kafka_view(bootstrap: str) -> tuple[int | None, set[int], int]:
+    """The active controller's id, the live brokers and how many partitions are under-replicated."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    controller = admin.describe_cluster(request_timeout=10).result(15).controller
+    metadata = admin.list_topics(timeout=10)
+    lagging = sum(1 for topic in metadata.topics.values() for p in topic.partitions.values()
+                  if len(p.isrs) < len(p.replicas))
+    return (controller.id if controller else None), set(metadata.brokers), lagging
+
+
+def broker_fault(stack: Stack, node: int, sig: signal.Signals) -> Fault:
+    """``sig`` to broker ``node`` of a cluster; back once the supervisor restarted it, /healthz is 200,
+    the broker is live again and no partition is under-replicated (it caught up)."""
+    fault = kill_role(stack, f"broker-{node}", sig)
+    back_s = in_sync_s = None
+    while (elapsed := time.monotonic() - fault.at) < HEAL_TIMEOUT_S:
+        with contextlib.suppress(Exception):  # a cluster between leaders may not answer at once
+            _, live, lagging = kafka_view(stack.bootstrap)
+            back_s = back_s or (elapsed if node in live else None)
+            if back_s and not lagging:
+                in_sync_s = elapsed
+                break
+        time.sleep(0.5)
+    if in_sync_s is None:
+        raise TimeoutError(f"broker {node} not back in sync within {HEAL_TIMEOUT_S:.0f}s")
+    fault.figures = {"back_s": round(back_s or in_sync_s, 1), "in_sync_s": round(in_sync_s, 1)}
+    return fault
+
+
+def kill_controller(stack: Stack) -> Fault:
+    """SIGKILL the node that is the active controller: its partitions and the quorum both lose a leader."""
+    controller, _, _ = kafka_view(stack.bootstrap)
+    fault = broker_fault(stack, controller or 1, signal.SIGKILL)
+    fault.detail = "the active controller"
+    return fault
+
+
+def rolling_restart(stack: Stack) -> list[tuple[str, Callable[[Stack], Fault]]]:
+    """SIGTERM each broker in turn, the next once the last is back in sync."""
+    return [(f"restart broker-{node}", lambda s, node=node: broker_fault(s, node, signal.SIGTERM))
+            for node in range(1, stack.kafka_nodes + 1)]
 
 
 def pause_broker(stack: Stack, seconds: float = 8.0) -> Fault:
@@ -356,9 +459,10 @@ def spool_tmpfs(data_dir: Path, wanted: bool) -> Iterator[bool]:
 
 
 def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], settle_s: float,
-               drain_s: float) -> dict[str, object]:
-    """Load on a healthy stack, each fault after ``settle_s`` of it, then the pool's figures."""
-    load = Load(stack, run_id=f"{time.time_ns()}")
+               drain_s: float, probe: bool = False) -> dict[str, object]:
+    """Load on a healthy stack, each fault after ``settle_s`` of it, then the pool's figures; with
+    ``probe``, each fault's figures add what a client without retries saw after it."""
+    load = Load(stack, run_id=f"{time.time_ns()}", probe=probe)
     faults: list[Fault] = []
     load.start()
     started = time.monotonic()
@@ -372,6 +476,9 @@ def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], s
     finally:
         load.stop()
     load_s = time.monotonic() - started
+    if probe:
+        for fault, following in zip(faults, [*faults[1:], None], strict=True):
+            fault.figures |= load.refusals_after(fault.at, following.at if following else None)
     pool, drained_s = drain(stack, load, drain_s)
     return {
         "load_s": round(load_s, 1),
@@ -384,19 +491,40 @@ def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], s
     }
 
 
-def run(quick: bool, settle_s: float, drain_s: float, work_dir: Path) -> dict[str, object]:
+# A killed broker of a cluster comes back after this long (the supervisor's first backoff): long enough
+# for the cluster to fence it and move its partitions' leaders, so the run shows the cluster serving
+# without it, not only a fast restart.
+CLUSTER_RESTART_BACKOFF_S = "5"
+
+
+def cluster_stack(data_dir: Path, log_file: Path, nodes: int = 3) -> Stack:
+    return Stack(data_dir, log_file, kafka_nodes=nodes,
+                 env={"CLAWR1_RESTART_BACKOFF_S": CLUSTER_RESTART_BACKOFF_S})
+
+
+def cluster_plan(stack: Stack) -> list[tuple[str, Callable[[Stack], Fault]]]:
+    """The active controller SIGKILLed, then a rolling restart of every broker."""
+    return [("kill controller", kill_controller), *rolling_restart(stack)]
+
+
+def run(quick: bool, settle_s: float, drain_s: float, work_dir: Path,
+        kafka_nodes: int = 1) -> dict[str, object]:
     data_dir = work_dir / "data"
-    with spool_tmpfs(data_dir, wanted=not quick) as tmpfs:
-        stack = Stack(data_dir, work_dir / "stack.log")
+    clustered = kafka_nodes > 1
+    with spool_tmpfs(data_dir, wanted=not quick and not clustered) as tmpfs:
+        stack = (cluster_stack(data_dir, work_dir / "stack.log", kafka_nodes) if clustered
+                 else Stack(data_dir, work_dir / "stack.log"))
         try:
             startup = stack.start()
             plan = QUICK_FAULTS if quick else QUICK_FAULTS + FULL_EXTRAS
             if tmpfs:
                 plan = [*plan, ("spool full", fill_spool)]
-            result = run_faults(stack, plan, settle_s, drain_s)
+            result = run_faults(stack, cluster_plan(stack) if clustered else plan, settle_s, drain_s,
+                                probe=clustered)
         finally:
             exit_code = stack.stop()
-    return {"mode": "quick" if quick else "full", "startup_s": round(startup, 1), **result,
+    mode = f"{kafka_nodes} brokers" if clustered else "quick" if quick else "full"
+    return {"mode": mode, "startup_s": round(startup, 1), **result,
             "clean_stop_exit_code": exit_code, "spool_tmpfs": tmpfs}
 
 
@@ -410,6 +538,8 @@ def table(result: dict[str, object]) -> str:
             ("proxy calls refused during faults", load["proxy_calls_failed"]),
             ("gateway batches acked / failed", f"{load['batches_acked']} / {load['batches_failed']}")]
     rows += [(f"fault: {f['name']} -> healthy (s)", f["healthy_after_s"]) for f in result["faults"]]
+    rows += [(f"fault: {f['name']} -> {figure}", value) for f in result["faults"]
+             for figure, value in f["figures"].items()]
     rows += [("steps acked / in pool", f"{pool['steps_acked']} / {pool['steps_in_pool']}"),
              ("calls answered / captured", f"{pool['calls_answered']} / {pool['calls_captured']}"),
              ("exact duplicates (steps + calls)", pool["steps_duplicated"] + pool["calls_duplicated"]),
@@ -426,10 +556,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="only SIGKILL each role once")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of load between faults")
     parser.add_argument("--drain", type=float, default=180.0, help="seconds allowed for the pool to catch up")
+    parser.add_argument("--kafka-nodes", type=int, default=1,
+                        help="break a local Kafka cluster instead (a broker killed, a rolling restart)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos.json")
     args = parser.parse_args(argv)
     work_dir = Path(tempfile.mkdtemp(prefix="clawr1-chaos-"))
-    result = run(args.quick, args.settle, args.drain, work_dir)
+    result = run(args.quick, args.settle, args.drain, work_dir, args.kafka_nodes)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -18,6 +19,19 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports(count: int) -> int:
+    """The first of ``count`` consecutive free loopback ports (a local Kafka cluster's brokers)."""
+    while True:
+        first = free_port()
+        with contextlib.ExitStack() as held:
+            try:
+                for port in range(first, first + count):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
 
 
 def percentile(values: list[float], q: float) -> float:
