@@ -172,9 +172,9 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     data_dir = settings.data_dir.resolve()
     # Two stores on one DSN (allowed within a process): a long analyst query never stalls the sink.
-    store = PoolStore(settings.pool_dsn)
+    store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     store.migrate()
-    sink_store = PoolStore(settings.pool_dsn)
+    sink_store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
     analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
                          SqlLimits.from_settings(settings))

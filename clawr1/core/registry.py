@@ -175,6 +175,10 @@ CLICKHOUSE_DSN = option("CLICKHOUSE_DSN", str, "",
                         "the pool; `http(s)://user:pass@host:8123/db` for a ClickHouse server; "
                         "empty = the embedded chDB pool", secret=True,
                         default_text="`chdb:///<data dir>/pool`")
+CLICKHOUSE_CLUSTER = option("CLICKHOUSE_CLUSTER", str, "",
+                            "a ClickHouse server's cluster (`remote_servers`) to create the pool on: "
+                            "replicated tables on every node, Distributed tables over them "
+                            "([scale](scale.md)); empty = one server")
 SQL_DSN = option("SQL_DSN", str, "",
                  "analyst SQL as a server's read-only user (`pool/server/`); empty = the pool DSN",
                  secret=True)

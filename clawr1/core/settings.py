@@ -46,6 +46,8 @@ class Settings:
     kafka_nodes: int = r.KAFKA_NODES.default
     # Empty means: the embedded chDB pool under data_dir.
     clickhouse_dsn: str = r.CLICKHOUSE_DSN.default
+    # A ClickHouse cluster (server DSN only): migrations create the pool on every node of it.
+    clickhouse_cluster: str = r.CLICKHOUSE_CLUSTER.default
     # Analyst SQL on a ClickHouse server: a DSN of the read-only user (pool/server/); empty = the pool DSN.
     sql_dsn: str = r.SQL_DSN.default
     schema_registry_url: str = r.SCHEMA_REGISTRY_URL.default
