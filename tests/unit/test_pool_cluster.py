@@ -204,7 +204,7 @@ def _cluster_services() -> dict[str, Any]:
 def test_the_committed_config_is_the_generated_one() -> None:
     for name, text in ClickHouseCluster().files().items():
         assert (ROOT / "deploy" / "clickhouse" / name).read_text() == text, \
-            f"deploy/clickhouse/{name} is stale: run `python -m clawr1.pool.cluster`"
+            f"deploy/clickhouse/{name} is stale: run `python -m clawr1.pool.cluster config`"
 
 
 def test_remote_servers_and_macros_match_the_compose_servers() -> None:
@@ -249,5 +249,13 @@ def test_keeper_ensemble_matches_the_compose_keepers() -> None:
 
 
 def test_the_config_writer_writes_what_is_committed(tmp_path: Path) -> None:
-    assert cluster.main([str(tmp_path)]) == 0
+    assert cluster.main(["config", "--out", str(tmp_path)]) == 0
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == ClickHouseCluster().files()
+
+
+def test_the_analyst_sql_printer_prints_runnable_statements(capsys: pytest.CaptureFixture[str],
+                                                           parser: PoolStore) -> None:
+    assert cluster.main(["analyst-sql", "--cluster", "other"]) == 0
+    printed = [s.strip() for s in capsys.readouterr().out.split(";") if s.strip()]
+    assert len(printed) == 5
+    assert all("ON CLUSTER other" in formatted(parser, s) for s in printed)
