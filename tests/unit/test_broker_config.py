@@ -20,7 +20,8 @@ def test_cluster_ids_never_start_with_a_dash() -> None:
 
 
 def _props(node: launcher.Node, layout: launcher.ClusterLayout) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in launcher.server_properties(Path("/d"), node, layout).splitlines())
+    text = launcher.server_properties(Path("/d"), node, layout)
+    return dict(line.split("=", 1) for line in text.splitlines())
 
 
 INTERNAL_FACTORS = ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
