@@ -67,6 +67,7 @@ class Stack:
         self.api = f"http://127.0.0.1:{self.ports['api']}"
         self.reverse = f"http://127.0.0.1:{self.ports['reverse']}"
         self.bootstrap = ",".join(f"127.0.0.1:{self.ports['kafka'] + i}" for i in range(kafka_nodes))
+        self.log_file = log_file
         self._log = log_file.open("ab")
         self._env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}, **(env or {})}
         self.engine: subprocess.Popen[bytes] | None = None
@@ -147,6 +148,17 @@ class Stack:
             self.engine.wait(30)
         self._log.close()
         return code
+
+
+@contextmanager
+def running(stack: Stack) -> Iterator[Stack]:
+    """``stack`` started and, on the way out, stopped as with Ctrl-C; it must then exit with 0."""
+    try:
+        stack.start()
+        yield stack
+    finally:
+        code = stack.stop()
+    assert code == 0, f"clawr1 up did not stop cleanly on SIGINT (exit {code}); see {stack.log_file}"
 
 
 @dataclass

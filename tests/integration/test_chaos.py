@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, kill_role, run_faults
+from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, kill_role, run_faults, running
 from clawr1.core.topics import RAW_STEPS
 from clawr1.gateway.client import GatewayClient
 
@@ -24,13 +24,8 @@ from clawr1.gateway.client import GatewayClient
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("chaos")
-    stack = Stack(work / "data", work / "stack.log")
-    try:
-        stack.start()
+    with running(Stack(work / "data", work / "stack.log")) as stack:
         yield stack
-    finally:
-        code = stack.stop()
-    assert code == 0, f"clawr1 up did not stop cleanly on SIGINT; see {work / 'stack.log'}"
 
 
 def _raw_copies(bootstrap: str, key: str) -> int:

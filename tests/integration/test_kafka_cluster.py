@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from bench.chaos import Stack, cluster_plan, cluster_stack, run_faults
+from bench.chaos import Stack, cluster_plan, cluster_stack, run_faults, running
 from clawr1.core.topics import ALL_TOPICS
 
 NODES = 3
@@ -24,13 +24,8 @@ REFUSAL_LIMIT_S = 15.0
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("kafka-cluster")
-    stack = cluster_stack(work / "data", work / "stack.log", NODES)
-    try:
-        stack.start()
+    with running(cluster_stack(work / "data", work / "stack.log", NODES)) as stack:
         yield stack
-    finally:
-        code = stack.stop()
-    assert code == 0, f"clawr1 up --kafka-nodes 3 did not stop cleanly on SIGINT; see {work / 'stack.log'}"
 
 
 def test_topics_and_kafkas_own_keep_three_copies_two_in_sync(stack: Stack) -> None:
