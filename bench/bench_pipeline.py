@@ -29,9 +29,12 @@ CPU per step of the same load run again (its JIT compiling, its new segments), w
 deployment does not pay.
 
     .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 100]
-        [--batches 1,10,100,500] [--seconds 10] [--long 200] [--warmup 4000] [--workers 2]
+        [--batches 1,10,100,500] [--seconds 10] [--long 200] [--warmup 4000] [--workers 2] [--kafka-nodes 1]
 
-Results: bench/results/bench_pipeline.json.
+``--kafka-nodes 3`` runs the stack on a local 3-broker cluster (every topic on 3 brokers, 2 in sync):
+the ``broker`` CPU is then the three brokers' together, replication included.
+
+Results: bench/results/bench_pipeline.json (``bench_pipeline_<N>_brokers.json`` on N brokers).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ sys.path.insert(0, str(REPO))
 from bench.common import (  # noqa: E402
     cpu_by_role,
     free_port,
+    free_ports,
     percentile,
     process_cpu_s,
     settled_message_counts,
@@ -85,11 +89,11 @@ def step(run: str, n: int, length: int = 10) -> dict[str, Any]:
 class Stack:
     """``clawr1 up`` on a private data dir and free ports, with the stand-in engine as upstream."""
 
-    def __init__(self, workdir: Path, workers: int = 1) -> None:
-        self.api_port, self.kafka_port = free_port(), free_port()
+    def __init__(self, workdir: Path, kafka_nodes: int = 1, workers: int = 1) -> None:
+        self.api_port, self.kafka_port = free_port(), free_ports(kafka_nodes)
         self.reverse_port, self.engine_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
-        self.bootstrap = f"127.0.0.1:{self.kafka_port}"
+        self.bootstrap = ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(kafka_nodes))
         env = {**os.environ, "CLAWR1_DATA_DIR": str(workdir / "data")}
         env.pop("CLAWR1_KAFKA_BOOTSTRAP", None)
         clawr1 = [sys.executable, "-m", "clawr1.cli"]
@@ -98,6 +102,7 @@ class Stack:
                                        stderr=subprocess.STDOUT)
         self.up = subprocess.Popen(
             [*clawr1, "up", "--api-port", str(self.api_port), "--kafka-port", str(self.kafka_port),
+             "--kafka-nodes", str(kafka_nodes),
              "--proxy-port", str(free_port()), "--reverse-port", str(self.reverse_port),
              "--compat-port", str(free_port()),
              "--upstream", f"http://127.0.0.1:{self.engine_port}", "--workers", str(workers)],
@@ -278,12 +283,13 @@ def main() -> int:
                         help="also post steps in trajectories this long (0: skip) and compare")
     parser.add_argument("--workers", type=int, default=2,
                         help="also run the main white-box load on a stack with this many workers (1: skip)")
+    parser.add_argument("--kafka-nodes", type=int, default=1, help="local Kafka brokers (3: replicated)")
     args = parser.parse_args()
     size = len(codec_for().encode("whitebox_step", {
         **step("size", 1), "step_id": "s" * 32, "source_name": "anonymous", "received_at_ms": 0,
         "response_logprobs": [-0.5] * RESPONSE_TOKENS}))
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-pipeline-") as tmp:
-        stack = Stack(Path(tmp) / "one")
+        stack = Stack(Path(tmp) / "one", args.kafka_nodes)
         try:
             stack.wait_healthy()
             # Enough messages that the consumer's first fetch wait does not dominate the baseline.
@@ -301,7 +307,7 @@ def main() -> int:
             stack.stop()
         scaled = None
         if args.workers > 1:
-            stack = Stack(Path(tmp) / "many", workers=args.workers)
+            stack = Stack(Path(tmp) / "many", args.kafka_nodes, workers=args.workers)
             try:
                 stack.wait_healthy()
                 warm_up(stack, args)
@@ -310,6 +316,7 @@ def main() -> int:
                 stack.stop()
     worker_cpu = white["cpu_ms_per_step_by_process"].get("worker", 0.0)
     result = {
+        "kafka_nodes": args.kafka_nodes,
         "message_bytes": size,
         "kafka_round_trip_msgs_per_s": round(baseline, 1),
         "whitebox": {**white, "ratio_to_kafka": round(white["steps_per_s"] / baseline, 4)},
@@ -326,8 +333,10 @@ def main() -> int:
                 scaled["cpu_ms_per_step_by_process"].get("worker", 0.0) / worker_cpu, 3)
             if worker_cpu else None},
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    nodes = args.kafka_nodes
+    out = RESULTS if nodes == 1 else RESULTS.with_stem(f"bench_pipeline_{nodes}_brokers")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0
 

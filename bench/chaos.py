@@ -12,14 +12,20 @@ frozen worker (SIGSTOP for ``--freeze`` seconds: /healthz must name it once its 
 progress or it drops out of its group, and the supervisor must restart it; with ``--workers 2`` its
 partitions are processed meanwhile by the other worker).
 
+With ``--kafka-nodes 3`` the stack runs a local 3-broker cluster and the faults are the cluster's: one
+broker SIGKILLed (the supervisor starts it again after its backoff), then a rolling restart (SIGTERM
+to each broker in turn, the next once the last is back in sync). A probe posts one step at a time
+without retries meanwhile, so the figures say how long the gateway refused (503) after each fault.
+
 Figures: load held, faults with time to healthy, steps acknowledged vs in the pool, exact duplicates
 and losses (both must be 0), dead letters, rewards joined, and how long the pool took to hold every
 acknowledged step after the load stopped (at most ``--drain``). Run it::
 
-    .venv/bin/python bench/chaos.py            # full run -> bench/results/chaos.json
-    .venv/bin/python bench/chaos.py --quick    # the SIGKILL subset that make test runs
+    .venv/bin/python bench/chaos.py                   # full run -> bench/results/chaos.json
+    .venv/bin/python bench/chaos.py --quick           # the SIGKILL subset that make test runs
+    .venv/bin/python bench/chaos.py --kafka-nodes 3   # a broker lost, then a rolling restart
     .venv/bin/python bench/chaos.py --quick --runs 5 --whitebox-clients 2 --first-fault 20 --drain 120
-                                               # the stream-layer schedule: 5 runs in a row must pass
+                                                      # the stream-layer schedule: 5 runs in a row must pass
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port  # noqa: E402
+from bench.common import free_port, free_ports  # noqa: E402
 from clawr1.gateway.client import GatewayClient, GatewayError  # noqa: E402
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
@@ -56,16 +62,20 @@ SPOOL_TMPFS = "4m"
 
 
 class Stack:
-    """``clawr1 up`` in front of a stand-in engine, on free ports and a fresh data dir."""
+    """``clawr1 up`` in front of a stand-in engine, on free ports and a fresh data dir; ``kafka_nodes``
+    brokers on consecutive ports, ``env`` added to its environment."""
 
-    def __init__(self, data_dir: Path, log_file: Path, workers: int = 1,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, log_file: Path, kafka_nodes: int = 1,
+                 env: dict[str, str] | None = None, workers: int = 1) -> None:
         self.data_dir = data_dir
+        self.kafka_nodes = kafka_nodes
         self.workers = workers
-        self.ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "kafka", "compat")}
+        self.ports = {name: free_port() for name in ("engine", "api", "proxy", "reverse", "compat")}
+        self.ports["kafka"] = free_ports(kafka_nodes)
         self.api = f"http://127.0.0.1:{self.ports['api']}"
         self.reverse = f"http://127.0.0.1:{self.ports['reverse']}"
-        self.bootstrap = f"127.0.0.1:{self.ports['kafka']}"
+        self.bootstrap = ",".join(f"127.0.0.1:{self.ports['kafka'] + i}" for i in range(kafka_nodes))
+        self.log_file = log_file
         self._log = log_file.open("ab")
         self._env = {**{k: v for k, v in os.environ.items() if not k.startswith("CLAWR1_")}, **(env or {})}
         self.engine: subprocess.Popen[bytes] | None = None
@@ -78,8 +88,9 @@ class Stack:
         self.up = subprocess.Popen(
             [*CLAWR1, "up", "--data-dir", str(self.data_dir), "--api-port", str(self.ports["api"]),
              "--proxy-port", str(self.ports["proxy"]), "--reverse-port", str(self.ports["reverse"]),
-             "--kafka-port", str(self.ports["kafka"]), "--compat-port", str(self.ports["compat"]),
-             "--upstream", f"http://127.0.0.1:{self.ports['engine']}", "--workers", str(self.workers)],
+             "--kafka-port", str(self.ports["kafka"]), "--kafka-nodes", str(self.kafka_nodes),
+             "--compat-port", str(self.ports["compat"]), "--workers", str(self.workers),
+             "--upstream", f"http://127.0.0.1:{self.ports['engine']}"],
             env=self._env, stdout=self._log, stderr=self._log)
         self.wait_healthy(timeout)
         return time.monotonic() - started
@@ -153,6 +164,17 @@ class Stack:
         return code
 
 
+@contextmanager
+def running(stack: Stack) -> Iterator[Stack]:
+    """``stack`` started and, on the way out, stopped as with Ctrl-C; it must then exit with 0."""
+    try:
+        stack.start()
+        yield stack
+    finally:
+        code = stack.stop()
+    assert code == 0, f"clawr1 up did not stop cleanly on SIGINT (exit {code}); see {stack.log_file}"
+
+
 @dataclass
 class LoadFigures:
     proxy_calls_answered: int = 0
@@ -164,9 +186,20 @@ class LoadFigures:
     feedback_acked: int = 0
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One probe request: when it was sent and answered (monotonic clock), and the HTTP status (0: none)."""
+
+    sent: float
+    answered: float
+    status: int
+
+
 @dataclass
 class Load:
-    """Two bounded agent loops; what they were told was accepted is what must be in the pool."""
+    """Bounded agent loops: an agent through the proxy, ``whitebox_clients`` gateway clients, and with
+    ``probe`` one posting a step at a time without retries (every answer kept);
+    what they were told was accepted is what must be in the pool."""
 
     stack: Stack
     run_id: str
@@ -174,17 +207,19 @@ class Load:
     batch_size: int = 10
     max_ops: int = 20_000
     pause_s: float = 0.05
+    probe: bool = False
     figures: LoadFigures = field(default_factory=LoadFigures)
     answered: set[str] = field(default_factory=set)
     acked: dict[str, tuple[str, int]] = field(default_factory=dict)
     rewarded: set[str] = field(default_factory=set)
+    answers: list[Answer] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
 
     def start(self) -> None:
         clients = [partial(self._whitebox_agent, n) for n in range(self.whitebox_clients)]
-        targets = [self._proxy_agent, *clients]
+        targets = [self._proxy_agent, *clients, *([self._gateway_probe] if self.probe else [])]
         for n, target in enumerate(targets):
             thread = threading.Thread(target=target, name=f"chaos-load-{n}", daemon=True)
             thread.start()
@@ -246,6 +281,37 @@ class Load:
                         self.figures.batches_failed += 1
                 time.sleep(self.pause_s * 4)
 
+    def _gateway_probe(self) -> None:
+        """What a client without retries sees: each answer's status and how long it took."""
+        with httpx.Client(base_url=self.stack.api, timeout=30) as client:
+            for i in range(self.max_ops):
+                if self._stop.is_set():
+                    return
+                trajectory = f"chaos-{self.run_id}-tprobe-{i}"
+                sent = time.monotonic()
+                try:
+                    reply = client.post("/v1/steps", json=[{
+                        "trajectory_id": trajectory, "step_index": 0, "prompt_token_ids": [5, i % 250],
+                        "response_token_ids": [6], "terminal": True}])
+                    status = reply.status_code
+                except httpx.HTTPError:
+                    status = 0
+                self.answers.append(Answer(sent, time.monotonic(), status))
+                if status == 202:
+                    self.acked[reply.json()["ids"][0]] = (trajectory, 0)
+                time.sleep(self.pause_s * 2)
+
+    def refusals_after(self, started: float, until: float | None = None) -> dict[str, float]:
+        """The probe's view of a fault at ``started`` (up to the next one, at ``until``): how long after
+        it the last refusal came (0 when none did), how many there were, and the slowest
+        acknowledgement of a request sent after it."""
+        after = [a for a in self.answers if a.sent >= started and (until is None or a.sent < until)]
+        refused = [a for a in after if a.status != 202]
+        acked = [a for a in after if a.status == 202]
+        return {"refused": len(refused),
+                "refused_for_s": round(max((a.answered - started for a in refused), default=0.0), 1),
+                "slowest_ack_s": round(max((a.answered - a.sent for a in acked), default=0.0), 1)}
+
 
 @dataclass
 class Fault:
@@ -254,6 +320,7 @@ class Fault:
     detail: str = ""
     health_named: list[str] = field(default_factory=list)
     figures: dict[str, object] = field(default_factory=dict)
+    at: float = 0.0  # when it was injected (monotonic clock): the probe's answers after it are its own
 
 
 def _restarted(stack: Stack, role: str, old_pid: int) -> Callable[[], bool]:
@@ -265,10 +332,56 @@ def _restarted(stack: Stack, role: str, old_pid: int) -> Callable[[], bool]:
 
 def kill_role(stack: Stack, role: str, sig: signal.Signals = signal.SIGKILL) -> Fault:
     pid = stack.pid(role)
+    at = time.monotonic()
     os.kill(pid, sig)
     missing: set[str] = set()
     healthy = stack.wait_healthy(HEAL_TIMEOUT_S, _restarted(stack, role, pid), missing)
-    return Fault(f"{sig.name} {role}", healthy, health_named=sorted(missing))
+    return Fault(f"{sig.name} {role}", healthy, health_named=sorted(missing), at=at)
+
+
+def kafka_view(bootstrap: str) -> tuple[int | None, set[int], int]:
+    """The active controller's id, the live brokers and how many partitions are under-replicated."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    controller = admin.describe_cluster(request_timeout=10).result(15).controller
+    metadata = admin.list_topics(timeout=10)
+    lagging = sum(1 for topic in metadata.topics.values() for p in topic.partitions.values()
+                  if len(p.isrs) < len(p.replicas))
+    return (controller.id if controller else None), set(metadata.brokers), lagging
+
+
+def broker_fault(stack: Stack, node: int, sig: signal.Signals) -> Fault:
+    """``sig`` to broker ``node`` of a cluster; back once the supervisor restarted it, /healthz is 200,
+    the broker is live again and no partition is under-replicated (it caught up)."""
+    fault = kill_role(stack, f"broker-{node}", sig)
+    back_s = in_sync_s = None
+    while (elapsed := time.monotonic() - fault.at) < HEAL_TIMEOUT_S:
+        with contextlib.suppress(Exception):  # a cluster between leaders may not answer at once
+            _, live, lagging = kafka_view(stack.bootstrap)
+            back_s = back_s or (elapsed if node in live else None)
+            if back_s and not lagging:
+                in_sync_s = elapsed
+                break
+        time.sleep(0.5)
+    if in_sync_s is None:
+        raise TimeoutError(f"broker {node} not back in sync within {HEAL_TIMEOUT_S:.0f}s")
+    fault.figures = {"back_s": round(back_s or in_sync_s, 1), "in_sync_s": round(in_sync_s, 1)}
+    return fault
+
+
+def kill_controller(stack: Stack) -> Fault:
+    """SIGKILL the node that is the active controller: its partitions and the quorum both lose a leader."""
+    controller, _, _ = kafka_view(stack.bootstrap)
+    fault = broker_fault(stack, controller or 1, signal.SIGKILL)
+    fault.detail = "the active controller"
+    return fault
+
+
+def rolling_restart(stack: Stack) -> list[tuple[str, Callable[[Stack], Fault]]]:
+    """SIGTERM each broker in turn, the next once the last is back in sync."""
+    return [(f"restart broker-{node}", lambda s, node=node: broker_fault(s, node, signal.SIGTERM))
+            for node in range(1, stack.kafka_nodes + 1)]
 
 
 def pause_broker(stack: Stack, seconds: float = 8.0) -> Fault:
@@ -412,11 +525,12 @@ def spool_tmpfs(data_dir: Path, wanted: bool) -> Iterator[bool]:
 
 
 def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], settle_s: float,
-               drain_s: float, first_fault_s: float | None = None,
-               whitebox_clients: int = 1) -> dict[str, object]:
+               drain_s: float, first_fault_s: float | None = None, whitebox_clients: int = 1,
+               probe: bool = False) -> dict[str, object]:
     """Load on a healthy stack, the first fault after ``first_fault_s`` of it (default ``settle_s``), each
-    next after ``settle_s``, then the pool's figures once it holds everything acknowledged."""
-    load = Load(stack, run_id=f"{time.time_ns()}", whitebox_clients=whitebox_clients)
+    next after ``settle_s``, then the pool's figures once it holds everything acknowledged; with
+    ``probe``, each fault's figures add what a client without retries saw after it."""
+    load = Load(stack, run_id=f"{time.time_ns()}", whitebox_clients=whitebox_clients, probe=probe)
     faults: list[Fault] = []
     load.start()
     started = time.monotonic()
@@ -430,6 +544,9 @@ def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], s
     finally:
         load.stop()
     load_s = time.monotonic() - started
+    if probe:
+        for fault, following in zip(faults, [*faults[1:], None], strict=True):
+            fault.figures |= load.refusals_after(fault.at, following.at if following else None)
     pool, drained_s = drain(stack, load, drain_s)
     return {
         "load_s": round(load_s, 1),
@@ -442,6 +559,22 @@ def run_faults(stack: Stack, plan: list[tuple[str, Callable[[Stack], Fault]]], s
     }
 
 
+# A killed broker of a cluster comes back after this long (the supervisor's first backoff): long enough
+# for the cluster to fence it and move its partitions' leaders, so the run shows the cluster serving
+# without it, not only a fast restart.
+CLUSTER_RESTART_BACKOFF_S = "5"
+
+
+def cluster_stack(data_dir: Path, log_file: Path, nodes: int = 3) -> Stack:
+    return Stack(data_dir, log_file, kafka_nodes=nodes,
+                 env={"CLAWR1_RESTART_BACKOFF_S": CLUSTER_RESTART_BACKOFF_S})
+
+
+def cluster_plan(stack: Stack) -> list[tuple[str, Callable[[Stack], Fault]]]:
+    """The active controller SIGKILLed, then a rolling restart of every broker."""
+    return [("kill controller", kill_controller), *rolling_restart(stack)]
+
+
 @dataclass(frozen=True)
 class Plan:
     quick: bool
@@ -452,12 +585,16 @@ class Plan:
     workers: int = 1
     freeze_s: float = 0.0  # > 0: also freeze a worker this long
     stall_s: float = 30.0
+    kafka_nodes: int = 1  # > 1: break a local Kafka cluster instead
 
 
 def run(plan: Plan, work_dir: Path) -> dict[str, object]:
     data_dir = work_dir / "data"
-    with spool_tmpfs(data_dir, wanted=not plan.quick) as tmpfs:
-        stack = Stack(data_dir, work_dir / "stack.log", plan.workers, {"CLAWR1_STALL_S": str(plan.stall_s)})
+    clustered = plan.kafka_nodes > 1
+    with spool_tmpfs(data_dir, wanted=not plan.quick and not clustered) as tmpfs:
+        stack = (cluster_stack(data_dir, work_dir / "stack.log", plan.kafka_nodes) if clustered
+                 else Stack(data_dir, work_dir / "stack.log", env={"CLAWR1_STALL_S": str(plan.stall_s)},
+                            workers=plan.workers))
         try:
             startup = stack.start()
             faults = QUICK_FAULTS if plan.quick else QUICK_FAULTS + FULL_EXTRAS
@@ -465,12 +602,13 @@ def run(plan: Plan, work_dir: Path) -> dict[str, object]:
                 faults = [*faults, ("spool full", fill_spool)]
             if plan.freeze_s > 0:
                 faults = [*faults, ("freeze worker", partial(freeze_worker, seconds=plan.freeze_s))]
-            result = run_faults(stack, faults, plan.settle_s, plan.drain_s, plan.first_fault_s,
-                                plan.whitebox_clients)
+            result = run_faults(stack, cluster_plan(stack) if clustered else faults, plan.settle_s,
+                                plan.drain_s, plan.first_fault_s, plan.whitebox_clients, probe=clustered)
         finally:
             exit_code = stack.stop()
-    return {"mode": "quick" if plan.quick else "full", "plan": asdict(plan), "startup_s": round(startup, 1),
-            **result, "clean_stop_exit_code": exit_code, "spool_tmpfs": tmpfs}
+    mode = f"{plan.kafka_nodes} brokers" if clustered else "quick" if plan.quick else "full"
+    return {"mode": mode, "plan": asdict(plan), "startup_s": round(startup, 1), **result,
+            "clean_stop_exit_code": exit_code, "spool_tmpfs": tmpfs}
 
 
 def table(result: dict[str, object]) -> str:
@@ -483,7 +621,8 @@ def table(result: dict[str, object]) -> str:
             ("proxy calls refused during faults", load["proxy_calls_failed"]),
             ("gateway batches acked / failed", f"{load['batches_acked']} / {load['batches_failed']}")]
     rows += [(f"fault: {f['name']} -> healthy (s)", f["healthy_after_s"]) for f in result["faults"]]
-    rows += [(f"fault: {f['name']}", json.dumps(f["figures"])) for f in result["faults"] if f["figures"]]
+    rows += [(f"fault: {f['name']} -> {figure}", value) for f in result["faults"]
+             for figure, value in f["figures"].items()]
     rows += [("steps acked / in pool", f"{pool['steps_acked']} / {pool['steps_in_pool']}"),
              ("calls answered / captured", f"{pool['calls_answered']} / {pool['calls_captured']}"),
              ("exact duplicates (steps + calls)", pool["steps_duplicated"] + pool["calls_duplicated"]),
@@ -509,12 +648,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freeze", type=float, default=0.0,
                         help="also SIGSTOP a worker this many seconds")
     parser.add_argument("--stall", type=float, default=30.0, help="CLAWR1_STALL_S of the stack")
+    parser.add_argument("--kafka-nodes", type=int, default=1,
+                        help="break a local Kafka cluster instead (a broker killed, a rolling restart)")
     parser.add_argument("--runs", type=int, default=1,
                         help="runs in a row, each on a fresh stack; all must pass")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "chaos.json")
     args = parser.parse_args(argv)
     plan = Plan(args.quick, args.settle, args.drain, args.first_fault, args.whitebox_clients, args.workers,
-                args.freeze, args.stall)
+                args.freeze, args.stall, args.kafka_nodes)
     results = []
     for n in range(args.runs):
         work_dir = Path(tempfile.mkdtemp(prefix="clawr1-chaos-"))

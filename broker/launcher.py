@@ -1,7 +1,12 @@
-"""Runs a single-node Apache Kafka 4.x broker (KRaft, combined broker+controller) from Maven jars.
+"""Runs Apache Kafka 4.x (KRaft) from Maven jars: one combined broker+controller, or a local cluster.
 
 The jars are resolved by ``broker/pom.xml`` into ``.cache/kafka/lib`` (``make install``). Storage is
 formatted once per data directory; later starts reuse it, so acknowledged data survives restarts.
+
+A cluster of N nodes (``KafkaCluster``) runs N processes on ports ``port .. port + N - 1``, each with its
+own data directory. With three or more nodes every node is also a controller (a quorum of N, so one node
+may be lost); with two, the first node alone is. The broker defaults make every topic the stack creates
+(and Kafka's own offsets and transaction-state topics) keep ``replication_for(N)`` copies.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from clawr1.core.settings import local_kafka_ports
 from clawr1.core.signals import stop_on_signals
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -54,48 +60,114 @@ def classpath(jars: Path | None = None) -> str:
     return os.pathsep.join(str(j) for j in found)
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
-    """Single-node settings: every internal topic has replication factor 1, rebalances start at once."""
+@dataclass(frozen=True)
+class Replication:
+    """Copies of each partition, and how many must hold a write before it is acknowledged (acks=all)."""
+
+    factor: int
+    min_insync: int
+
+
+def replication_for(nodes: int) -> Replication:
+    """min(3, N) copies; two of them in sync once there are three, so losing one broker neither loses an
+    acknowledged write nor refuses new ones (with fewer nodes, every copy is all there is)."""
+    factor = min(3, nodes)
+    return Replication(factor, 2 if factor >= 3 else 1)
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: int
+    port: int
+    controller_port: int | None  # None: a broker only
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Where each node of a local cluster listens. Fixed for a run: every node's config names every
+    controller, so a node restarted by the supervisor must come back on the same ports."""
+
+    nodes: tuple[Node, ...]
+
+    @classmethod
+    def plan(cls, port: int, count: int) -> ClusterLayout:
+        """Brokers on ``port .. port + count - 1``; controllers (every node from three on, else the first)
+        on the ports after them when free."""
+        if count < 1:
+            raise BrokerError(f"a Kafka cluster needs at least one node, not {count}")
+        ports = local_kafka_ports(port, count)
+        controllers = count if count >= 3 else 1
+        return cls(tuple(
+            Node(i + 1, broker_port, free_port_at(port + count + i) if i < controllers else None)
+            for i, broker_port in enumerate(ports)))
+
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self.nodes if n.controller_port)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+
+    @property
+    def replication(self) -> Replication:
+        return replication_for(len(self.nodes))
+
+
+def server_properties(data_dir: Path, node: Node, layout: ClusterLayout) -> str:
+    """One node's settings. Internal topics and the defaults of created topics get the layout's
+    replication; the transaction state log too (the stream layer's exactly-once writes need it)."""
+    copies = layout.replication
+    listeners = [f"PLAINTEXT://127.0.0.1:{node.port}"]
+    if node.controller_port:
+        listeners.append(f"CONTROLLER://127.0.0.1:{node.controller_port}")
     props = {
-        "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "process.roles": "broker,controller" if node.controller_port else "broker",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": layout.voters,
+        "listeners": ",".join(listeners),
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(data_dir / "logs"),
         "num.partitions": "1",
         "auto.create.topics.enable": "true",
-        "offsets.topic.replication.factor": "1",
+        "default.replication.factor": str(copies.factor),
+        "min.insync.replicas": str(copies.min_insync),
+        "offsets.topic.replication.factor": str(copies.factor),
         "offsets.topic.num.partitions": "4",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": str(copies.factor),
+        "transaction.state.log.min.isr": str(copies.min_insync),
         "transaction.state.log.num.partitions": "4",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": str(copies.factor),
+        "share.coordinator.state.topic.min.isr": str(copies.min_insync),
         "group.initial.rebalance.delay.ms": "0",
+        # A killed node's partitions get new leaders once the controller fences it: after 6 s without a
+        # heartbeat (Kafka's 9 s default held writes to its partitions ~11 s here, close to the gateway's
+        # 15 s delivery timeout).
+        "broker.session.timeout.ms": "6000",
+        "broker.heartbeat.interval.ms": "1000",
         "log.retention.hours": "168",
         "log.segment.bytes": str(256 * 1024 * 1024),
     }
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
-def controller_port_beside(port: int) -> int:
-    """``port + 1`` when nothing holds it, else a free port the system picks.
+def free_port_at(candidate: int) -> int:
+    """``candidate`` when nothing holds it, else a free port the system picks.
 
-    A client's outgoing connection can sit on the port next to the broker's (seen in CI: the controller
+    A client's outgoing connection can sit on a port next to the broker's (seen in CI: the controller
     could not bind, and the broker exited before the stack came up).
     """
-    for candidate in (port + 1, 0):
+    for port in (candidate, 0):
         with socket.socket() as probe:
             try:
-                probe.bind(("127.0.0.1", candidate))
+                probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return int(probe.getsockname()[1])
-    raise BrokerError("no free port for the broker's controller listener")
+    raise BrokerError("no free port for a controller listener")
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -108,13 +180,20 @@ def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
 
 @dataclass
 class KafkaBroker:
-    """A local broker process; use as a context manager or call start()/stop()."""
+    """A local broker process; use as a context manager or call start()/stop().
+
+    Alone (no ``layout``) it is a single combined broker+controller whose controller port is chosen at
+    each launch. As node ``node_id`` of a ``KafkaCluster`` it takes its ports from the layout and its
+    cluster id from ``cluster_id_file``, shared by every node."""
 
     data_dir: Path
     port: int = 9092
     controller_port: int | None = None
     heap: str = "512m"
     process: subprocess.Popen[bytes] | None = None
+    node_id: int = 1
+    layout: ClusterLayout | None = None
+    cluster_id_file: Path | None = None
 
     @property
     def bootstrap(self) -> str:
@@ -133,15 +212,20 @@ class KafkaBroker:
             )
         return java
 
+    def _layout(self) -> tuple[Node, ClusterLayout]:
+        if self.layout is not None:
+            return self.layout.nodes[self.node_id - 1], self.layout
+        node = Node(1, self.port, self.controller_port or free_port_at(self.port + 1))
+        return node, ClusterLayout((node,))
+
     def prepare(self) -> Path:
         """Write the config and format KRaft storage on first use; returns the properties file."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        cport = self.controller_port or controller_port_beside(self.port)
         config = self.data_dir / "server.properties"
-        config.write_text(server_properties(self.data_dir.resolve(), self.port, cport))
+        config.write_text(server_properties(self.data_dir.resolve(), *self._layout()))
         (self.data_dir / "log4j2.xml").write_text(_LOG4J2_XML.format(log_file=self.log_file.resolve()))
         if not (self.data_dir / "logs" / "meta.properties").exists():
-            cluster_id_file = self.data_dir / "cluster.id"
+            cluster_id_file = self.cluster_id_file or self.data_dir / "cluster.id"
             if not cluster_id_file.exists():
                 cluster_id_file.write_text(_kafka_uuid())
             result = subprocess.run(
@@ -193,7 +277,8 @@ class KafkaBroker:
         return self.process
 
     def wait_ready(self, timeout: float) -> None:
-        """Ready means the broker answers metadata requests, not merely that its port is open."""
+        """Ready means this node serves as a broker: its metadata lists it among the live (unfenced)
+        brokers, not merely that its port is open (in a cluster it answers before it has caught up)."""
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout
@@ -205,7 +290,7 @@ class KafkaBroker:
                 admin = admin or AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
                 try:
                     metadata = admin.list_topics(timeout=2)
-                    if metadata.brokers:
+                    if self.node_id in metadata.brokers:
                         return
                 except Exception:  # noqa: BLE001 - librdkafka raises KafkaException while starting
                     pass
@@ -235,6 +320,67 @@ class KafkaBroker:
         self.stop()
 
 
+class KafkaCluster:
+    """``nodes`` local brokers under ``data_dir`` (``node-<id>/`` each; a single node uses ``data_dir``
+    itself, as before clusters existed). A data directory keeps the node count it was first started with:
+    a different count would need a quorum change, so it is refused with the reason."""
+
+    def __init__(self, data_dir: Path, port: int = 9092, nodes: int = 1, heap: str = "512m") -> None:
+        self.data_dir = data_dir
+        self.layout = ClusterLayout.plan(port, nodes)
+        self._check_node_count(nodes)
+        if nodes == 1:
+            self.brokers = [KafkaBroker(data_dir, port, heap=heap)]
+        else:
+            self.brokers = [KafkaBroker(data_dir / f"node-{n.node_id}", n.port, heap=heap, node_id=n.node_id,
+                                        layout=self.layout, cluster_id_file=data_dir / "cluster.id")
+                            for n in self.layout.nodes]
+
+    def _check_node_count(self, nodes: int) -> None:
+        record = self.data_dir / "nodes"
+        single = (self.data_dir / "logs" / "meta.properties").exists()
+        before = int(record.read_text()) if record.exists() else (1 if single else None)
+        if before is not None and before != nodes:
+            raise BrokerError(f"{self.data_dir} holds a {before}-node Kafka cluster, not {nodes}: start it "
+                              f"with {before} node(s), or use another data directory")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        record.write_text(str(nodes))
+
+    @property
+    def bootstrap(self) -> str:
+        return self.layout.bootstrap
+
+    def role_name(self, broker: KafkaBroker) -> str:
+        """``broker`` for a single node, ``broker-<id>`` in a cluster (the supervisor's role names)."""
+        return "broker" if len(self.brokers) == 1 else f"broker-{broker.node_id}"
+
+    def start(self, wait: float = 120.0) -> KafkaCluster:
+        """Launch every node, then wait for each: a quorum forms only once most controllers run."""
+        for broker in self.brokers:
+            broker.launch()
+        self.wait_ready(wait)
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for broker in self.brokers:
+            broker.wait_ready(max(1.0, deadline - time.monotonic()))
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM to every node at once (each shuts down cleanly), then wait."""
+        for broker in self.brokers:
+            if broker.process is not None and broker.process.poll() is None:
+                broker.process.send_signal(signal.SIGTERM)
+        for broker in self.brokers:
+            broker.stop(timeout)
+
+    def __enter__(self) -> KafkaCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 def _kafka_uuid() -> str:
     """Kafka's cluster ids are URL-safe base64 of 16 random bytes without padding. Like Kafka's own
     generator, never start with '-': the storage tool's argument parser would read it as an option."""
@@ -246,18 +392,19 @@ def _kafka_uuid() -> str:
             return cluster_id
 
 
-def run_foreground(data_dir: Path, port: int, heap: str, controller_port: int | None = None) -> int:
-    """``clawr1 kafka``: run until SIGINT/SIGTERM, then stop the broker cleanly."""
-    broker = KafkaBroker(data_dir=data_dir, port=port, heap=heap, controller_port=controller_port)
+def run_foreground(data_dir: Path, port: int, heap: str, nodes: int = 1) -> int:
+    """``clawr1 kafka``: run until SIGINT/SIGTERM (or a node exits), then stop every node cleanly."""
+    cluster = KafkaCluster(data_dir, port, nodes, heap)
     started = time.monotonic()
-    broker.start()
+    cluster.start()
     print(
-        f"kafka ready on {broker.bootstrap} in {time.monotonic() - started:.1f}s (data: {data_dir})",
+        f"kafka ready on {cluster.bootstrap} in {time.monotonic() - started:.1f}s "
+        f"({nodes} node(s), replication {cluster.layout.replication.factor}; data: {data_dir})",
         flush=True,
     )
     stop = stop_on_signals()
-    assert broker.process is not None
-    while not stop.wait(0.2) and broker.process.poll() is None:
+    processes = [b.process for b in cluster.brokers if b.process is not None]
+    while not stop.wait(0.2) and all(p.poll() is None for p in processes):
         pass
-    broker.stop()
-    return 0 if stop.is_set() else (broker.process.returncode or 1)
+    cluster.stop()
+    return 0 if stop.is_set() else next((p.returncode or 1 for p in processes if p.returncode), 1)

@@ -27,10 +27,12 @@ def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clawr1", description="Claw-R1: data middleware for agentic RL")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    kafka = sub.add_parser("kafka", help="run the single-node Kafka broker (KRaft) in the foreground")
+    kafka = sub.add_parser("kafka", help="run a local Kafka broker (KRaft), or cluster, in the foreground")
     _common(kafka)
     kafka.add_argument("--port", dest="kafka_port", type=int)
     kafka.add_argument("--heap", dest="kafka_heap")
+    kafka.add_argument("--nodes", dest="kafka_nodes", type=int,
+                       help="brokers on --port and the ports after it (default 1; 3+ survive losing one)")
 
     up = sub.add_parser("up", help="run the whole local stack in the foreground")
     _common(up)
@@ -41,6 +43,8 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--compat-port", dest="compat_port", type=int,
                     help="the seed Claw-R1 gateway's protocol (default 8100; 0 = off)")
     up.add_argument("--kafka-port", dest="kafka_port", type=int)
+    up.add_argument("--kafka-nodes", dest="kafka_nodes", type=int,
+                    help="local Kafka brokers on --kafka-port and the ports after it (default 1)")
     up.add_argument("--capture-token-ids", dest="capture_token_ids", action="store_true", default=None)
     up.add_argument("--demo", action="store_true", help="start a stand-in LLM engine and a demo workload")
     up.add_argument("--workers", type=int, help="stream worker processes (CLAWR1_WORKERS, default 1)")
@@ -117,6 +121,7 @@ _SETTING_FLAGS = (
     "data_dir",
     "kafka_port",
     "kafka_heap",
+    "kafka_nodes",
     "proxy_port",
     "reverse_port",
     "upstream",
@@ -165,7 +170,8 @@ def _or_exit(command: str, start: Callable[[], None]) -> int:
 def _cmd_kafka(settings: Settings) -> int:
     from clawr1.broker.launcher import run_foreground
 
-    return run_foreground(settings.data_dir / "kafka", settings.kafka_port, settings.kafka_heap)
+    return run_foreground(settings.data_dir / "kafka", settings.kafka_port, settings.kafka_heap,
+                          settings.kafka_nodes)
 
 
 def _watched_groups(settings: Settings, with_sink: bool,
@@ -207,9 +213,9 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     data_dir = settings.data_dir.resolve()
     # Two stores on one DSN (allowed within a process): a long analyst query never stalls the sink.
-    store = PoolStore(settings.pool_dsn)
+    store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     store.migrate()
-    sink_store = PoolStore(settings.pool_dsn)
+    sink_store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
     analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
                          SqlLimits.from_settings(settings))
@@ -312,10 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_config(settings, args)
     if args.command == "status":
         from clawr1.stack import STATE_FILE
-        from clawr1.status import print_status
+        from clawr1.status import print_status, stack_bootstrap
 
-        return print_status(args.api or f"http://127.0.0.1:{settings.api_port}",
-                            settings.data_dir.resolve() / STATE_FILE)
+        data_dir = settings.data_dir.resolve()
+        return print_status(args.api or f"http://127.0.0.1:{settings.api_port}", data_dir / STATE_FILE,
+                            stack_bootstrap(data_dir, settings.bootstrap_servers))
     if args.command == "kafka":
         return _cmd_kafka(settings)
     if args.command == "up":

@@ -1,8 +1,9 @@
 """``clawr1 up``: the local stack as one supervised group of processes.
 
-The stack owns the Kafka broker (when no external bootstrap is configured) and starts one process
-per role: the API process (gateway + pool SQL + sink + compat port; it owns the embedded chDB pool,
-which allows a single process), the stream worker, the proxy, and the rewarder when
+The stack owns the Kafka broker, or a local cluster of ``CLAWR1_KAFKA_NODES`` brokers, each a role
+of its own (when no external bootstrap is configured), and starts one process per role: the API
+process (gateway + pool SQL + sink + compat port; it owns the embedded chDB pool, which allows a
+single process), the stream worker, the proxy, and the rewarder when
 ``CLAWR1_REWARD_FN`` names a reward function. Children get the same settings through ``CLAWR1_*``
 variables. Once the stack is healthy, a role that dies is restarted (``clawr1.supervisor``); an exit
 during start-up, or a crash loop, stops the whole stack with the reason.
@@ -22,13 +23,14 @@ from pathlib import Path
 import httpx
 
 from clawr1 import readiness
-from clawr1.broker.launcher import KafkaBroker
+from clawr1.broker.launcher import KafkaCluster
 from clawr1.core import registry
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.progress import ProgressWatch
 from clawr1.core.settings import Settings, settings_to_env
 from clawr1.core.signals import stop_on_signals
 from clawr1.core.topics import ALL_TOPICS
+from clawr1.status import BOOTSTRAP_FILE
 from clawr1.streams.config import StreamConfig
 from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor
 
@@ -85,16 +87,23 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
     demo_thread: threading.Thread | None = None
     progress: ProgressWatch | None = None
     try:
+        # Topics follow the cluster's replication (ensure_topics); the worker's changelogs need it named.
+        replicated: dict[str, str] = {}
         if settings.manages_kafka:
-            broker = KafkaBroker(data_dir=data_dir / "kafka", port=settings.kafka_port,
-                                 heap=settings.kafka_heap)
-            # Tier 0: stopped after its clients, so they flush into it first.
-            supervisor.add(ProcessRole("broker", broker.launch, log_file=broker.log_file,
-                                       stop_timeout_s=60.0), tier=0)
-            broker.wait_ready(90.0)
-            print(f"[clawr1] kafka ready on {broker.bootstrap}", flush=True)
+            cluster = KafkaCluster(data_dir / "kafka", settings.kafka_port, settings.kafka_nodes,
+                                   settings.kafka_heap)
+            for broker in cluster.brokers:
+                # Tier 0: stopped after its clients, so they flush into it first.
+                supervisor.add(ProcessRole(cluster.role_name(broker), broker.launch, log_file=broker.log_file,
+                                           stop_timeout_s=60.0), tier=0)
+            cluster.wait_ready(120.0)
+            replicated["CLAWR1_STREAMS_REPLICATION"] = str(cluster.layout.replication.factor)
+            print(f"[clawr1] kafka ready on {cluster.bootstrap}", flush=True)
+        (data_dir / BOOTSTRAP_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (data_dir / BOOTSTRAP_FILE).write_text(settings.bootstrap_servers)
         ensure_topics(settings.bootstrap_servers, [t.name for t in ALL_TOPICS], settings.topic_partitions)
         env = {
+            **replicated,
             **os.environ,
             **settings_to_env(settings),
             "CLAWR1_KAFKA_BOOTSTRAP": settings.bootstrap_servers,
@@ -160,6 +169,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             demo_thread.join(timeout=30)
         supervisor.stop_all()
         readiness.clear(data_dir)
+        (data_dir / BOOTSTRAP_FILE).unlink(missing_ok=True)
         print("[clawr1] stopped", flush=True)
 
 

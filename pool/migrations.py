@@ -24,12 +24,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from clawr1.pool.cluster import cluster_statements, database_statement
 from clawr1.pool.consumer_tables import CONSUMER_MIGRATIONS
 
 
 class MigrationStore(Protocol):
     """What migrations need from a store (``clawr1.pool.store.PoolStore`` is one); declared here so this
     module does not import the store, which imports it to migrate."""
+
+    database: str
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
                 settings: Mapping[str, Any] | None = None) -> Any: ...
@@ -374,16 +377,25 @@ def applied_ids(store: MigrationStore) -> set[str]:
     return {row["id"] for row in store.query("SELECT DISTINCT id FROM schema_migrations")}
 
 
-def apply_migrations(store: MigrationStore, migrations: list[tuple[str, str]] | None = None) -> list[str]:
-    """Run the migrations not yet recorded, in order; returns their ids."""
-    store.command(_BOOTSTRAP)
+def apply_migrations(store: MigrationStore, migrations: list[tuple[str, str]] | None = None,
+                     cluster: str = "") -> list[str]:
+    """Run the migrations not yet recorded, in order; returns their ids. On a ClickHouse ``cluster``
+    each statement runs in its cluster form (``clawr1.pool.cluster``)."""
+
+    def run(statement: str) -> None:
+        for each in cluster_statements(statement, cluster, store.database) if cluster else [statement]:
+            store.command(each)
+
+    if cluster:
+        store.command(database_statement(cluster, store.database))
+    run(_BOOTSTRAP.strip())
     done = applied_ids(store)
     applied: list[str] = []
     for migration_id, sql in migrations if migrations is not None else all_migrations():
         if migration_id in done:
             continue
         for statement in split_statements(sql):
-            store.command(statement)
+            run(statement)
         store.insert("schema_migrations", [[migration_id]], ["id"], dedup_token=f"migration:{migration_id}")
         applied.append(migration_id)
     return applied

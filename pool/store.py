@@ -2,9 +2,10 @@
 
 ``PoolStore(dsn)`` wraps a clickhouse-connect client. ``chdb:///abs/path`` opens the embedded engine
 (one engine path per process, the directory locked against other processes); ``http(s)://user:pass@host:port/db``
-talks to a ClickHouse server. Calls are serialized by a lock because a clickhouse-connect client (and
-the chDB handle under it) is not safe to share between threads mid-call; give each thread that must not
-wait on the others (the sink, the HTTP API) its own store on the same DSN.
+talks to a ClickHouse server, and with ``cluster`` (``CLAWR1_CLICKHOUSE_CLUSTER``) migrates the pool
+onto that server's cluster (``clawr1.pool.cluster``). Calls are serialized by a lock because a
+clickhouse-connect client (and the chDB handle under it) is not safe to share between threads mid-call;
+give each thread that must not wait on the others (the sink, the HTTP API) its own store on the same DSN.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from clawr1.pool.migrations import apply_migrations
 # "Received ClickHouse exception, code: N, server response: " and appends the URL; chDB's text starts
 # here already. The code itself is read from the exception, never from this text.
 _TEXT_START = re.compile(r"Code: \d+\..*", re.DOTALL)
+# Every insert: synchronous through a Distributed table (no effect on any other table).
+_INSERT_SETTINGS = {"distributed_foreground_insert": 1}
 
 
 class PoolError(RuntimeError):
@@ -79,13 +82,18 @@ def open_client(dsn: str, database: str | None = None) -> Client:
 class PoolStore:
     """Thread-safe, typed access to the pool: migrate, query, insert, close."""
 
-    def __init__(self, dsn: str, database: str | None = None) -> None:
+    def __init__(self, dsn: str, database: str | None = None, cluster: str = "") -> None:
+        if cluster and is_embedded(dsn):
+            raise PoolError(f"a ClickHouse cluster ({cluster!r}) needs a server DSN, not the embedded pool "
+                            f"{dsn}: set CLAWR1_CLICKHOUSE_DSN to one of its servers")
         self.dsn = dsn
+        self.cluster = cluster
         self._lock = threading.Lock()
         if database:
-            # A database must exist before a client can select it.
+            # A database must exist before a client can select it (on every node of a cluster).
+            on_cluster = f" ON CLUSTER {quote_identifier(cluster)}" if cluster else ""
             with _closing(open_client(dsn)) as bootstrap:
-                bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}")
+                bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {quote_identifier(database)}{on_cluster}")
         self._client: Client | None = open_client(dsn, database)
         self.database: str = database or str(self._call(lambda c: c.query("SELECT currentDatabase()"))
                                              .result_rows[0][0])
@@ -105,7 +113,7 @@ class PoolStore:
 
     def migrate(self) -> list[str]:
         """Apply pending migrations; returns the ids applied now (empty when up to date)."""
-        return apply_migrations(self)
+        return apply_migrations(self, cluster=self.cluster)
 
     def command(self, sql: str, parameters: Mapping[str, Any] | None = None,
                 settings: Mapping[str, Any] | None = None) -> Any:
@@ -136,10 +144,14 @@ class PoolStore:
 
     def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str],
                dedup_token: str | None = None, settings: Mapping[str, Any] | None = None) -> int:
-        """Insert row tuples; a repeated ``dedup_token`` makes ClickHouse drop the repeated block."""
+        """Insert row tuples; a repeated ``dedup_token`` makes ClickHouse drop the repeated block.
+
+        Into a Distributed table (a cluster's pool) the insert returns once every shard holds its rows,
+        not once the receiving server queued them: the sink commits Kafka offsets after it returns.
+        """
         if not rows:
             return 0
-        merged = dict(settings or {})
+        merged = {**_INSERT_SETTINGS, **(settings or {})}
         if dedup_token:
             merged["insert_deduplication_token"] = dedup_token
         try:
@@ -156,7 +168,7 @@ class PoolStore:
                    column_names: Sequence[str] | None = None, dedup_token: str | None = None,
                    settings: Mapping[str, Any] | None = None) -> None:
         """Insert pre-formatted bytes: ClickHouse parses and type-checks them itself."""
-        settings = dict(settings or {})
+        settings = {**_INSERT_SETTINGS, **(settings or {})}
         if dedup_token:
             settings["insert_deduplication_token"] = dedup_token
         self._call(lambda c: c.raw_insert(table, column_names=list(column_names) if column_names else None,

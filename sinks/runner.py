@@ -32,7 +32,7 @@ def run_sink(settings: Settings, store: PoolStore, stop: threading.Event,
 def run_sink_process(settings: Settings) -> SinkStats:
     """Blocking: open the pool named by the settings and sink into it until SIGINT/SIGTERM."""
     stop = stop_on_signals()
-    with PoolStore(settings.pool_dsn) as store:
+    with PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster) as store:
         return run_sink(settings, store, stop)
 
 

@@ -75,14 +75,24 @@ def consumed_at(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+# NewTopic's "the broker's default.replication.factor" (and the topic then follows min.insync.replicas).
+CLUSTER_DEFAULT = -1
+
+
 def ensure_topics(
     bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4, timeout: float = 30.0, *,
-    replication: int = 1, config: Mapping[str, str] | None = None,
+    replication: int = CLUSTER_DEFAULT, config: Mapping[str, str] | None = None,
 ) -> None:
     """Create missing topics (with ``config``, e.g. ``{"cleanup.policy": "compact"}``, for each) and
     return once the broker serves every one; existing topics are left as they are (the worker checks
     partition counts). Raises KafkaException when the broker is unreachable, RuntimeError when it
-    refuses a topic."""
+    refuses a topic.
+
+    Replication is the cluster's by default: its ``default.replication.factor`` and
+    ``min.insync.replicas``, which the project's brokers set from their node count
+    (``broker/launcher.py`` ``replication_for``: 1 copy alone, 3 copies with 2 in sync from 3 nodes on).
+    So every caller creates its topics as the cluster it runs on wants them, without knowing its size,
+    and a cluster one broker short refuses a topic it cannot replicate instead of making a weaker one."""
     admin = make_admin(bootstrap)
     wanted = list(names) if names is not None else [t.name for t in ALL_TOPICS]
     existing = set(admin.list_topics(timeout=timeout).topics)

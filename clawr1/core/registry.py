@@ -172,10 +172,18 @@ KAFKA_BOOTSTRAP = option("KAFKA_BOOTSTRAP", str, "",
                          "external Kafka; empty = `clawr1 up` starts its own broker on `CLAWR1_KAFKA_PORT`")
 KAFKA_PORT = option("KAFKA_PORT", int, 9092, "port of the local broker `clawr1 up` / `clawr1 kafka` starts")
 KAFKA_HEAP = option("KAFKA_HEAP", str, "512m", "JVM heap of the local broker")
+KAFKA_NODES = option("KAFKA_NODES", int, 1,
+                     "brokers `clawr1 up` / `clawr1 kafka` start, on `CLAWR1_KAFKA_PORT` and the ports after "
+                     "it; from 3 on a controller quorum of all of them, topics kept on 3 brokers, 2 in sync "
+                     "([scale](scale.md))", check=positive)
 CLICKHOUSE_DSN = option("CLICKHOUSE_DSN", str, "",
                         "the pool; `http(s)://user:pass@host:8123/db` for a ClickHouse server; "
                         "empty = the embedded chDB pool", secret=True,
                         default_text="`chdb:///<data dir>/pool`")
+CLICKHOUSE_CLUSTER = option("CLICKHOUSE_CLUSTER", str, "",
+                            "a ClickHouse server's cluster (`remote_servers`) to create the pool on: "
+                            "replicated tables on every node, Distributed tables over them "
+                            "([scale](scale.md)); empty = one server")
 SQL_DSN = option("SQL_DSN", str, "",
                  "analyst SQL as a server's read-only user (`pool/server/`); empty = the pool DSN",
                  secret=True)

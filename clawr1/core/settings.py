@@ -27,7 +27,7 @@ from clawr1.core.registry import (
 
 __all__ = [
     "ENV_PREFIX", "Option", "Settings", "SettingsError", "UnknownSettingError", "T", "check_environment",
-    "effective_settings", "env_names", "load_settings", "settings_to_env",
+    "effective_settings", "env_names", "load_settings", "local_kafka_ports", "settings_to_env",
 ]
 
 T = TypeVar("T", str, int, float, bool, Path)
@@ -43,8 +43,11 @@ class Settings:
     kafka_bootstrap: str = r.KAFKA_BOOTSTRAP.default
     kafka_port: int = r.KAFKA_PORT.default
     kafka_heap: str = r.KAFKA_HEAP.default
+    kafka_nodes: int = r.KAFKA_NODES.default
     # Empty means: the embedded chDB pool under data_dir.
     clickhouse_dsn: str = r.CLICKHOUSE_DSN.default
+    # A ClickHouse cluster (server DSN only): migrations create the pool on every node of it.
+    clickhouse_cluster: str = r.CLICKHOUSE_CLUSTER.default
     # Analyst SQL on a ClickHouse server: a DSN of the read-only user (pool/server/); empty = the pool DSN.
     sql_dsn: str = r.SQL_DSN.default
     schema_registry_url: str = r.SCHEMA_REGISTRY_URL.default
@@ -77,7 +80,9 @@ class Settings:
 
     @property
     def bootstrap_servers(self) -> str:
-        return self.kafka_bootstrap or f"127.0.0.1:{self.kafka_port}"
+        """The external bootstrap, else every broker the local stack starts."""
+        return self.kafka_bootstrap or ",".join(
+            f"127.0.0.1:{port}" for port in local_kafka_ports(self.kafka_port, self.kafka_nodes))
 
     @property
     def manages_kafka(self) -> bool:
@@ -104,7 +109,15 @@ class Settings:
         given = {k: v for k, v in overrides.items() if v is not None}
         if "data_dir" in given:
             given["data_dir"] = Path(str(given["data_dir"]))
+        declared = _shared_by_field()
+        for name, value in given.items():  # a flag is checked as its variable is (e.g. --kafka-nodes 0)
+            declared[name].validate(value)
         return replace(self, **given)  # type: ignore[arg-type]
+
+
+def local_kafka_ports(port: int, nodes: int) -> list[int]:
+    """The brokers' ports of a local cluster (``broker/launcher.py``): ``port`` and the ones after it."""
+    return [port + i for i in range(nodes)]
 
 
 def _shared_by_field() -> dict[str, Option[Any]]:

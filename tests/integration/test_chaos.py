@@ -17,7 +17,7 @@ from functools import partial
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, freeze_worker, kill_role, run_faults
+from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, freeze_worker, kill_role, run_faults, running
 from clawr1.core.topics import RAW_STEPS
 from clawr1.gateway.client import GatewayClient
 
@@ -28,13 +28,9 @@ STALL_S = 10.0
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """Two workers (one is frozen in a test) and a short stall window, so a stuck worker shows soon."""
     work = tmp_path_factory.mktemp("chaos")
-    stack = Stack(work / "data", work / "stack.log", workers=2, env={"CLAWR1_STALL_S": str(STALL_S)})
-    try:
-        stack.start()
+    with running(Stack(work / "data", work / "stack.log", env={"CLAWR1_STALL_S": str(STALL_S)},
+                       workers=2)) as stack:
         yield stack
-    finally:
-        code = stack.stop()
-    assert code == 0, f"clawr1 up did not stop cleanly on SIGINT; see {work / 'stack.log'}"
 
 
 def _raw_copies(bootstrap: str, key: str) -> int:

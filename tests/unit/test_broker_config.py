@@ -1,10 +1,12 @@
-"""Pure parts of the broker launcher: cluster ids, single-node settings, the controller port."""
+"""Pure parts of the broker launcher: cluster ids, single-node and cluster settings, controller ports."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
 from unittest import mock
+
+import pytest
 
 from clawr1.broker import launcher
 
@@ -17,26 +19,73 @@ def test_cluster_ids_never_start_with_a_dash() -> None:
     assert not cluster_id.startswith("-") and len(cluster_id) == 22
 
 
+def _props(node: launcher.Node, layout: launcher.ClusterLayout) -> dict[str, str]:
+    text = launcher.server_properties(Path("/d"), node, layout)
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+INTERNAL_FACTORS = ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
+                    "share.coordinator.state.topic.replication.factor", "default.replication.factor")
+INTERNAL_MIN_ISR = ("transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr",
+                    "min.insync.replicas")
+
+
 def test_single_node_settings_keep_internal_topics_on_one_replica() -> None:
-    props = dict(line.split("=", 1) for line in launcher.server_properties(Path("/d"), 9, 10).splitlines())
+    node = launcher.Node(1, 9, 10)
+    props = _props(node, launcher.ClusterLayout((node,)))
     assert props["listeners"] == "PLAINTEXT://127.0.0.1:9,CONTROLLER://127.0.0.1:10"
     assert props["controller.quorum.voters"] == "1@127.0.0.1:10"
-    for key in (
-        "offsets.topic.replication.factor",
-        "transaction.state.log.replication.factor",
-        "transaction.state.log.min.isr",
-        "share.coordinator.state.topic.replication.factor",
-    ):
+    assert props["process.roles"] == "broker,controller"
+    for key in (*INTERNAL_FACTORS, *INTERNAL_MIN_ISR):
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
 
 
-def test_the_controller_moves_off_a_next_port_something_holds() -> None:
+def test_replication_is_three_copies_two_in_sync_from_three_nodes_on() -> None:
+    assert [(r.factor, r.min_insync) for r in map(launcher.replication_for, (1, 2, 3, 5))] == [
+        (1, 1), (2, 1), (3, 2), (3, 2)]
+
+
+def test_a_three_node_cluster_is_a_quorum_of_three_with_replicated_internal_topics() -> None:
+    with mock.patch.object(launcher, "free_port_at", side_effect=lambda port: port):
+        layout = launcher.ClusterLayout.plan(9092, 3)
+    assert [(n.node_id, n.port, n.controller_port) for n in layout.nodes] == [
+        (1, 9092, 9095), (2, 9093, 9096), (3, 9094, 9097)]
+    assert layout.bootstrap == "127.0.0.1:9092,127.0.0.1:9093,127.0.0.1:9094"
+    props = _props(layout.nodes[1], layout)
+    assert props["node.id"] == "2" and props["process.roles"] == "broker,controller"
+    assert props["controller.quorum.voters"] == "1@127.0.0.1:9095,2@127.0.0.1:9096,3@127.0.0.1:9097"
+    assert props["listeners"] == "PLAINTEXT://127.0.0.1:9093,CONTROLLER://127.0.0.1:9096"
+    assert props["advertised.listeners"] == "PLAINTEXT://127.0.0.1:9093"
+    assert all(props[key] == "3" for key in INTERNAL_FACTORS)
+    assert all(props[key] == "2" for key in INTERNAL_MIN_ISR)
+
+
+def test_two_nodes_have_one_controller_and_keep_both_copies() -> None:
+    """A quorum of two would stop when either node stops: the first node alone is the controller."""
+    with mock.patch.object(launcher, "free_port_at", side_effect=lambda port: port):
+        layout = launcher.ClusterLayout.plan(9092, 2)
+    second = _props(layout.nodes[1], layout)
+    assert second["process.roles"] == "broker" and "CONTROLLER" not in second["listeners"]
+    assert second["controller.quorum.voters"] == "1@127.0.0.1:9094"
+    assert second["default.replication.factor"] == "2" and second["min.insync.replicas"] == "1"
+
+
+def test_a_data_dir_keeps_its_node_count(tmp_path: Path) -> None:
+    launcher.KafkaCluster(tmp_path / "kafka", 9092, 3)
+    with pytest.raises(launcher.BrokerError, match="holds a 3-node Kafka cluster, not 1"):
+        launcher.KafkaCluster(tmp_path / "kafka", 9092, 1)
+    (tmp_path / "single" / "logs").mkdir(parents=True)
+    (tmp_path / "single" / "logs" / "meta.properties").write_text("node.id=1\n")
+    with pytest.raises(launcher.BrokerError, match="holds a 1-node Kafka cluster, not 3"):
+        launcher.KafkaCluster(tmp_path / "single", 9092, 3)
+
+
+def test_the_controller_moves_off_a_port_something_holds() -> None:
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         port = held.getsockname()[1]
-        # The port after port - 1 is held, so another, free port is chosen for the controller.
-        chosen = launcher.controller_port_beside(port - 1)
+        chosen = launcher.free_port_at(port)
         assert chosen != port
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", chosen))  # and it is free
