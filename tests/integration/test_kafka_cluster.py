@@ -32,10 +32,12 @@ def test_topics_and_kafkas_own_keep_three_copies_two_in_sync(stack: Stack) -> No
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
     metadata = admin.list_topics(timeout=30)
     assert sorted(metadata.brokers) == [1, 2, 3]
-    # The worker's changelogs and internal topics too, and Kafka's consumer offsets (the groups' commits).
-    ours = [name for name in metadata.topics if name.startswith("clawr1") or name == "__consumer_offsets"]
-    assert {t.name for t in ALL_TOPICS} | {"__consumer_offsets"} <= set(ours)
-    assert any("changelog" in name for name in ours), ours
+    # The worker's state changelog (Quix names it changelog__<group>--...) and internal topic too, and
+    # Kafka's consumer offsets and transaction state (the worker commits in transactions).
+    kafkas = {"__consumer_offsets", "__transaction_state"}
+    ours = [name for name in metadata.topics if name.startswith(("clawr1", "changelog__")) or name in kafkas]
+    assert {t.name for t in ALL_TOPICS} | kafkas <= set(ours)
+    assert any(name.startswith("changelog__clawr1-streams") for name in ours), ours
     for name in ours:
         for partition in metadata.topics[name].partitions.values():
             assert len(partition.replicas) == NODES, (name, partition.id, partition.replicas)
