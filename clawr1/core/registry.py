@@ -345,6 +345,13 @@ UPSTREAM_INSECURE = option("UPSTREAM_INSECURE", bool, False,
                            "tests only: skip upstream TLS verification", ("proxy",))
 PROXY_INSTANCE = option("PROXY_INSTANCE", str, "",
                         "names this proxy in every event; empty = host name and port", ("proxy",))
+PROXY_ALLOW = option("PROXY_ALLOW", str, "*",
+                     "where the explicit proxy may connect: comma-separated `host`, `*.domain`, "
+                     "`host:port`, or `*` = any host that is not a machine of the stack. This machine (any "
+                     "spelling of its addresses) and the Kafka, ClickHouse and schema-registry hosts are "
+                     "refused except `CLAWR1_UPSTREAM`'s engines and `host:port` entries naming them "
+                     "([security](security.md))",
+                     ("proxy",))
 PROXY_PROCESSES = option("PROXY_PROCESSES", int, 1,
                          "capture-proxy processes sharing its ports (SO_REUSEPORT), feeding one emitter "
                          "process", ("proxy",))
