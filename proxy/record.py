@@ -227,5 +227,6 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "response_id": assembled.response_id,
         "capture_notes": notes,
         "client_connection": call.client_connection,
+        "source_name": call.hints.source_name,
     }
     return call.hints.trajectory_id or conv_key, redact_record(record)

@@ -48,6 +48,7 @@ from clawr1.core.registry import (
     UPSTREAM_CA_FILE,
     UPSTREAM_INSECURE,
 )
+from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
 from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
@@ -102,6 +103,8 @@ class ProxyConfig:
     instance: str
     # Where the explicit proxy may connect (never the stack's own machines but for its upstreams).
     destinations: Destinations = field(default_factory=Destinations)
+    # Checks the compat port's seal on the calling key's name (clawr1.core.relay_source).
+    relay_secret: bytes = b""
     # The proxy's Prometheus metrics, served by its emitter process; 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -186,6 +189,7 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         registry_url=settings.schema_registry_url,
         instance=settings.role_setting(PROXY_INSTANCE) or _default_instance(settings),
         destinations=proxy_destinations(settings),
+        relay_secret=relay_secret(settings),
         metrics_port=settings.proxy_metrics_port,
         metrics_host=settings.metrics_host,
     )
@@ -261,7 +265,7 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         update_alt_svc.UpdateAltSvc(),
-        *build_addons(submit, token_ids, _upstream_verify(config)),
+        *build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret),
         _Readiness(readiness),
     )
     # Addon options exist only once their addon is loaded.

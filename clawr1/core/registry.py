@@ -232,6 +232,19 @@ IDEMPOTENCY_MAX_BYTES = option("IDEMPOTENCY_MAX_BYTES", int, 64 * 1024 * 1024,
                                "bytes kept by the replay store", ("api",), check=positive)
 COMPAT_MAX_TRAJECTORIES = option("COMPAT_MAX_TRAJECTORIES", int, 100_000,
                                  "compat: trajectory registrations kept", ("api",))
+COMPAT_MAX_METADATA_BYTES = option("COMPAT_MAX_METADATA_BYTES", int, 64 * 1024,
+                                   "compat: largest `register_trajectory` metadata (compact JSON); larger "
+                                   "gets 413", ("api",), check=positive)
+COMPAT_PUBLIC_URL = option("COMPAT_PUBLIC_URL", str, "",
+                           "compat: the URL agents reach the compat port at, the start of every "
+                           "`init_trajectory` base URL (never the request's Host)", ("api",),
+                           default_text="`http://<CLAWR1_API_HOST>:<CLAWR1_COMPAT_PORT>` (loopback for a "
+                                        "wildcard host)")
+RELAY_SECRET = option("RELAY_SECRET", str, "",
+                      "seals the calling key's name on the compat port's relayed calls, so the proxy records "
+                      "it as the step's source; set the same on the API and the proxy when they do not share "
+                      "a data dir", ("api", "proxy"), secret=True,
+                      default_text="a random one kept in `<data dir>/relay-secret`")
 COMPAT_TIMEOUT_S = option("COMPAT_TIMEOUT_S", float, 600.0,
                           "compat: how long a relayed call or `/generate` may take", ("api",))
 COMPAT_RESPONSE_LENGTH = option("COMPAT_RESPONSE_LENGTH", int, 0,
