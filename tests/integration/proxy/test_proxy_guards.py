@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import uuid
@@ -34,6 +35,38 @@ def test_secrets_in_headers_query_and_bodies_never_reach_kafka(proxy: EmbeddedPr
         assert secret.encode() not in event.value, secret
     assert "my token is [REDACTED], use it" in event.record["messages_json"]
     assert "x-note" not in event.record["request_headers"] and "code=" not in event.record["url"]
+
+
+def test_the_placements_of_issue_25_never_reach_kafka(proxy: EmbeddedProxy, events: TopicReader) -> None:
+    """Finding 5: a byte search of clawr1.raw.llm found secrets in form and multipart bodies, JSON behind a
+    byte-order mark or before trailing bytes, secret-named fields holding a list or an object, headers
+    X-Pwd ... X-JWT and X-Forwarded-User: u:S, query parameters pwd, pass, passcode, otp, private and
+    ;key=, percent-encoded keys in path and body, a key used as a header name, and a key sent as
+    X-Claw-Trajectory-Id as the Kafka message key."""
+    marker = uuid.uuid4().hex
+    secret = f"Opaque{marker[:6]}Secret"
+    key = "sk-proj-" + marker + "Zq7"
+    encoded = key.replace("-", "%2D")
+    headers = {name: secret for name in ("X-Pwd", "X-Pass", "X-Passcode", "X-Sig", "X-OTP", "X-Creds",
+                                         "X-Private", "X-Access", "X-JWT")}
+    headers |= {"X-Forwarded-User": f"u:{secret}", key: "1", "X-Claw-Trajectory-Id": key, "X-Note": encoded}
+    query = f"a=1;key={secret}&pwd={secret}&pass={secret}&passcode={secret}&otp={secret}&private={secret}"
+    document = {"model": DEFAULT_MODEL, "messages": [{"role": "user", "content": f"({marker}) {encoded}"}],
+                "metadata": {"api_key": [secret], "password": {"value": secret}, "auth": {"pass": secret}}}
+    bodies = {"bom": "\ufeff" + json.dumps(document), "trailing": json.dumps(document) + "\x00tail",
+              "form": f"marker={marker}&api_key={secret}&client_secret={secret}&note={encoded}",
+              "multipart": "".join(f'--b\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+                                   for name, value in (("marker", marker), ("api_key", secret))) + "--b--"}
+    for body in bodies.values():
+        httpx.post(f"{proxy.reverse_url}/v1/{encoded}/chat/completions?{query}", content=body.encode(),
+                   headers={**headers, "Content-Type": "application/json"}, timeout=30)
+    found = events.wait_for(marked(marker), count=len(bodies))
+    assert len(found) == len(bodies)
+    for event in found:
+        for needle in (secret, key, encoded):
+            assert needle.encode() not in event.value, (needle, event.record)
+            assert needle not in event.key, event.key
+        assert event.key == event.record["trajectory_id"] and event.key.startswith("[REDACTED:")
 
 
 def proxy_status(proxy: EmbeddedProxy, request: bytes) -> bytes:
