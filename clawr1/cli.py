@@ -154,6 +154,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1.core.metrics import LagSampler, PoolRowsSampler, sample_interval
     from clawr1.core.signals import stop_loop_on_signals
     from clawr1.dashboard.api import dashboard_page_router, dashboard_router
+    from clawr1.dashboard.live import LiveLimits
     from clawr1.gateway.app import create_app
     from clawr1.gateway.metrics import RequestMetrics, metrics_router
     from clawr1.gateway.server import serve
@@ -171,7 +172,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     sink_store = PoolStore(settings.pool_dsn)
     # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
     analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
-                         SqlLimits.from_settings(settings))
+                         SqlLimits.from_settings(settings), control_dsn=settings.pool_dsn)
     stop = threading.Event()
     sink_ready = threading.Event()
     sink = threading.Thread(
@@ -189,7 +190,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     app = create_app(
         settings,
-        routers=[pool_router(store, analyst), dashboard_router(store), metrics_router()],
+        routers=[pool_router(store, analyst), dashboard_router(store, LiveLimits.from_settings(settings)),
+                 metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,
     )

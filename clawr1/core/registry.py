@@ -260,7 +260,25 @@ SQL_MAX_RESULT_BYTES = option("SQL_MAX_RESULT_BYTES", int, 256 * 1024**2, "analy
 SQL_MAX_ROWS_TO_READ = option("SQL_MAX_ROWS_TO_READ", int, 2_000_000_000, "analyst SQL: `max_rows_to_read`",
                               ("api",))
 SQL_MAX_CONCURRENT = option("SQL_MAX_CONCURRENT", int, 4,
-                            "analyst SQL: sessions running at once (more answer 429)", ("api",))
+                            "SQL of analysts (`read` keys, and every caller without keys): sessions running "
+                            "at once (more answer 429)", ("api",), check=positive)
+SQL_TRAINER_CONCURRENT = option("SQL_TRAINER_CONCURRENT", int, 4,
+                                "SQL of trainers (`consume` keys): sessions running at once, a pool apart "
+                                "from the analysts' (more answer 429)", ("api",), check=positive)
+SQL_KEY_SHARE = option("SQL_KEY_SHARE", float, 0.5,
+                       "the share of its pool's sessions one key may hold at once (at least one)", ("api",),
+                       check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}")
+SQL_ANALYST_BLOCK_ROWS = option("SQL_ANALYST_BLOCK_ROWS", int, 8192,
+                                "analyst SQL: `max_block_size`; the time limit is checked between blocks, so "
+                                "smaller blocks stop an overrunning query sooner; `0` = the engine's default",
+                                ("api",))
+DASHBOARD_LIVE_PER_KEY = option("DASHBOARD_LIVE_PER_KEY", int, 8,
+                                "dashboard: `/v1/dashboard/live` streams one key may hold open (more answer "
+                                "429)", ("api",), check=positive)
+DASHBOARD_LIVE_STREAMS = option("DASHBOARD_LIVE_STREAMS", int, 128,
+                                "dashboard: `/v1/dashboard/live` streams open at once, all keys together "
+                                "(more answer 429); all share one pulse computation a second", ("api",),
+                                check=positive)
 METRICS_SAMPLE_S = option("METRICS_SAMPLE_S", float, 10.0,
                           "how often consumer-group lag and pool row counts are sampled (s)",
                           ("api", "worker", "sink", "rewarder"))
