@@ -31,6 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.bench_gateway import wait_healthy  # noqa: E402
 from bench.common import free_port, percentile  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 
@@ -119,14 +120,7 @@ def main() -> int:
         stack.callback(api_process.wait, 30)
         stack.callback(api_process.terminate)
         api = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{api}/healthz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+        wait_healthy(api, 120)
         trainer_latencies(api, 5)  # warm the sessions and the guard's cache
         idle = trainer_latencies(api, args.queries)
         stop, accepted = threading.Event(), []
