@@ -104,7 +104,7 @@ class ProxyConfig:
     # Where the explicit proxy may connect (never the stack's own machines but for its upstreams).
     destinations: Destinations = field(default_factory=Destinations)
     # Checks the compat port's seal on the calling key's name (clawr1.core.relay_source).
-    relay_secret: bytes = b""
+    relay_secret: bytes = field(default=b"", repr=False)
     # The proxy's Prometheus metrics, served by its emitter process; 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
