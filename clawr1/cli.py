@@ -201,6 +201,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1.core.signals import stop_loop_on_signals
     from clawr1.dashboard.api import dashboard_page_router, dashboard_router
     from clawr1.dashboard.decoding import load_decoder
+    from clawr1.dashboard.live import LiveLimits
     from clawr1.gateway.app import create_app
     from clawr1.gateway.metrics import RequestMetrics, metrics_router
     from clawr1.gateway.server import serve
@@ -218,7 +219,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     sink_store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
     analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
-                         SqlLimits.from_settings(settings))
+                         SqlLimits.from_settings(settings), control_dsn=settings.pool_dsn)
     stop = threading.Event()
     sink_ready = threading.Event()
     sink = threading.Thread(
@@ -245,7 +246,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
 
     app = create_app(
         settings,
-        routers=[pool_router(store, analyst), dashboard_router(store, load_decoder(settings.tokenizer)),
+        routers=[pool_router(store, analyst),
+                 dashboard_router(store, load_decoder(settings.tokenizer), LiveLimits.from_settings(settings)),
                  metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,

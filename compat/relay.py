@@ -62,18 +62,21 @@ class Relay:
         """POST ``body`` to the proxy's ``path`` and stream its answer back as it arrives."""
         if self.target is None:
             raise RelayUnavailable(self._why_not)
-        sent = list(headers)
+        # Values as the agent sent their bytes (the server decoded them as Latin-1): a UTF-8 header is
+        # relayed as it came, never re-encoded (httpx would refuse non-ASCII text).
+        sent = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in headers]
         authorization = proxy_authorization(self._proxy_auth)
         if authorization is not None:
-            sent.append(("Proxy-Authorization", authorization))
+            sent.append((b"Proxy-Authorization", authorization.encode()))
         request = self._client.build_request("POST", f"{self.target}{path}", content=body, headers=sent,
                                              params=httpx.QueryParams(query))
         try:
             upstream = await self._client.send(request, stream=True)
         except httpx.TransportError as exc:
             raise RelayFailed(f"the capture proxy at {self.target} could not be reached: {exc!r}") from exc
-        return StreamingResponse(_chunks(upstream), status_code=upstream.status_code,
-                                 headers=response_headers(upstream.headers.multi_items()))
+        answer = StreamingResponse(_chunks(upstream), status_code=upstream.status_code)
+        answer.raw_headers = [*answer.raw_headers, *response_headers(upstream.headers.raw)]
+        return answer
 
 
 async def _chunks(upstream: httpx.Response) -> AsyncIterator[bytes]:

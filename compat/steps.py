@@ -129,7 +129,7 @@ _NOT_FORWARDED = frozenset({
 })
 # X-Claw hints the compat port decides from the path and the registration; the agent's own lose.
 _OWN_HINTS = frozenset({"x-claw-trajectory-id", "x-claw-prompt-group-id", "x-claw-policy-version",
-                        "x-claw-channel", "x-claw-metadata"})
+                        "x-claw-channel", "x-claw-metadata", "x-claw-source"})
 
 
 @dataclass(frozen=True)
@@ -172,9 +172,11 @@ def forward_headers(headers: Sequence[tuple[str, str]], trajectory_id: str, prom
     return out
 
 
-def response_headers(headers: Sequence[tuple[str, str]]) -> dict[str, str]:
-    """The engine's answer headers for the agent, without hop-by-hop ones (the server sets framing)."""
-    return {name: value for name, value in headers if name.lower() not in _NOT_FORWARDED}
+def response_headers(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The engine's answer headers for the agent as their bytes, without hop-by-hop ones (the server
+    sets framing)."""
+    return [(name.lower(), value) for name, value in headers
+            if name.decode("latin-1").lower() not in _NOT_FORWARDED]
 
 
 # -- /generate ------------------------------------------------------------------------------------

@@ -12,9 +12,7 @@ event loop that also serves ingest.
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -33,6 +31,7 @@ from clawr1.dashboard.curation import (
     preview_batch,
 )
 from clawr1.dashboard.decoding import TokenDecoder
+from clawr1.dashboard.live import LiveBusy, LiveFeed, LiveLimits
 from clawr1.dashboard.panels import Dashboard
 from clawr1.gateway.app import INGESTS, encode_items, gateway_state, publish
 from clawr1.gateway.auth import ANONYMOUS
@@ -95,14 +94,7 @@ class PreviewQuery(BaseModel):
     policy_version: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
-LIVE_POLL_S = 1.0
-LIVE_KEEPALIVE_S = 15.0
 _FEEDBACK = next(ingest for ingest in INGESTS if ingest.kind == "feedback")
-
-
-def sse(event: str, data: Any) -> bytes:
-    """One Server-Sent Event."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 async def _read(fn: Callable[..., Any], *args: Any) -> Any:
@@ -145,11 +137,14 @@ def dashboard_page_router() -> APIRouter:
     return router
 
 
-def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None) -> APIRouter:
+def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None,
+                     live_limits: LiveLimits | None = None) -> APIRouter:
     """The data routes over ``store``; a store of its own keeps refreshes from queuing behind the sink.
     ``decoder`` (``clawr1.dashboard.decoding.load_decoder``) lets the trajectory view show the text of
-    the token ids that tokenizer made."""
+    the token ids that tokenizer made; ``live_limits``: how many live streams a key, and all keys, may
+    hold open."""
     board = Dashboard(store, decoder)
+    feed = LiveFeed(board.pulse, live_limits or LiveLimits())
     router = APIRouter(tags=["dashboard"])
 
     @router.get(
@@ -246,27 +241,16 @@ def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None) -> A
     @router.get(
         "/v1/dashboard/live", response_class=StreamingResponse,
         summary="Server-Sent Events: a `pulse` whenever steps, feedback or commits change",
+        responses={429: {"description": "the key's, or every key's, cap of open live streams is reached"}},
     )
     async def live(request: Request) -> StreamingResponse:
-        async def events() -> AsyncIterator[bytes]:
-            last: Any = None
-            quiet = 0.0
-            while not await request.is_disconnected():
-                try:
-                    pulse = await run_in_threadpool(board.pulse)
-                except PoolError as exc:
-                    yield sse("problem", {"message": f"the pool could not answer: {exc}"})
-                    pulse = last
-                if pulse != last:
-                    last, quiet = pulse, 0.0
-                    yield sse("pulse", pulse)
-                elif quiet >= LIVE_KEEPALIVE_S:
-                    quiet = 0.0
-                    yield b": keep-alive\n\n"
-                await asyncio.sleep(LIVE_POLL_S)
-                quiet += LIVE_POLL_S
-
-        return StreamingResponse(events(), media_type="text/event-stream",
+        """One pulse computation a second, whatever the number of streams (``clawr1.dashboard.live``)."""
+        key = getattr(request.state, "api_key", None)
+        try:
+            events = feed.subscribe(key.name if key else ANONYMOUS)
+        except LiveBusy as exc:
+            raise HTTPException(429, str(exc)) from exc
+        return StreamingResponse(events, media_type="text/event-stream",
                                  headers={**_NO_STORE, "X-Accel-Buffering": "no"})
 
     return router

@@ -25,6 +25,7 @@ from clawr1.core.settings import Settings
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
 from clawr1.gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
 from clawr1.gateway.config import GatewayConfig, GatewayTopics
+from clawr1.gateway.docs import docs_router
 from clawr1.gateway.errors import ApiError, ErrorBody, install_error_handlers
 from clawr1.gateway.fastpath import StepEncoder
 from clawr1.gateway.hosts import LoopbackHostMiddleware
@@ -353,7 +354,7 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
 
     app = FastAPI(title="Claw-R1 API", version="1",
                   description="Ingest of white-box steps, feedback and service events into Kafka.",
-                  lifespan=lifespan, openapi_url="/openapi.json", docs_url="/docs", redoc_url=None,
+                  lifespan=lifespan, openapi_url="/openapi.json", docs_url=None, redoc_url=None,
                   # No OpenTelemetry is set up in the stack; FastAPI's probe for it costs ~0.2 ms a request.
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.gateway = state
@@ -372,5 +373,6 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
         app.include_router(router, dependencies=[Depends(authorizer(state.keys))])
     for router in public_routers:
         app.include_router(router)
+    app.include_router(docs_router(app.title))  # Swagger UI from this process, never a CDN
     _install_openapi(app, [StepIn, FeedbackIn, EventIn, TurnPayload])
     return app

@@ -10,19 +10,36 @@ write the embedded pool through these two routes.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
+from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
-from clawr1.pool.sql import MAX_QUERY_CHARS, OUTPUT_FORMATS, AnalystSql, SqlBusy, SqlError, WriteRefused
+from clawr1.pool.sql import (
+    ANALYSTS,
+    MAX_QUERY_CHARS,
+    OUTPUT_FORMATS,
+    TRAINERS,
+    WATCHDOG_GRACE_S,
+    Admission,
+    AnalystSql,
+    Caller,
+    SqlBusy,
+    SqlError,
+    SqlStream,
+    WriteRefused,
+    overran,
+)
 from clawr1.pool.store import PoolError, PoolStore
 
 MAX_INSERT_ROWS = 100_000
+CLIENT_GONE = "the client went away"
 # A misspelled column must fail loudly, not vanish.
 _STRICT_JSON_INPUT = {"input_format_skip_unknown_fields": 0}
 
@@ -47,6 +64,59 @@ class InsertReply(BaseModel):
     rows: int
 
 
+def caller_of(http: Request) -> Caller:
+    """A ``consume`` key is a trainer, any other key an analyst, each holding its share of its pool; without
+    keys every request is the one caller."""
+    key = getattr(http.state, "api_key", None)
+    if key is None:
+        return Caller()
+    return Caller(key.name, TRAINERS if "consume" in key.kinds else ANALYSTS, limited=True)
+
+
+async def _client_gone(http: Request) -> None:
+    """Returns once the client has disconnected (its body was read already)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first_chunk(http: Request, analyst: AnalystSql, admission: Admission,
+                       request: SqlRequest) -> SqlStream:
+    """The started query, or its error. The caller is answered by the time limit at the latest, and a query
+    whose caller leaves or that overruns is killed (it then frees its session once the engine stops)."""
+    started = asyncio.ensure_future(run_in_threadpool(analyst.stream, request.query, request.format,
+                                                      request.parameters, request.max_rows, admission))
+    gone = asyncio.ensure_future(_client_gone(http))
+    limit = float(analyst.limits.max_execution_time) + WATCHDOG_GRACE_S
+    try:
+        done, _ = await asyncio.wait({started, gone}, timeout=limit, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if started in done:
+        return started.result()
+    reason = CLIENT_GONE if gone in done else overran(float(analyst.limits.max_execution_time))
+    await run_in_threadpool(admission.cancel, reason)
+    started.add_done_callback(_close_late)
+    raise SqlError(reason)
+
+
+def _close_late(started: asyncio.Future[SqlStream]) -> None:
+    """A result that arrives for a caller no longer waiting is closed at once (its session freed)."""
+    if not started.cancelled() and started.exception() is None:
+        started.result().close()
+
+
+async def _chunks(result: SqlStream, admission: Admission) -> AsyncIterator[bytes]:
+    """The result's chunks; a client that leaves mid-stream gets its query killed."""
+    finished = False
+    try:
+        async for chunk in iterate_in_threadpool(iter(result)):
+            yield chunk
+        finished = True
+    finally:
+        if not finished:
+            await run_in_threadpool(admission.cancel, CLIENT_GONE)
+
+
 def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRouter:
     """Routes over ``store``; analyst SQL runs on ``analyst``'s own read-only sessions (by default on the
     store's DSN and database with the default limits), so a long query never holds up ``store``'s users."""
@@ -56,20 +126,21 @@ def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRoute
     @router.post("/v1/sql", response_class=Response, responses={
         400: {"description": "bad SQL (ClickHouse's error text), unknown format, limits exceeded"},
         403: {"description": "refused: not a read of the pool (writes, settings, files, network, system)"},
-        429: {"description": "every analyst session is busy"},
+        429: {"description": "the caller's pool (trainers or analysts), or its key's share of it, is busy"},
     })
-    async def sql(request: SqlRequest) -> Response:
-        """The result streams; an error past the first chunk ends the body with the error's text."""
+    async def sql(request: SqlRequest, http: Request) -> Response:
+        """The result streams; an error past the first chunk ends the body with the error's text. A
+        query past the time limit, or whose client leaves, is killed."""
         try:
-            result = await run_in_threadpool(analyst_sql.stream, request.query, request.format,
-                                             request.parameters, request.max_rows)
+            admission = analyst_sql.admit(caller_of(http))
+            result = await _first_chunk(http, analyst_sql, admission, request)
         except WriteRefused as exc:
             raise HTTPException(403, str(exc)) from exc
         except SqlBusy as exc:
             raise HTTPException(429, str(exc)) from exc
         except SqlError as exc:
             raise HTTPException(400, str(exc)) from exc
-        return StreamingResponse(iter(result), media_type=OUTPUT_FORMATS[request.format])
+        return StreamingResponse(_chunks(result, admission), media_type=OUTPUT_FORMATS[request.format])
 
     @router.post("/v1/pool/insert/{table}", response_model=InsertReply, responses={
         400: {"description": "rows that do not fit the table (ClickHouse's error text)"},

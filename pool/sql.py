@@ -12,15 +12,26 @@ Three layers, each enough against what the one before could miss:
 
 Results stream from the engine in chunks instead of being held whole (formats with a global header or
 footer, such as Arrow, Parquet and JSON, are assembled by the engine within ``max_result_bytes``).
+
+Fair shares (docs/security.md): trainers (``consume`` keys) and analysts (``read`` keys) draw on two pools
+of sessions, and one key holds at most ``key_share`` of its pool, so no analyst's queries starve a
+trainer and no key takes all of its pool. The engine checks ``max_execution_time`` between blocks only;
+analysts get smaller blocks (``analyst_block_rows``) and every query a watchdog: at the limit it is
+killed (``KILL QUERY``, taking effect at the engine's next block) and its caller is answered at once,
+while its slot stays taken until the engine has stopped, so the count of running queries stays true.
 """
 
 from __future__ import annotations
 
+import heapq
 import io
 import json
+import math
 import re
 import threading
-from collections import OrderedDict
+import time
+import uuid
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any, cast
@@ -65,6 +76,12 @@ READONLY_ERROR_CODE = 164
 SYNTAX_ERROR_CODE = 62
 NO_JSON_ERROR_CODE = 36
 """parseQueryToJSON's answer for statements it cannot express (DESCRIBE, EXISTS, SHOW CREATE, INSERT...)."""
+CANCELLED_ERROR_CODE = 394
+TIMEOUT_ERROR_CODE = 159
+TRAINERS = "trainers"
+ANALYSTS = "analysts"
+# How long past max_execution_time the watchdog waits for the engine's own check before it kills.
+WATCHDOG_GRACE_S = 1.0
 MAX_QUERY_CHARS = 256 * 1024
 # Accepted texts remembered: a trainer's SDK repeats a handful of query texts (values are bound
 # parameters), and the guard's two engine round trips cost more than a small poll itself.
@@ -83,7 +100,17 @@ class WriteRefused(SqlError):
 
 
 class SqlBusy(SqlError):
-    """Every analyst session is in use (HTTP 429)."""
+    """The caller's pool, or the caller's share of it, is in use (HTTP 429)."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Whose query: the API key's name and the pool its sessions come from. ``limited``: the key holds at
+    most its share of the pool (not for the one caller of a key-less stack, or the CLI)."""
+
+    name: str = "anonymous"
+    pool: str = ANALYSTS
+    limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,9 @@ class SqlLimits:
     max_result_bytes: int = registry.SQL_MAX_RESULT_BYTES.default
     max_rows_to_read: int = registry.SQL_MAX_ROWS_TO_READ.default
     max_concurrent: int = registry.SQL_MAX_CONCURRENT.default
+    trainer_concurrent: int = registry.SQL_TRAINER_CONCURRENT.default
+    key_share: float = registry.SQL_KEY_SHARE.default
+    analyst_block_rows: int = registry.SQL_ANALYST_BLOCK_ROWS.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlLimits:
@@ -103,12 +133,23 @@ class SqlLimits:
         return cls(**{name: settings.role_setting(registry.REGISTRY[f"CLAWR1_SQL_{name.upper()}"])
                       for name in cls.__dataclass_fields__})
 
-    def session_settings(self) -> dict[str, Any]:
-        """The analyst session's settings, ``readonly`` last: once it is set nothing else can change.
+    def slots(self, pool: str) -> int:
+        return max(1, self.trainer_concurrent if pool == TRAINERS else self.max_concurrent)
+
+    def key_slots(self, pool: str) -> int:
+        """The most sessions of ``pool`` one key may hold at once (at least one)."""
+        return max(1, min(self.slots(pool), math.ceil(self.key_share * self.slots(pool))))
+
+    def session_settings(self, pool: str = ANALYSTS) -> dict[str, Any]:
+        """A session's settings, ``readonly`` last: once it is set nothing else can change. Analysts'
+        sessions read in smaller blocks, so the time limit (checked between blocks) holds closer.
 
         JSON integers stay numbers whatever the server version's default, so clients parse one shape.
         """
+        rows = self.analyst_block_rows
+        blocks = {"max_block_size": int(rows)} if pool == ANALYSTS and rows else {}
         return {
+            **blocks,
             "max_execution_time": float(self.max_execution_time),
             "max_memory_usage": int(self.max_memory_usage),
             "max_result_rows": int(self.max_result_rows),
@@ -121,13 +162,103 @@ class SqlLimits:
         }
 
 
+class _Watchdog:
+    """One thread for every running query: at its deadline, unless it ended, ``cancel`` it (a thread per
+    query cost ~160 us to start and stop, a tenth of a trainer's small poll)."""
+
+    def __init__(self) -> None:
+        self._due: list[tuple[float, int, Admission]] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, admission: Admission, after_s: float) -> None:
+        with self._wake:
+            heapq.heappush(self._due, (time.monotonic() + after_s, id(admission), admission))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="clawr1-sql-watchdog", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._due or self._due[0][0] > time.monotonic():
+                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
+                _, _, admission = heapq.heappop(self._due)
+            admission.overdue()
+
+
+_WATCHDOG = _Watchdog()
+
+
+def overran(limit_s: float) -> str:
+    return f"the query ran past the time limit of {limit_s:g} s (max_execution_time) and was cancelled"
+
+
+class Admission:
+    """One query's place in its pool, from ``AnalystSql.admit`` until the engine has stopped with it.
+
+    ``cancel`` kills the query (its caller left, or it ran past the time limit); the query then fails
+    with ``reason`` once the engine notices (at its next block), and only then frees the place.
+    """
+
+    def __init__(self, owner: AnalystSql, caller: Caller) -> None:
+        self.caller = caller
+        self.reason: str | None = None
+        self._owner = owner
+        self._tag: str | None = None
+        self._query_id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._limit_s = 0.0
+        self._released = False
+
+    def started(self, tag: str, limit_s: float) -> dict[str, str]:
+        """The query runs on the session tagged ``tag``: the watchdog starts; the settings give the
+        query its id (a server's; chDB names its queries itself and is found by the session's tag)."""
+        with self._lock:
+            self._tag = tag
+            pending = self.reason
+            self._limit_s = limit_s
+        _WATCHDOG.watch(self, limit_s + WATCHDOG_GRACE_S)
+        if pending is not None:
+            self._kill()
+        return {"query_id": self._query_id}
+
+    def cancel(self, reason: str) -> None:
+        """Kill the query (idempotent; before it started, it is killed as soon as it starts)."""
+        with self._lock:
+            if self.reason is not None or self._released:
+                return
+            self.reason = reason
+            running = self._tag is not None
+        if running:
+            self._kill()
+
+    def overdue(self) -> None:
+        """The watchdog's call at the deadline: a query still running then is cancelled."""
+        self.cancel(overran(self._limit_s))
+
+    def _kill(self) -> None:
+        assert self._tag is not None
+        self._owner.kill(self._query_id, self._tag)
+
+    def release(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        self._owner.release_slot(self.caller)
+
+
 class SqlStream:
     """One running query's result: iterate for chunks; ``close()`` ends it early and frees its session."""
 
-    def __init__(self, first: bytes, source: IO[bytes], done: Any) -> None:
+    def __init__(self, first: bytes, source: IO[bytes], done: Any,
+                 admission: Admission | None = None) -> None:
         self._first = first
         self._source = source
         self._done = done
+        self._admission = admission
         self._closed = False
 
     def __iter__(self) -> Iterator[bytes]:
@@ -141,7 +272,7 @@ class SqlStream:
                 while chunk := _read(self._source):
                     yield chunk
             except Exception as exc:
-                yield f"\n{_sql_error(exc)}\n".encode()
+                yield f"\n{self._error(exc)}\n".encode()
                 return
             broken = False
         finally:
@@ -155,12 +286,15 @@ class SqlStream:
                 chunks.append(chunk)
         except Exception as exc:
             self._finish(broken=True)
-            raise _sql_error(exc) from exc
+            raise self._error(exc) from exc
         self._finish(broken=False)
         return b"".join(chunks)
 
     def close(self) -> None:
         self._finish(broken=True)
+
+    def _error(self, exc: BaseException) -> SqlError:
+        return _sql_error(exc, self._admission.reason if self._admission is not None else None)
 
     def _finish(self, broken: bool) -> None:
         if not self._closed:
@@ -170,53 +304,92 @@ class SqlStream:
 
 
 class AnalystSql:
-    """Guarded read-only queries on sessions of their own (a few kept open, ``max_concurrent`` at most)."""
+    """Guarded read-only queries on sessions of their own, in two pools (``trainers``, ``analysts``) of a
+    few sessions each, a key holding at most its share of its pool."""
 
-    def __init__(self, dsn: str, database: str | None = None, limits: SqlLimits | None = None) -> None:
-        """``database`` is the pool's; ``None`` means the DSN's own (its current database)."""
+    def __init__(self, dsn: str, database: str | None = None, limits: SqlLimits | None = None,
+                 control_dsn: str | None = None) -> None:
+        """``database`` is the pool's; ``None`` means the DSN's own (its current database).
+        ``control_dsn`` kills overrunning queries (``KILL QUERY``; default ``dsn``): on a server, a user
+        allowed to, where ``dsn`` is the analysts' read-only one."""
         self.dsn = dsn
         self.database = database
         self.limits = limits or SqlLimits()
-        self._slots = threading.BoundedSemaphore(max(1, self.limits.max_concurrent))
-        self._idle: list[Client] = []
+        self._control_dsn = control_dsn or dsn
+        self._control: Client | None = None
+        self._control_lock = threading.Lock()
+        self._running: Counter[str] = Counter()
+        self._running_by_key: Counter[tuple[str, str]] = Counter()
+        self._idle: dict[str, list[tuple[Client, str]]] = {TRAINERS: [], ANALYSTS: []}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
         self._accepted: OrderedDict[str, Checked] = OrderedDict()
 
+    def admit(self, caller: Caller | None = None) -> Admission:
+        """A place in the caller's pool, or ``SqlBusy`` naming what is full."""
+        caller = caller or Caller()
+        pool, key = caller.pool, (caller.pool, caller.name)
+        with self._lock:
+            if caller.limited and self._running_by_key[key] >= self.limits.key_slots(pool):
+                raise SqlBusy(f"the key {caller.name!r} already runs {self._running_by_key[key]} queries, "
+                              f"its share of the {self.limits.slots(pool)} sessions of the {pool}; "
+                              "retry shortly")
+            if self._running[pool] >= self.limits.slots(pool):
+                raise SqlBusy(f"the {self.limits.slots(pool)} SQL sessions of the {pool} are in use; "
+                              "retry shortly")
+            self._running[pool] += 1
+            self._running_by_key[key] += 1
+        return Admission(self, caller)
+
+    def release_slot(self, caller: Caller) -> None:
+        with self._lock:
+            self._running[caller.pool] -= 1
+            self._running_by_key[(caller.pool, caller.name)] -= 1
+
     def stream(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
-               max_rows: int | None = None) -> SqlStream:
-        """Guard ``sql`` and start it; errors up to its first chunk raise here, as ``SqlError``s."""
-        if fmt not in OUTPUT_FORMATS:
-            raise SqlError(f"unknown format {fmt!r}; one of {', '.join(OUTPUT_FORMATS)}")
-        text = sql.strip().rstrip(";").rstrip()
-        if not text:
-            raise SqlError("empty query")
-        if len(text) > MAX_QUERY_CHARS:
-            raise SqlError(f"query longer than {MAX_QUERY_CHARS} characters")
-        if not self._slots.acquire(blocking=False):
-            raise SqlBusy(f"{self.limits.max_concurrent} analyst queries are running; retry shortly")
+               max_rows: int | None = None, admission: Admission | None = None) -> SqlStream:
+        """Guard ``sql`` and start it; errors up to its first chunk raise here, as ``SqlError``s.
+        ``admission``: the query's place, from ``admit`` (taken here for a key-less caller without one);
+        it is released when the returned stream ends, or here on an error."""
+        admission = admission or self.admit()
+        try:
+            text = _statement(sql, fmt)
+        except SqlError:
+            admission.release()
+            raise
+        pool = admission.caller.pool
         limits = self.limits
         if max_rows is not None and max_rows < limits.max_result_rows:
             limits = replace(limits, max_result_rows=max_rows)
-        client: Client | None = None
+        session: tuple[Client, str] | None = None
         try:
-            client = self._session(limits)
+            session = self._session(limits, pool)
+            client, tag = session
             checked = self._guard(client, text)
             values = _parameters(checked, parameters or {})
+            running = admission.started(tag, float(limits.max_execution_time))
             source: IO[bytes]
             if checked.streams:
                 # clickhouse-connect types raw_stream for its sync and async clients together; the sync
                 # Client's is the HTTP response, a binary file object (its StreamContext is async only).
-                source = cast(IO[bytes], client.raw_stream(checked.text, parameters=values or None, fmt=fmt))
+                source = cast(IO[bytes], client.raw_stream(checked.text, parameters=values or None, fmt=fmt,
+                                                           settings=running))
             else:
-                source = io.BytesIO(client.raw_query(checked.text, parameters=values or None, fmt=fmt))
+                source = io.BytesIO(client.raw_query(checked.text, parameters=values or None, fmt=fmt,
+                                                     settings=running))
             first = _read(source)
         except BaseException as exc:
-            self._release(client, limits, broken=True)
+            self._release(session, limits, pool, broken=True)
+            admission.release()
             if isinstance(exc, Exception):
-                raise _sql_error(exc) from exc
+                raise _sql_error(exc, admission.reason) from exc
             raise
-        return SqlStream(first, source, lambda broken: self._release(client, limits, broken))
+
+        def done(broken: bool) -> None:
+            self._release(session, limits, pool, broken)
+            admission.release()
+
+        return SqlStream(first, source, done, admission)
 
     def run(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
             max_rows: int | None = None) -> bytes:
@@ -226,19 +399,37 @@ class AnalystSql:
     def check(self, sql: str) -> Checked:
         """The guard alone: what would run for ``sql``, or ``WriteRefused``/``SqlError``."""
         text = sql.strip().rstrip(";").rstrip()
-        client = self._session(self.limits)
+        session = self._session(self.limits, ANALYSTS)
         try:
-            return self._guard(client, text)
+            return self._guard(session[0], text)
         except Exception as exc:
             raise _sql_error(exc) from exc
         finally:
-            self._release(client, self.limits, broken=False, slot=False)
+            self._release(session, self.limits, ANALYSTS, broken=False)
+
+    def kill(self, query_id: str, tag: str) -> None:
+        """``KILL QUERY`` the query ``query_id`` (a server's) or the one running on the session ``tag``
+        (chDB's), without waiting: the engine stops it at its next block."""
+        with self._control_lock:
+            try:
+                if self._control is None:
+                    self._control = clickhouse_connect.get_client(dsn=self._control_dsn)
+                self._control.command("KILL QUERY WHERE query_id = {q:String} OR Settings['log_comment'] = "
+                                      "{t:String} ASYNC", parameters={"q": query_id, "t": tag})
+            except ClickHouseError:
+                # Its own limit still stops it between blocks; the caller was answered already.
+                pass
 
     def close(self) -> None:
         with self._lock:
-            idle, self._idle = self._idle, []
+            idle = [client for sessions in self._idle.values() for client, _ in sessions]
+            self._idle = {TRAINERS: [], ANALYSTS: []}
         for client in idle:
             client.close()
+        with self._control_lock:
+            if self._control is not None:
+                self._control.close()
+                self._control = None
 
     def _guard(self, client: Client, text: str) -> Checked:
         """The guard's verdict on ``text``; an accepted text is remembered (the verdict depends only on
@@ -277,31 +468,37 @@ class AnalystSql:
         self._catalogue = Catalogue.build(functions, combinators)
         return self._catalogue
 
-    def _session(self, limits: SqlLimits) -> Client:
+    def _session(self, limits: SqlLimits, pool: str) -> tuple[Client, str]:
+        """A session of ``pool`` and its tag (chDB finds its running query by the tag)."""
         if limits == self.limits:
             with self._lock:
-                if self._idle:
-                    return self._idle.pop()
-        return open_session(self.dsn, self.database, limits)
+                if self._idle[pool]:
+                    return self._idle[pool].pop()
+        tag = f"clawr1-sql-{uuid.uuid4().hex}"
+        return open_session(self.dsn, self.database, limits, pool, tag), tag
 
-    def _release(self, client: Client | None, limits: SqlLimits, broken: bool, slot: bool = True) -> None:
-        if client is not None:
+    def _release(self, session: tuple[Client, str] | None, limits: SqlLimits, pool: str,
+                 broken: bool) -> None:
+        if session is not None:
             if broken or limits != self.limits:
-                client.close()
+                session[0].close()
             else:
                 with self._lock:
-                    self._idle.append(client)
-        if slot:
-            self._slots.release()
+                    self._idle[pool].append(session)
 
 
-def open_session(dsn: str, database: str | None, limits: SqlLimits) -> Client:
+def open_session(dsn: str, database: str | None, limits: SqlLimits, pool: str = ANALYSTS,
+                 tag: str = "") -> Client:
     """A client whose every query runs with ``limits`` and ``readonly = 1``, set before anything runs.
 
-    On chDB the settings are ``SET`` on the client's own handle, ``readonly`` last; on a server they
-    travel with every request (a server profile that already pins ``readonly`` skips that one).
+    On chDB the settings are ``SET`` on the client's own handle, ``readonly`` last (and ``tag`` as the
+    session's ``log_comment``, by which its running query is found); on a server they travel with every
+    request (a server profile that already pins ``readonly`` skips that one).
     """
-    kwargs: dict[str, Any] = {"dsn": dsn, "settings": limits.session_settings()}
+    settings = limits.session_settings(pool)
+    if tag and is_embedded(dsn):
+        settings = {"log_comment": tag, **settings}
+    kwargs: dict[str, Any] = {"dsn": dsn, "settings": settings}
     if database:
         kwargs["database"] = database
     if not is_embedded(dsn):
@@ -310,6 +507,18 @@ def open_session(dsn: str, database: str | None, limits: SqlLimits) -> Client:
         return clickhouse_connect.get_client(**kwargs)
     except ClickHouseError as exc:
         raise PoolError(f"cannot open an analyst session on the pool: {pool_error(exc)}") from exc
+
+
+def _statement(sql: str, fmt: str) -> str:
+    """The query's text, without a trailing ``;``; ``SqlError`` for an unknown format or a bad length."""
+    if fmt not in OUTPUT_FORMATS:
+        raise SqlError(f"unknown format {fmt!r}; one of {', '.join(OUTPUT_FORMATS)}")
+    text = sql.strip().rstrip(";").rstrip()
+    if not text:
+        raise SqlError("empty query")
+    if len(text) > MAX_QUERY_CHARS:
+        raise SqlError(f"query longer than {MAX_QUERY_CHARS} characters")
+    return text
 
 
 def _parameters(checked: Checked, given: Mapping[str, Any]) -> dict[str, Any]:
@@ -335,8 +544,9 @@ def _read(source: IO[bytes]) -> bytes:
     return source.read(CHUNK_BYTES) or b""
 
 
-def _sql_error(exc: BaseException) -> SqlError:
-    """Our error for whatever stopped a query: refusals are 403s, everything else is a bad request."""
+def _sql_error(exc: BaseException, cancelled: str | None = None) -> SqlError:
+    """Our error for whatever stopped a query: refusals are 403s, everything else is a bad request.
+    ``cancelled``: why the query was killed, when it was (the engine only says that it was)."""
     if isinstance(exc, SqlError):
         return exc
     if isinstance(exc, GuardRefusal):
@@ -344,6 +554,8 @@ def _sql_error(exc: BaseException) -> SqlError:
     error = pool_error(exc) if isinstance(exc, ClickHouseError) else exc
     message = _PARSE_SCOPE.sub("", str(error)).strip()
     code = getattr(error, "code", None)
+    if cancelled is not None and code in (CANCELLED_ERROR_CODE, TIMEOUT_ERROR_CODE):
+        return SqlError(cancelled)
     if code == READONLY_ERROR_CODE:
         return WriteRefused(message)
     if code == SYNTAX_ERROR_CODE and "Multi-statements are not allowed" in message:

@@ -38,6 +38,8 @@ class Hints:
     agent: str | None = None
     terminal: bool = False
     channel: str = "train"
+    # The API key that called through the compat port, when its seal is right (clawr1.core.relay_source).
+    source_name: str | None = None
 
 
 def _identifier(name: str, value: str | None) -> str | None:

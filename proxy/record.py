@@ -19,7 +19,7 @@ from clawr1.proxy.apis.base import error_text
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
 from clawr1.proxy.chains import ResponseChains
 from clawr1.proxy.hints import Hints
-from clawr1.proxy.redact import redact_headers, redact_record, redact_url
+from clawr1.proxy.redact import redact_headers, redact_id, redact_record, redact_url
 from clawr1.proxy.sse import parse_stream
 from clawr1.proxy.token_ids import Injection, dump, strip_json
 
@@ -154,6 +154,10 @@ def _left_after_the_end(call: CapturedCall, assembled: Assembled) -> bool:
             and bool(assembled.choices))
 
 
+def _hint_id(value: str | None) -> str | None:
+    return None if value is None else redact_id(value)
+
+
 def build_record(call: CapturedCall, proxy_instance: str,
                  chains: ResponseChains | None = None) -> tuple[str, dict[str, Any]]:
     """The Kafka key (trajectory hint, else conversation root) and the record, secrets removed.
@@ -215,11 +219,11 @@ def build_record(call: CapturedCall, proxy_instance: str,
             for c in assembled.choices
         ],
         "token_source": "engine" if has_ids else "none",
-        "trajectory_id": call.hints.trajectory_id,
-        "prompt_group_id": call.hints.prompt_group_id,
+        "trajectory_id": _hint_id(call.hints.trajectory_id),
+        "prompt_group_id": _hint_id(call.hints.prompt_group_id),
         "prompt_group_size": call.hints.prompt_group_size,
         "policy_version": call.hints.policy_version,
-        "agent": call.hints.agent,
+        "agent": _hint_id(call.hints.agent),
         "terminal": call.hints.terminal,
         "channel": call.hints.channel,
         "conversation_key": conv_key,
@@ -227,5 +231,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "response_id": assembled.response_id,
         "capture_notes": notes,
         "client_connection": call.client_connection,
+        "source_name": call.hints.source_name,
     }
-    return call.hints.trajectory_id or conv_key, redact_record(record)
+    # The Kafka key is the (redacted) trajectory hint: a secret sent as an id never becomes a key.
+    return record["trajectory_id"] or conv_key, redact_record(record)

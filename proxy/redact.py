@@ -1,49 +1,77 @@
 """Secrets are forwarded upstream but never recorded: scrubbing for every captured call.
 
-The rule (docs/security.md):
+The rule (docs/security.md), one list of secret *names* and one of secret *shapes*, applied the same
+way wherever a name meets a value:
 
-- **Headers** and **query parameters** whose name mentions a key, token, secret, password, cookie,
-  session, signature, credential or auth (and OAuth's ``code``) are dropped, and so is any whose
-  value looks like a credential. Matching is deliberately broad: recording one header too few costs
-  little, leaking one key costs a lot.
+- **Secret names** (``is_secret_name``): a name whose words (``X-Api-Key``, ``apiKey``, ``api_key``
+  all read ``api key``) hold one of ``SECRET_WORDS`` (password, pwd, pass, passcode, otp, secret,
+  creds, cookie, sig, signature, jwt, auth, private, session, ...), ends in ``token``, ``key`` or
+  ``access``, or spells a credential without separators (``accesstoken``, ``clientsecret``); a few
+  ordinary names are not (``max_tokens``, ``token_ids``, ``prompt_cache_key``, ``stop_token``,
+  ``public_key``). It decides, identically, for **header** names, **query** and **form** parameters
+  (``&`` or ``;`` separated), **multipart** parts and **JSON** fields at any depth: a header or query
+  parameter so named is dropped, a form or multipart value or a JSON field's value is replaced by
+  ``[REDACTED]``, whatever its type (a string, a number, a list, an object; not ``true``/``null``),
+  except a JSON schema's ``properties`` (a tool's ``{"password": {"type": "string"}}`` stays).
+  OAuth's ``code`` is secret in URLs only: elsewhere ``code`` is a tool's input.
+- **Secret shapes** (``SECRET_TOKEN``: OpenAI/Anthropic ``sk-``, Hugging Face ``hf_``, GitHub
+  ``ghp_``/``gho_``/``github_pat_``, GitLab ``glpat-``, Slack ``xox?-``, AWS ``AKIA``, Google ``AIza``,
+  Stripe, JWTs, ``Bearer`` credentials, PEM private keys) are replaced wherever they appear: URL path,
+  bodies, prompt and reply text, JSON keys, ids; also when percent-encoded (``sk%2Dproj%2D...``). A
+  header or parameter whose value (percent-decoded) holds one, is a credential (``Bearer ...``,
+  ``Basic ...``) or, for a header, reads ``user:password``, is dropped whatever its name, and so is
+  one whose *name* holds one.
 - **URL userinfo** (``user:pass@host``) is dropped.
-- **Secret-shaped tokens** (``SECRET_TOKEN``: OpenAI/Anthropic ``sk-``, Hugging Face ``hf_``,
-  GitHub ``ghp_``/``gho_``/``github_pat_``, GitLab ``glpat-``, Slack ``xox?-``, AWS ``AKIA``, Google
-  ``AIza``, Stripe, JWTs, ``Bearer`` credentials, PEM private keys) are replaced by ``[REDACTED]``
-  wherever they appear: URL path, bodies, prompt and reply text. They are never useful training data.
-- **Secret-named JSON fields** (``api_key``, ``apiKey``, ``token``, ``access_token``, ``password``,
-  ``client_secret``, ...; ``is_secret_field``) get ``[REDACTED]`` as value when that value is a
-  string or number, at any depth of a JSON body, request and response. Objects under such names
-  (a tool's parameter schema ``{"password": {"type": "string"}}``) are walked, not replaced.
-  Text inside strings is not parsed as JSON: tool-call arguments are the model's output and keep
-  their words unless a secret-shaped token is in them.
+- Bodies: every JSON document in a text is found (behind a byte-order mark, between other bytes,
+  one per line); the rest of the text gets the shape rule, form and multipart bodies the name rule.
 
 A body that needed no change is kept byte for byte; one that did is re-serialized JSON.
 
 Cost: every string first goes through ``might_hold_token``, a case-insensitive substring test for what
-every ``SECRET_TOKEN`` alternative must contain (``sk-``, ``hf_``, ``eyj``, ``bearer``, ...), about 15x
-cheaper than the full pattern; only a hit runs it. A JSON body whose raw text has no such anchor and
-no ``\\u`` escape (which could spell one) and no secret-named key over a scalar is returned as it
-came, without building a redacted copy (bench/bench_proxy.py, CPU per call).
+every ``SECRET_TOKEN`` alternative must contain (``sk-``, ``hf_``, ``eyj``, ``bearer``, a ``%`` escape,
+...), about 15x cheaper than the full pattern; only a hit runs it. A JSON body whose raw text has no
+such anchor and no ``\\u`` escape (which could spell one) and no secret-named key over a value is
+returned as it came, without building a redacted copy (bench/bench_proxy.py, CPU per call).
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
 REDACTED = "[REDACTED]"
 REDACTED_WITH_TOKEN_IDS = "secrets redacted from the text; the engine token ids still encode them"
 
-_SECRET_NAME = re.compile(
-    r"auth|key|token(?!s)|secret|passw|cookie|session|signature|credential|^sig$|^code$|^x-amz-",
-    re.IGNORECASE,
-)
+SECRET_WORDS = frozenset({
+    "password", "passwd", "passphrase", "passcode", "pwd", "pass", "otp", "totp", "secret", "secrets",
+    "credential", "credentials", "creds", "cookie", "cookies", "sig", "signature", "jwt", "apikey", "auth",
+    "authorization", "authentication", "bearer", "private", "session", "csrf", "xsrf",
+})
+"""A name holding one of these words is secret (``X-Pwd``, ``new_password``, ``x-session-id``)."""
+SECRET_LAST_WORDS = frozenset({"token", "key", "access"})
+"""... and so is one ending in one of these (``api_key``, ``refresh_token``, ``X-Access``)."""
+_SECRET_SQUASHED = ("password", "passwd", "secret", "apikey", "accesstoken", "authtoken", "accesskey",
+                    "privatekey", "credential", "cookie", "signature", "bearer", "authorization")
+"""... or spelling a credential without separators (``clientsecret``, ``AWSACCESSKEYID``)."""
+NOT_SECRET = frozenset({
+    "stop_token", "eos_token", "bos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
+    "prompt_cache_key", "cache_key", "public_key", "idempotency_key", "partition_key", "sort_key",
+    "primary_key", "foreign_key",
+})
+"""Names that read secret but hold none (a tokenizer's special tokens, OpenAI's ``prompt_cache_key``)."""
+URL_ONLY_SECRETS = frozenset({"code"})
+"""OAuth's authorization ``code`` in a redirect URL; in JSON ``code`` is a tool's program."""
+_NEVER_RECORDED = frozenset({"x-claw-source"})
+"""The compat port's seal on the caller's name (clawr1.core.relay_source): read by the proxy, never kept."""
+
 _CREDENTIAL_SCHEME = re.compile(r"^\s*(bearer|basic|digest|token)\s+\S", re.IGNORECASE)
+# ``user:password`` as a header value (X-Forwarded-User: u:S); a port (host:8080) or a time is not.
+_USER_PASSWORD = re.compile(r"^[^\s:/@]{1,64}:(?=[^\s:]*[A-Za-z])[^\s:]{6,}$")
 # A token starts where no other token character precedes it: "risk-…" or "ask-…" are words.
 _START = r"(?<![A-Za-z0-9_-])"
 SECRET_TOKEN = re.compile(
@@ -62,37 +90,99 @@ SECRET_TOKEN = re.compile(
         r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
     ])
 )
-_SECRET_FIELD = re.compile(
-    r"(?:^|_)(?:api_?key|apikey|secret|secret_key|client_secret|password|passwd|passphrase|private_key"
-    r"|access_key(?:_id)?|credentials?|authorization|cookie|(?:access|refresh|id|auth|session|bearer"
-    r"|oauth|api|csrf|app|bot|service|personal_access|github|gitlab|gh|hf|slack)_token)$"
-    r"|^(?:token|auth|pwd|code_verifier)$"
-)
+# A run of URL characters holding a percent escape: decoded, it may spell a token (sk%2Dproj%2D...).
+_ENCODED_RUN = re.compile(r"[A-Za-z0-9._~+%-]*%[0-9A-Fa-f]{2}[A-Za-z0-9._~+%-]*")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-# Lower-cased substrings every SECRET_TOKEN alternative contains; none present means no match.
+_SEPARATORS = re.compile(r"[-.\s]+")
+# Lower-cased substrings every SECRET_TOKEN alternative contains, and the percent escape that may hide
+# one; none present means no match.
 _TOKEN_ANCHORS = ("sk-", "rk-", "sk_", "rk_", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
-                  "glpat-", "xox", "akia", "asia", "aiza", "eyj", "bearer", "private key")
+                  "glpat-", "xox", "akia", "asia", "aiza", "eyj", "bearer", "private key", "%")
+_FORM = re.compile(r"[\w.%+~\[\]-]+=[^&;\s]*(?:[&;][\w.%+~\[\]-]+=[^&;\s]*)*")
+_MULTIPART_PART = re.compile(
+    r'(content-disposition:[^\r\n]*?\bname="([^"]*)"[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n)(.*?)(?=\r?\n--)',
+    re.IGNORECASE | re.DOTALL)
+_JSON_START = re.compile(r"[{\[]")
+# Lower-cased substrings every secret name contains (a token in a name has a _TOKEN_ANCHORS one).
+_NAME_ANCHORS = ("pass", "pwd", "otp", "secret", "cred", "cookie", "sig", "jwt", "key", "auth", "bearer",
+                 "private", "session", "csrf", "xsrf", "token", "access", "amz")
+_DECODER = json.JSONDecoder()
 
 
 def might_hold_token(text: str) -> bool:
-    """False only when ``SECRET_TOKEN`` cannot match ``text`` (a necessary-condition prefilter)."""
-    return any(map(text.lower().__contains__, _TOKEN_ANCHORS))
+    """False only when ``SECRET_TOKEN`` cannot match ``text`` nor its percent-decoding (a
+    necessary-condition prefilter)."""
+    return _has_anchor(text.lower(), _TOKEN_ANCHORS)
 
 
-@functools.lru_cache(maxsize=4096)
-def is_secret_field(name: str) -> bool:
-    """``api_key``, ``apiKey``, ``X-Api-Key``, ``refresh_token``, ``client_secret``, ``password``, ...
-    but not ``max_tokens``, ``prompt_cache_key`` or ``stop_token``."""
-    return bool(_SECRET_FIELD.search(_CAMEL.sub("_", name).lower().replace("-", "_")))
+def _has_anchor(lowered: str, anchors: tuple[str, ...]) -> bool:
+    return any(map(lowered.__contains__, anchors))
+
+
+def _might_name_a_secret(lowered: str) -> bool:
+    """False only when no secret name can be in the (lower-cased) text."""
+    return any(map(lowered.__contains__, _NAME_ANCHORS))
+
+
+@functools.lru_cache(maxsize=8192)
+def is_secret_name(name: str) -> bool:
+    """The one rule for names of headers, query, form and multipart parameters and JSON fields."""
+    normal = _SEPARATORS.sub("_", _CAMEL.sub("_", name)).lower().strip("_")
+    normal = normal.removeprefix("x_")
+    if normal in NOT_SECRET:
+        return False
+    if normal.startswith("amz_") or SECRET_TOKEN.search(name):
+        return True
+    words = [word for word in normal.split("_") if word]
+    if not words:
+        return False
+    if words[-1] in SECRET_LAST_WORDS or any(word in SECRET_WORDS for word in words):
+        return True
+    squashed = "".join(words)
+    return any(part in squashed for part in _SECRET_SQUASHED)
+
+
+# The JSON rule's name, kept for its callers.
+is_secret_field = is_secret_name
+
+
+def _holds_token(text: str) -> bool:
+    if not might_hold_token(text):
+        return False
+    return bool(SECRET_TOKEN.search(text) or ("%" in text and SECRET_TOKEN.search(unquote(text))))
+
+
+def is_secret_value(value: str) -> bool:
+    """A value to drop whatever its name: a secret-shaped token (percent-decoded too) or a credential."""
+    return bool(_CREDENTIAL_SCHEME.search(value)) or _holds_token(value)
 
 
 def is_secret_header(name: str, value: str = "") -> bool:
-    return bool(_SECRET_NAME.search(name) or _CREDENTIAL_SCHEME.search(value) or SECRET_TOKEN.search(value))
+    lowered = name.lower()
+    return (lowered in _NEVER_RECORDED or is_secret_name(name) or is_secret_value(value)
+            or bool(_USER_PASSWORD.match(value.strip())))
+
+
+def _redact_encoded(match: re.Match[str]) -> str:
+    run = match.group(0)
+    return REDACTED if SECRET_TOKEN.search(unquote(run)) else run
 
 
 def redact_tokens(text: str) -> str:
-    """``text`` with every secret-shaped token replaced by ``[REDACTED]``."""
-    return SECRET_TOKEN.sub(REDACTED, text) if might_hold_token(text) else text
+    """``text`` with every secret-shaped token (also one spelled with percent escapes) replaced by
+    ``[REDACTED]``."""
+    if not might_hold_token(text):
+        return text
+    text = SECRET_TOKEN.sub(REDACTED, text)
+    return _ENCODED_RUN.sub(_redact_encoded, text) if "%" in text else text
+
+
+def redact_id(value: str) -> str:
+    """An id (a trajectory hint, a Kafka key) that holds a secret becomes a stable stand-in, the same for
+    the same id, so its calls still group together: never the secret, never one shared value."""
+    if not _holds_token(value):
+        return value
+    return f"{REDACTED[:-1]}:{hashlib.sha256(value.encode()).hexdigest()[:24]}]"
 
 
 def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
@@ -106,67 +196,128 @@ def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     return kept
 
 
+def _parameters(text: str) -> Iterator[tuple[str, str, str]]:
+    """``(raw segment, name, value)`` of a query or form text, split at ``&`` and ``;`` alike."""
+    for segment in re.split(r"[&;]", text):
+        name, _, value = segment.partition("=")
+        yield segment, unquote_plus(name), unquote_plus(value)
+
+
+def _secret_parameter(name: str, value: str, url: bool) -> bool:
+    return (is_secret_name(name) or (url and name.lower() in URL_ONLY_SECRETS) or is_secret_value(value)
+            or _holds_token(name))
+
+
 def redact_url(url: str) -> str:
-    """The URL without userinfo, credential query parameters (``?key=``, ``access_token=``, ``code=``)
-    and secret-shaped tokens in its path."""
+    """The URL without userinfo, credential query parameters (``?key=``, ``;pwd=``, ``access_token=``,
+    ``code=``) and secret-shaped tokens in its path (percent-encoded ones included)."""
     parts = urlsplit(url)
     if parts.username is not None or parts.password is not None:
         parts = parts._replace(netloc=parts.netloc.rpartition("@")[2])
     if parts.query:
-        pairs = parse_qsl(parts.query, keep_blank_values=True)
-        kept = [(k, v) for k, v in pairs if not is_secret_header(k, v)]
-        if len(kept) != len(pairs):
-            parts = parts._replace(query=urlencode(kept))
+        segments = list(_parameters(parts.query))
+        kept = [raw for raw, name, value in segments if not _secret_parameter(name, value, url=True)]
+        if len(kept) != len(segments):
+            parts = parts._replace(query="&".join(kept))
     return redact_tokens(urlunsplit(parts))
 
 
-def _is_scalar(item: Any) -> bool:
-    return isinstance(item, str | int | float) and not isinstance(item, bool) and item != ""
+def _redact_form(text: str) -> str:
+    """A form body (``a=1&api_key=S``): secret-named or secret-valued parameters get ``[REDACTED]``."""
+    segments = list(_parameters(text))
+    out = [f"{raw.partition('=')[0]}={REDACTED}" if _secret_parameter(name, value, url=False) else raw
+           for raw, name, value in segments]
+    return redact_tokens("&".join(out) if out != [raw for raw, _, _ in segments] else text)
 
 
-def _redact_value(value: Any) -> Any:
+def _redact_multipart(text: str) -> str:
+    def part(match: re.Match[str]) -> str:
+        return match.group(1) + REDACTED if is_secret_name(match.group(2)) else match.group(0)
+
+    return _MULTIPART_PART.sub(part, text)
+
+
+def _is_hidden(key: str, item: Any, parent: str | None) -> bool:
+    """Whether a field's value is replaced: a secret name over anything but ``true``/``false``/``null``/
+    empty, outside a JSON schema's ``properties``."""
+    if parent == "properties" or item is None or isinstance(item, bool) or item in ("", [], {}):
+        return False
+    return is_secret_name(key)
+
+
+def _redact_value(value: Any, parent: str | None = None) -> Any:
     if isinstance(value, str):
         return redact_tokens(value)
     if isinstance(value, list):
-        return [_redact_value(item) for item in value]
+        return [_redact_value(item, parent) for item in value]
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            secret = _is_scalar(item) and is_secret_field(key)
-            out[redact_tokens(key)] = REDACTED if secret else _redact_value(item)
-        return out
+        return {redact_tokens(key): REDACTED if _is_hidden(key, item, parent) else _redact_value(item, key)
+                for key, item in value.items()}
     return value
 
 
-def _has_secret_field(value: Any) -> bool:
+def _has_secret_field(value: Any, parent: str | None = None) -> bool:
     """Whether ``_redact_value`` would replace a field's value somewhere in ``value``."""
     if isinstance(value, list):
-        for item in value:
-            if _has_secret_field(item):
-                return True
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if (_is_scalar(item) and is_secret_field(key)) or _has_secret_field(item):
-                return True
+        return any(_has_secret_field(item, parent) for item in value)
+    if isinstance(value, dict):
+        return any(_is_hidden(key, item, parent) or _has_secret_field(item, key)
+                   for key, item in value.items())
     return False
 
 
-def redact_text(text: str) -> str:
-    """A body or text field: JSON (object or array) gets the field and token rules, other text the
-    token rule; unchanged text is returned as it was."""
-    if text.lstrip()[:1] in ("{", "["):
+def _redact_json(text: str, parsed: Any, lowered: str | None = None) -> str:
+    # Escapes only ever stand for one character outside every anchor, except \\u which can spell any:
+    # without it, an anchor-free raw text has anchor-free strings and keys.
+    lowered = text.lower() if lowered is None else lowered
+    if "\\u" not in text and not _has_anchor(lowered, _TOKEN_ANCHORS) and not _has_secret_field(parsed):
+        return text
+    cleaned = _redact_value(parsed)
+    return text if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
+
+
+def _redact_documents(text: str) -> str:
+    """Every JSON object or array in ``text`` gets the field rule, the bytes around them the token rule
+    (a byte-order mark, trailing bytes, one document per line, JSON inside a log line)."""
+    out: list[str] = []
+    position = 0
+    for start in _JSON_START.finditer(text):
+        if start.start() < position:
+            continue
         try:
-            parsed = json.loads(text)
-        except ValueError:
+            parsed, end = _DECODER.raw_decode(text, start.start())
+        except (ValueError, RecursionError):
+            continue
+        out += [redact_tokens(text[position:start.start()]), _redact_json(text[start.start():end], parsed)]
+        position = end
+    if not out:
+        return redact_tokens(text)
+    out.append(redact_tokens(text[position:]))
+    return "".join(out)
+
+
+def redact_text(text: str) -> str:
+    """A body or text field: JSON gets the field and token rules, a form or multipart body the name rule,
+    other text the token rule; unchanged text is returned as it was."""
+    body = text.strip().lstrip("\ufeff")
+    json_like = "{" in text or "[" in text
+    lowered = text.lower()
+    if json_like and "\\u" not in text and not _might_name_a_secret(lowered) \
+            and not _has_anchor(lowered, _TOKEN_ANCHORS):
+        json_like = False  # no anchor, no escape that could spell one, no secret name: nothing to find
+    elif body[:1] in ("{", "["):
+        try:
+            parsed = json.loads(body)
+        except (ValueError, RecursionError):
             pass
         else:
-            # Escapes only ever stand for one character outside every anchor, except \\u which can
-            # spell any: without it, an anchor-free raw text has anchor-free strings and keys.
-            if "\\u" not in text and not might_hold_token(text) and not _has_secret_field(parsed):
-                return text
-            cleaned = _redact_value(parsed)
-            return text if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
-    return redact_tokens(text)
+            cleaned = _redact_json(body, parsed, lowered if body is text else None)
+            return text if cleaned is body else cleaned
+    if "=" in body and _FORM.fullmatch(body):
+        return _redact_form(body)
+    if "content-disposition" in lowered[:4096]:
+        return _redact_documents(_redact_multipart(text))
+    return _redact_documents(text) if json_like else redact_tokens(text)
 
 
 # Fields the schema types as numbers (ids, logprobs: thousands of items, no text to redact), and

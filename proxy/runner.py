@@ -18,7 +18,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -41,13 +41,27 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
-from clawr1.core.registry import PROXY_INSTANCE, PROXY_PROCESSES, UPSTREAM_CA_FILE, UPSTREAM_INSECURE
+from clawr1.core.registry import (
+    PROXY_ALLOW,
+    PROXY_INSTANCE,
+    PROXY_PROCESSES,
+    UPSTREAM_CA_FILE,
+    UPSTREAM_INSECURE,
+)
+from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
 from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.addons import build_addons
 from clawr1.proxy.addons.auth import ProxyAuthHeader
-from clawr1.proxy.addons.own_ports import StackPortsGuard, stack_ports
+from clawr1.proxy.addons.destinations import DestinationGuard
+from clawr1.proxy.destinations import (
+    DestinationError,
+    Destinations,
+    parse_allow,
+    service_hosts,
+    url_endpoint,
+)
 from clawr1.proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
 from clawr1.proxy.record import CapturedCall
 from clawr1.proxy.token_ids import TokenIdPolicy
@@ -87,8 +101,10 @@ class ProxyConfig:
     partitions: int
     registry_url: str
     instance: str
-    # Ports of the stack's own services: the explicit proxy never relays to them on this host.
-    stack_ports: frozenset[int] = frozenset()
+    # Where the explicit proxy may connect (never the stack's own machines but for its upstreams).
+    destinations: Destinations = field(default_factory=Destinations)
+    # Checks the compat port's seal on the calling key's name (clawr1.core.relay_source).
+    relay_secret: bytes = field(default=b"", repr=False)
     # The proxy's Prometheus metrics, served by its emitter process; 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -172,10 +188,23 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
         instance=settings.role_setting(PROXY_INSTANCE) or _default_instance(settings),
-        stack_ports=stack_ports(settings),
+        destinations=proxy_destinations(settings),
+        relay_secret=relay_secret(settings),
         metrics_port=settings.proxy_metrics_port,
         metrics_host=settings.metrics_host,
     )
+
+
+def proxy_destinations(settings: Settings) -> Destinations:
+    """``CLAWR1_PROXY_ALLOW`` over the stack's service hosts, with ``CLAWR1_UPSTREAM``'s engines allowed."""
+    try:
+        entries = parse_allow(settings.role_setting(PROXY_ALLOW))
+    except DestinationError as exc:
+        raise ProxyStartError(str(exc)) from exc
+    engines = [url_endpoint(part.strip()) for part in settings.upstream.split(",") if part.strip()]
+    services = [*settings.bootstrap_servers.split(","), settings.clickhouse_dsn, settings.sql_dsn,
+                settings.schema_registry_url]
+    return Destinations(entries, tuple(e for e in engines if e is not None), service_hosts(services))
 
 
 def _upstream_address(upstream: str) -> str:
@@ -230,13 +259,13 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         strip_dns_https_records.StripDnsHttpsRecords(),
         disable_h2c.DisableH2C(),
         ProxyAuthHeader(),
-        StackPortsGuard(config.stack_ports),
+        DestinationGuard(config.destinations),
         proxyserver.Proxyserver(),
         dns_resolver.DnsResolver(),
         next_layer.NextLayer(),
         tlsconfig.TlsConfig(),
         update_alt_svc.UpdateAltSvc(),
-        *build_addons(submit, token_ids, _upstream_verify(config)),
+        *build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret),
         _Readiness(readiness),
     )
     # Addon options exist only once their addon is loaded.

@@ -211,7 +211,7 @@ def turn_from_llm_call(record: dict[str, Any]) -> Turn:
     return Turn(
         event_id=record["event_id"],
         source_kind="blackbox_agent",
-        source_name=record["proxy_instance"],
+        source_name=record.get("source_name") or record["proxy_instance"],
         api=api,
         messages=messages,
         replies=replies,

@@ -249,6 +249,19 @@ OTLP_JOIN_WAIT_S = option("OTLP_JOIN_WAIT_S", float, 3.0,
                           "before it lands without content (0: never waits)", ("api",), check=not_negative)
 COMPAT_MAX_TRAJECTORIES = option("COMPAT_MAX_TRAJECTORIES", int, 100_000,
                                  "compat: trajectory registrations kept", ("api",))
+COMPAT_MAX_METADATA_BYTES = option("COMPAT_MAX_METADATA_BYTES", int, 64 * 1024,
+                                   "compat: largest `register_trajectory` metadata (compact JSON); larger "
+                                   "gets 413", ("api",), check=positive)
+COMPAT_PUBLIC_URL = option("COMPAT_PUBLIC_URL", str, "",
+                           "compat: the URL agents reach the compat port at, the start of every "
+                           "`init_trajectory` base URL (never the request's Host)", ("api",),
+                           default_text="`http://<CLAWR1_API_HOST>:<CLAWR1_COMPAT_PORT>` (loopback for a "
+                                        "wildcard host)")
+RELAY_SECRET = option("RELAY_SECRET", str, "",
+                      "seals the calling key's name on the compat port's relayed calls, so the proxy records "
+                      "it as the step's source; set the same on the API and the proxy when they do not share "
+                      "a data dir", ("api", "proxy"), secret=True,
+                      default_text="a random one kept in `<data dir>/relay-secret`")
 COMPAT_TIMEOUT_S = option("COMPAT_TIMEOUT_S", float, 600.0,
                           "compat: how long a relayed call or `/generate` may take", ("api",))
 COMPAT_RESPONSE_LENGTH = option("COMPAT_RESPONSE_LENGTH", int, 0,
@@ -264,7 +277,25 @@ SQL_MAX_RESULT_BYTES = option("SQL_MAX_RESULT_BYTES", int, 256 * 1024**2, "analy
 SQL_MAX_ROWS_TO_READ = option("SQL_MAX_ROWS_TO_READ", int, 2_000_000_000, "analyst SQL: `max_rows_to_read`",
                               ("api",))
 SQL_MAX_CONCURRENT = option("SQL_MAX_CONCURRENT", int, 4,
-                            "analyst SQL: sessions running at once (more answer 429)", ("api",))
+                            "SQL of analysts (`read` keys, and every caller without keys): sessions running "
+                            "at once (more answer 429)", ("api",), check=positive)
+SQL_TRAINER_CONCURRENT = option("SQL_TRAINER_CONCURRENT", int, 4,
+                                "SQL of trainers (`consume` keys): sessions running at once, a pool apart "
+                                "from the analysts' (more answer 429)", ("api",), check=positive)
+SQL_KEY_SHARE = option("SQL_KEY_SHARE", float, 0.5,
+                       "the share of its pool's sessions one key may hold at once (at least one)", ("api",),
+                       check=lambda v: None if 0 < v <= 1 else f"must be in (0, 1], got {v}")
+SQL_ANALYST_BLOCK_ROWS = option("SQL_ANALYST_BLOCK_ROWS", int, 8192,
+                                "analyst SQL: `max_block_size`; the time limit is checked between blocks, so "
+                                "smaller blocks stop an overrunning query sooner; `0` = the engine's default",
+                                ("api",))
+DASHBOARD_LIVE_PER_KEY = option("DASHBOARD_LIVE_PER_KEY", int, 8,
+                                "dashboard: `/v1/dashboard/live` streams one key may hold open (more answer "
+                                "429)", ("api",), check=positive)
+DASHBOARD_LIVE_STREAMS = option("DASHBOARD_LIVE_STREAMS", int, 128,
+                                "dashboard: `/v1/dashboard/live` streams open at once, all keys together "
+                                "(more answer 429); all share one pulse computation a second", ("api",),
+                                check=positive)
 METRICS_SAMPLE_S = option("METRICS_SAMPLE_S", float, 10.0,
                           "how often consumer-group lag and pool row counts are sampled (s)",
                           ("api", "worker", "sink", "rewarder"))
@@ -372,6 +403,13 @@ UPSTREAM_INSECURE = option("UPSTREAM_INSECURE", bool, False,
                            "tests only: skip upstream TLS verification", ("proxy",))
 PROXY_INSTANCE = option("PROXY_INSTANCE", str, "",
                         "names this proxy in every event; empty = host name and port", ("proxy",))
+PROXY_ALLOW = option("PROXY_ALLOW", str, "*",
+                     "where the explicit proxy may connect: comma-separated `host`, `*.domain`, "
+                     "`host:port`, or `*` = any host that is not a machine of the stack. This machine (any "
+                     "spelling of its addresses) and the Kafka, ClickHouse and schema-registry hosts are "
+                     "refused except `CLAWR1_UPSTREAM`'s engines and `host:port` entries naming them "
+                     "([security](security.md))",
+                     ("proxy",))
 PROXY_PROCESSES = option("PROXY_PROCESSES", int, 1,
                          "capture-proxy processes sharing its ports (SO_REUSEPORT), feeding one emitter "
                          "process", ("proxy",))

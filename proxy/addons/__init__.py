@@ -13,11 +13,12 @@ from clawr1.proxy.token_ids import TokenIdPolicy
 
 
 def build_addons(submit: Callable[[CapturedCall], None], token_ids: TokenIdPolicy | None,
-                 upstream_verify: ssl.SSLContext | bool = True) -> list[object]:
+                 upstream_verify: ssl.SSLContext | bool = True, relay_secret: bytes = b"") -> list[object]:
     """Hints first (they may refuse a call), token-id injection next (it must see the response before
     the capture reads what the agent got), capture last. ``token_ids`` None: no injection at all;
-    ``upstream_verify`` is how a retry without injected fields trusts the upstream."""
-    addons: list[object] = [ClawHints()]
+    ``upstream_verify`` is how a retry without injected fields trusts the upstream; ``relay_secret``
+    checks the compat port's seal on the caller's name."""
+    addons: list[object] = [ClawHints(relay_secret)]
     if token_ids is not None:
         addons.append(TokenIdCapture(token_ids, upstream_verify))
     addons.append(Capture(submit))

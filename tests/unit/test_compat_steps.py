@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from clawr1.compat.models import GenerateRequest, StepPayload
-from clawr1.compat.registry import Registry
+from clawr1.compat.registry import NotOwner, Registry
 from clawr1.compat.steps import (
     Refused,
     Registration,
@@ -77,14 +78,39 @@ def test_registrations_survive_a_restart_and_stay_bounded(tmp_path: Path) -> Non
     path = tmp_path / "r.sqlite3"
     registry = Registry(path, max_entries=2)
     for name in ("a", "b", "c"):
-        registry.register(name, Registration("val", 1, {"n": name}))
+        registry.register(name, Registration("val", 1, {"n": name}), "agent")
     registry.close()
     reopened = Registry(path, max_entries=2)
-    assert reopened.get("a") == Registration()  # beyond the bound: the seed's defaults
-    assert reopened.get("c") == Registration("val", 1, {"n": "c"})
-    reopened.forget("c")
-    assert reopened.get("c") == Registration()
+    assert reopened.claim("a", "other") == Registration()  # beyond the bound: forgotten, claimed anew
+    assert reopened.claim("c", "agent") == Registration("val", 1, {"n": "c"})
     reopened.close()
+
+
+def test_a_trajectory_belongs_to_the_key_that_first_used_it(tmp_path: Path) -> None:
+    registry = Registry(tmp_path / "r.sqlite3", max_entries=10)
+    assert registry.claim("t1", "alice") == Registration()
+    registry.register("t1", Registration("val", 3, {"ground_truth": "4"}), "alice")
+    forged = Registration("train", 999, {"ground_truth": "x"})
+    for intruder in (lambda: registry.claim("t1", "mallory"),
+                     lambda: registry.register("t1", forged, "mallory")):
+        with pytest.raises(NotOwner, match="belongs to another API key"):
+            intruder()
+    assert registry.claim("t1", "alice") == Registration("val", 3, {"ground_truth": "4"})
+    registry.close()
+
+
+def test_registrations_from_before_owners_are_claimed_by_their_next_use(tmp_path: Path) -> None:
+    path = tmp_path / "r.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute("CREATE TABLE registrations (seq INTEGER PRIMARY KEY AUTOINCREMENT, trajectory_id TEXT "
+                    "NOT NULL UNIQUE, channel TEXT NOT NULL, policy_version INTEGER, metadata_json TEXT)")
+        old.execute("INSERT INTO registrations (trajectory_id, channel, policy_version) "
+                    "VALUES ('t', 'val', 2)")
+    registry = Registry(path, max_entries=10)
+    assert registry.claim("t", "bob") == Registration("val", 2, None)
+    with pytest.raises(NotOwner):
+        registry.claim("t", "alice")
+    registry.close()
 
 
 def test_standin_engine_takes_token_id_prompts() -> None:

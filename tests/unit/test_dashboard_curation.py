@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from clawr1.dashboard.api import sse
 from clawr1.dashboard.curation import CurateRequest, curation_feedback, mask_thumbnail, sharing_runs
+from clawr1.dashboard.live import sse
 from clawr1.prefix_tree.packing import pack_tree
 from clawr1.prefix_tree.tree import StepTokens
 

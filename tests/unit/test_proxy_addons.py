@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+from pathlib import Path
 
 from mitmproxy import http
 from mitmproxy.test import tflow
 
+from clawr1.core.relay_source import relay_secret, seal
+from clawr1.core.settings import Settings
 from clawr1.proxy.addons import build_addons
+from clawr1.proxy.addons.hints import UNSEALED_SOURCE
 from clawr1.proxy.record import CapturedCall
 from clawr1.proxy.token_ids import TokenIdPolicy
 
@@ -133,3 +137,22 @@ def test_an_error_is_captured_once() -> None:
     addons[-1].error(flow)
     (call,) = captured
     assert (call.error, call.status) == ("Connection refused", None)
+
+
+def test_the_callers_name_is_taken_only_with_the_compat_ports_seal(tmp_path: Path) -> None:
+    """The compat port seals the calling key's name for its trajectory; an agent's own header, a wrong
+    seal or a seal made for another trajectory names no one (and says so in the capture notes)."""
+    secret = relay_secret(Settings(data_dir=tmp_path))
+    assert secret == relay_secret(Settings(data_dir=tmp_path)) and len(secret) == 64  # kept, shared
+    assert (tmp_path / "relay-secret").stat().st_mode & 0o777 == 0o600
+    sealed = seal(secret, "agent-7", "t-1")
+    cases = [(sealed, "t-1", "agent-7"), (sealed, "t-2", None), ("trainer", "t-1", None),
+             ("trainer:" + "0" * 64, "t-1", None), (seal(b"other", "trainer", "t-1"), "t-1", None)]
+    for value, trajectory, named in cases:
+        captured: list[CapturedCall] = []
+        flow = _flow(headers={"X-Claw-Trajectory-Id": trajectory, "X-Claw-Source": value})
+        _run(build_addons(captured.append, None, relay_secret=secret), flow, _json_response({"choices": []}))
+        (call,) = captured
+        assert call.hints.source_name == named, value
+        assert (UNSEALED_SOURCE in call.notes) == (named is None)
+        assert "x-claw-source" not in {k.lower() for k in flow.request.headers}

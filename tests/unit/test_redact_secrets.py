@@ -24,6 +24,7 @@ from clawr1.proxy.redact import (
     is_secret_field,
     might_hold_token,
     redact_headers,
+    redact_id,
     redact_text,
     redact_url,
 )
@@ -191,14 +192,17 @@ def test_escaped_secrets_in_json_are_redacted() -> None:
     assert json.loads(redact_text('{"api\\u005fkey": "opaque"}')) == {"api_key": REDACTED}
 
 
-@pytest.mark.parametrize("name", SECRET_FIELDS + ["clientSecret", "AWS_SECRET_ACCESS_KEY", "new_password",
-                                                  "github_token", "session_token"])
+@pytest.mark.parametrize("name", SECRET_FIELDS + [
+    "clientSecret", "AWS_SECRET_ACCESS_KEY", "new_password", "github_token", "session_token", "session_id",
+    "clientsecret", "X-Pwd", "X-Pass", "X-Passcode", "X-Sig", "X-OTP", "X-Creds", "X-Private", "X-Access",
+    "X-JWT", "pwd", "pass", "passcode", "otp", "private", "key", "AWSACCESSKEYID"])
 def test_secret_field_names(name: str) -> None:
     assert is_secret_field(name)
 
 
 @pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens", "prompt_cache_key", "stop_token",
-                                  "top_k", "keys", "token_ids", "key_points", "session_id", "code"])
+                                  "top_k", "keys", "token_ids", "key_points", "code", "token_type", "author",
+                                  "passage", "keyword", "public_key", "x-ratelimit-remaining-tokens"])
 def test_ordinary_field_names_are_not_secret(name: str) -> None:
     assert not is_secret_field(name)
 
@@ -216,11 +220,11 @@ def test_ordinary_content_is_kept_byte_for_byte() -> None:
 
 def test_secret_named_fields_are_replaced_and_the_rest_kept() -> None:
     body = {"model": "m", "metadata": {"apiKey": "opaque-1", "auth": {"refresh_token": "opaque-2"},
-                                       "retries": 3, "password": ""},
+                                       "retries": 3, "password": "", "private": False, "token": None},
             "messages": [{"role": "user", "content": "call me with hf_" + "a1" * 17}]}
     assert json.loads(redact_text(json.dumps(body))) == {
-        "model": "m", "metadata": {"apiKey": REDACTED, "auth": {"refresh_token": REDACTED}, "retries": 3,
-                                   "password": ""},
+        "model": "m", "metadata": {"apiKey": REDACTED, "auth": REDACTED, "retries": 3, "password": "",
+                                   "private": False, "token": None},
         "messages": [{"role": "user", "content": f"call me with {REDACTED}"}]}
 
 
@@ -253,3 +257,99 @@ def test_records_with_engine_token_ids_say_their_text_was_redacted() -> None:
     _, record = build_record(call, "p")
     assert record["choices"][0]["text"] == REDACTED
     assert REDACTED_WITH_TOKEN_IDS in record["capture_notes"]
+
+
+# -- issue 25, finding 5: the placements that got through ---------------------------------------------
+
+SECRET_HEADER_NAMES = ["X-Pwd", "X-Pass", "X-Passcode", "X-Sig", "X-OTP", "X-Creds", "X-Private",
+                       "X-Access", "X-JWT", "X-Api-Key", "X-Session", "Cookie"]
+SECRET_PARAMS = ["pwd", "pass", "passcode", "otp", "private", "key", "api_key", "client_secret", "sig",
+                 "token"]
+
+
+def json_value(secret: str, shape: str) -> Any:
+    """The secret as a string, in a list, in an object under an innocent name, or as a number."""
+    return {"string": secret, "list": [secret], "object": {"value": secret}, "nested": {"pass": secret},
+            "deep": [{"x": [secret]}]}[shape]
+
+
+@st.composite
+def placements(draw: st.DrawFn) -> tuple[CapturedCall, list[str]]:
+    """One captured call with a secret placed where the attacker of issue 25 put them, and what must not
+    reach Kafka: neither the secret nor its percent-encoding, in the message key or value."""
+    opaque = draw(OPAQUE)
+    token = draw(TOKENS.filter(lambda t: "-" in t or "_" in t))
+    needles = [opaque, token]
+    encoded = token.replace("-", "%2D").replace("_", "%5F")
+    headers = [(draw(st.sampled_from(SECRET_HEADER_NAMES)), opaque),
+               ("X-Forwarded-User", f"{draw(st.sampled_from(['u', 'bob', 'svc-1']))}:{opaque}"),
+               (token, "1"),  # a key used as a header name
+               ("X-Note", encoded)]
+    separator = draw(st.sampled_from(["&", ";"]))
+    query = separator.join(["alt=sse", f"{draw(st.sampled_from(SECRET_PARAMS))}={quote(opaque)}",
+                            f"q={quote(encoded)}"])
+    url = f"https://api.example/v1/{encoded}/chat/completions?{query}"
+    field = draw(st.sampled_from(SECRET_FIELDS + ["auth", "pwd", "pass", "private", "session"]))
+    document = {"model": "m", "messages": [{"role": "user", "content": f"use {encoded} please"}],
+                "metadata": nested(field, json_value(opaque, draw(st.sampled_from(
+                    ["string", "list", "object", "nested", "deep"]))), draw(st.integers(0, 3)))}
+    kind = draw(st.sampled_from(["bom", "trailing", "ndjson", "form", "multipart"]))
+    text = json.dumps(document)
+    body = {
+        "bom": "\ufeff" + text,
+        "trailing": text + draw(st.sampled_from(["\x00garbage", " }", "\n{", "]"])),
+        "ndjson": text + "\n" + json.dumps({"api_key": opaque}) + "\n",
+        "form": f"model=m&{draw(st.sampled_from(SECRET_PARAMS))}={quote(opaque)}&note={quote(encoded)}",
+        "multipart": ("--b0undary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
+                      f"--b0undary\r\nContent-Disposition: form-data; name=\"{field}\"\r\n\r\n{opaque}\r\n"
+                      "--b0undary--\r\n"),
+    }[kind]
+    call = CapturedCall(
+        flow_id="flow-25", api="openai.chat", method="POST", url=url, upstream="https://api.example",
+        request_headers=tuple(headers), request_body=body.encode(), hints=Hints(trajectory_id=token),
+        streamed=False, status=200, response_headers=(("content-type", "application/json"),),
+        response_body=json.dumps({"id": "c", "choices": [], "auth": {"token": opaque}}).encode(),
+        response_encoding="", engine_body=None, injection=None,
+        started=1.0, first_byte=1.5, finished=2.0, captured_at=2.0,
+    )
+    return call, needles
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(placements())
+def test_no_placement_of_issue_25_reaches_kafka(case: tuple[CapturedCall, list[str]]) -> None:
+    call, needles = case
+    key, record = build_record(call, "proxy-test")
+    produced = codec_for().encode("raw_llm_call", record)
+    for needle in needles:
+        for spelled in {needle, quote(needle, safe=""), needle.replace("-", "%2D").replace("_", "%5F")}:
+            assert spelled.encode() not in produced, (spelled, record)
+            assert spelled not in key, key
+    assert record["trajectory_id"] == key and key.startswith("[REDACTED:")
+
+
+def test_secret_ids_get_a_stable_stand_in() -> None:
+    token = "sk-proj-" + "Ab1" * 12
+    assert redact_id(token) == redact_id(token) != redact_id(token + "x")
+    assert token not in redact_id(token) and redact_id("traj-7") == "traj-7"
+
+
+def test_bodies_are_redacted_whatever_their_framing() -> None:
+    assert json.loads(redact_text('\ufeff{"api_key": "S1", "n": 1}')) == {"api_key": REDACTED, "n": 1}
+    assert redact_text('{"pwd": "S2"} trailing') == f'{{"pwd": "{REDACTED}"}} trailing'
+    assert redact_text("grant_type=x&client_secret=S3;pass=S4") == \
+        f"grant_type=x&client_secret={REDACTED}&pass={REDACTED}"
+    multipart = ('--b\r\nContent-Disposition: form-data; name="api_key"\r\n\r\nS5\r\n'
+                 '--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nkept\r\n--b--\r\n')
+    assert "S5" not in redact_text(multipart) and "kept" in redact_text(multipart)
+    tools = json.dumps({"tools": [{"parameters": {"properties": {"password": {"type": "string"}}}}]})
+    assert redact_text(tools) is tools
+
+
+def test_headers_and_query_parameters_of_issue_25() -> None:
+    headers = [(name, "S6") for name in SECRET_HEADER_NAMES] + [
+        ("X-Forwarded-User", "u:Secret-S7x"), ("sk-proj-" + "Zz9" * 10, "1"), ("Host", "api.example:8443"),
+        ("X-Request-Id", "req-1"), ("X-Claw-Source", "agent:" + "0" * 64)]
+    assert redact_headers(headers) == {"host": "api.example:8443", "x-request-id": "req-1"}
+    url = "https://h/v1/sk%2Dproj%2D" + "Ab1" * 10 + "/x?a=1;key=S8&pwd=S9&passcode=1&otp=2&private=3&b=2"
+    assert redact_url(url) == f"https://h/v1/{REDACTED}/x?a=1&b=2"

@@ -17,10 +17,11 @@ from tests.conftest import wait_http
 from tests.integration.live_stack import live_stack
 
 KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
-        "scorer": "sk-compat-scorer-0123456789", "trainer": "sk-compat-trainer-0123456789"}
+        "scorer": "sk-compat-scorer-0123456789", "trainer": "sk-compat-trainer-0123456789",
+        "intruder": "sk-compat-intruder-0123456789"}
 API_KEYS = ",".join(f"{name}:{KEYS[name]}:{kinds}" for name, kinds in
                     (("agent", "steps|feedback"), ("reader", "read"), ("scorer", "feedback"),
-                     ("trainer", "consume")))
+                     ("trainer", "consume"), ("intruder", "steps|feedback")))
 REWARD_FN = "tests.integration.compat.reward_fns:tokens_over_turns"
 
 
@@ -29,6 +30,9 @@ class Stack:
     api: str
     compat: str
     engine: str
+    # The explicit proxy's and the local broker's ports.
+    proxy_port: int = 0
+    kafka_port: int = 0
 
     def sql(self, query: str) -> list[dict[str, Any]]:
         reply = httpx.post(f"{self.api}/v1/sql", json={"query": query, "format": "JSONEachRow"},
@@ -56,6 +60,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # The default readiness rule: seed agents switch over without settings.
     with live_stack(tmp_path_factory.mktemp("compat") / "data", args=["--capture-token-ids"],
                     env={"CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN}) as live:
-        running = Stack(api=live.url("api"), compat=live.url("compat"), engine=live.url("engine"))
+        running = Stack(api=live.url("api"), compat=live.url("compat"), engine=live.url("engine"),
+                        proxy_port=live.ports["proxy"], kafka_port=live.ports["kafka"])
         wait_http(f"{running.compat}/openapi.json", 30, live.up)
         yield running

@@ -22,14 +22,16 @@ def _step(trajectory: str, index: int, **fields: Any) -> dict[str, Any]:
             "step_index": index, **fields}
 
 
-def test_init_trajectory_gives_a_base_url_on_the_host_the_client_reached(stack: Stack) -> None:
+def test_init_trajectory_gives_a_base_url_on_the_ports_public_url(stack: Stack) -> None:
+    """CLAWR1_COMPAT_PUBLIC_URL, by default the listening address; the request's Host is never used
+    (finding 8 of issue 25: an attacker-chosen Host went back to the agent as its base URL)."""
     port = stack.compat.rsplit(":", 1)[1]
-    reply = _post(stack, "/init_trajectory", headers={"Host": f"localhost:{port}"})
+    reply = _post(stack, "/init_trajectory", headers={"Host": "evil.example"})
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert set(body) == {"trajectory_uid", "base_url"}
     uid = body["trajectory_uid"]
-    assert body["base_url"] == f"http://localhost:{port}/{uid}/{uid}/v1"
+    assert body["base_url"] == f"http://127.0.0.1:{port}/{uid}/{uid}/v1"
     grouped = _post(stack, "/init_trajectory", json={"prompt_uid": "q-17"}).json()
     assert grouped["base_url"].endswith(f"/{grouped['trajectory_uid']}/q-17/v1")
 
@@ -65,7 +67,7 @@ def test_submit_steps_maps_the_seed_step_and_keeps_multi_modal_data(stack: Stack
 def test_complete_trajectory_reward_becomes_the_trajectory_reward(stack: Stack) -> None:
     trajectory = f"done-{uuid.uuid4().hex[:8]}"
     assert _post(stack, "/submit_steps", json={"steps": [_step(trajectory, 0)]}).status_code == 200
-    reply = _post(stack, f"/{trajectory}/p/v1/complete_trajectory", key="scorer", json={"reward": 0.5})
+    reply = _post(stack, f"/{trajectory}/p/v1/complete_trajectory", json={"reward": 0.5})
     assert reply.status_code == 200 and reply.json() == {"status": "ok"}, reply.text
     rows = stack.wait_rows(
         "SELECT trajectory_reward, trajectory_reward_status, terminal FROM steps "

@@ -74,18 +74,28 @@ def capture_topic(kafka_bootstrap: str) -> str:
 
 
 @pytest.fixture(scope="package")
+def dead_port() -> int:
+    """A port here that nothing listens on and the explicit proxy may try (an unreachable upstream)."""
+    return free_port()
+
+
+@pytest.fixture(scope="package")
 def proxy(
     tmp_path_factory: pytest.TempPathFactory,
     kafka_bootstrap: str,
     standin: Standin,
     tls_standin: Standin,
     refusing_standin: Standin,
+    unlisted_standin: Standin,
     standin_cert: tuple[Path, Path],
     capture_topic: str,
+    dead_port: int,
 ) -> Iterator[EmbeddedProxy]:
     """Explicit proxy and base URL to the HTTP stand-in, token-id capture on toward every stand-in but
-    the unlisted one; it trusts the TLS stand-in's certificate for intercepted HTTPS."""
+    the unlisted one; it trusts the TLS stand-in's certificate for intercepted HTTPS. The stand-ins run
+    on this machine, so each is allowed by its host:port (any other port here is refused)."""
     listed = [server.url.split("://", 1)[1] for server in (standin, tls_standin, refusing_standin)]
+    allowed = ["*", *listed, unlisted_standin.url.split("://", 1)[1], f"127.0.0.1:{dead_port}"]
     settings = Settings(
         data_dir=tmp_path_factory.mktemp("proxy-data"),
         kafka_bootstrap=kafka_bootstrap,
@@ -94,7 +104,7 @@ def proxy(
         upstream=standin.url,
         capture_token_ids=True,
         token_id_hosts=",".join(listed),
-        extra={"CLAWR1_UPSTREAM_CA_FILE": str(standin_cert[0])},
+        extra={"CLAWR1_UPSTREAM_CA_FILE": str(standin_cert[0]), "CLAWR1_PROXY_ALLOW": ",".join(allowed)},
     )
     with EmbeddedProxy(settings, capture_topic) as running:
         yield running

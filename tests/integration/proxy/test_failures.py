@@ -7,7 +7,6 @@ import uuid
 import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.demo.standin_engine import DEFAULT_MODEL
 from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
 
@@ -37,10 +36,11 @@ def test_upstream_error_status_reaches_the_agent_and_the_record(
     assert event.record["error"] == "HTTP 503: stand-in failure on request" and event.record["choices"] == []
 
 
-def test_unreachable_upstream_is_a_failed_call(proxy: EmbeddedProxy, events: TopicReader) -> None:
+def test_unreachable_upstream_is_a_failed_call(proxy: EmbeddedProxy, events: TopicReader,
+                                               dead_port: int) -> None:
     marker = uuid.uuid4().hex
     with httpx.Client(proxy=proxy.explicit_url, trust_env=False) as client:
-        response = client.post(f"http://127.0.0.1:{free_port()}/v1/chat/completions", json=chat(marker))
+        response = client.post(f"http://127.0.0.1:{dead_port}/v1/chat/completions", json=chat(marker))
     assert response.status_code == 502
     (event,) = events.wait_for(marked(marker))
     assert event.record["response_status"] is None and event.record["error"]
