@@ -247,7 +247,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     app = create_app(
         settings,
         routers=[pool_router(store, analyst),
-                 dashboard_router(store, load_decoder(settings.tokenizer), LiveLimits.from_settings(settings)),
+                 dashboard_router(store, load_decoder(settings.tokenizer),
+                                  LiveLimits.from_settings(settings)),
                  metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,

@@ -42,7 +42,7 @@ def test_an_empty_pool_answers_every_panel_with_zeros(empty_client: TestClient) 
     }
     collection = body["collection"]
     assert collection["channels"] == [
-        {"channel": c, "steps": 0, "failed": 0} for c in ("proxy", "gateway", "service")
+        {"channel": c, "steps": 0, "failed": 0} for c in ("proxy", "gateway", "service", "otel")
     ]
     assert collection["sources"] == collection["recent_failures"] == []
     assert collection["timeline"]["buckets"] == collection["timeline"]["by_kind"] == []
@@ -68,6 +68,7 @@ def test_collection_counts_sources_channels_failures_and_the_timeline(client: Te
         {"channel": "proxy", "steps": 2, "failed": 1},
         {"channel": "gateway", "steps": 5, "failed": 0},
         {"channel": "service", "steps": 1, "failed": 0},
+        {"channel": "otel", "steps": 0, "failed": 0},
     ]
     assert [
         (s["source_kind"], s["source_name"], s["channel"], s["steps"], s["failed"], s["mean_latency_ms"])
