@@ -24,7 +24,7 @@ def test_unreachable_kafka_gives_503_with_retry_after() -> None:
     with running_gateway(nowhere, healthy=False) as live:
         health = live.http.get("/healthz")
         assert health.status_code == 503
-        assert health.json() == {"status": "unavailable", "parts": {"kafka": False}}
+        assert health.json() == {"status": "unavailable", "parts": {"kafka": False}, "problems": {}}
         started = time.monotonic()
         reply = live.http.post("/v1/steps", json={**STEP, "trajectory_id": "t"})
         assert reply.status_code == 503 and int(reply.headers["retry-after"]) >= 1
@@ -49,7 +49,8 @@ def test_readiness_parts_and_mounted_routers(kafka_bootstrap: str) -> None:
         assert health.status_code == 503 and health.json()["parts"] == {"kafka": True, "pool": False}
         state["pool"] = True
         wait_healthy(live.url)
-        assert live.http.get("/healthz").json() == {"status": "ok", "parts": {"kafka": True, "pool": True}}
+        assert live.http.get("/healthz").json() == {"status": "ok", "parts": {"kafka": True, "pool": True},
+                                                     "problems": {}}
         assert live.http.get("/v1/pool/ping").json() == {"pong": "yes"}
         assert "/v1/pool/ping" in live.http.get("/openapi.json").json()["paths"]
 

@@ -119,7 +119,8 @@ def test_events_are_produced_once_with_their_payload(gateway: LiveGateway) -> No
 
 def test_health_and_openapi(gateway: LiveGateway) -> None:
     health = gateway.http.get("/healthz")
-    assert health.status_code == 200 and health.json() == {"status": "ok", "parts": {"kafka": True}}
+    assert health.status_code == 200 and health.json() == {"status": "ok", "parts": {"kafka": True},
+                                                           "problems": {}}
     spec = gateway.http.get("/openapi.json").json()
     assert {"/v1/steps", "/v1/feedback", "/v1/events", "/healthz"} <= set(spec["paths"])
     schemas = set(spec["components"]["schemas"])
