@@ -6,7 +6,6 @@ parsing, reassembly and encoding add nothing to the agent's latency.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 from mitmproxy.net import encoding as content_encoding
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.routing import routable_id
 from clawr1.proxy.apis import BY_NAME, Assembled
 from clawr1.proxy.apis.base import error_text
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
@@ -62,9 +62,11 @@ class CapturedCall:
     notes: tuple[str, ...] = ()
 
 
-def event_id(proxy_instance: str, flow_id: str) -> str:
-    """Fixed when the call is captured and stored with it, so spool replays never mint a new id."""
-    return hashlib.sha256(f"{proxy_instance}\x00{flow_id}".encode()).hexdigest()[:32]
+def event_id(proxy_instance: str, flow_id: str, home: str) -> str:
+    """Fixed when the call is captured and stored with it, so spool replays never mint a new id; routable
+    (``clawr1.core.routing.routable_id``) to ``home``, the record's Kafka key, so feedback naming the
+    call reaches its partition without an index entry."""
+    return routable_id(home, f"{proxy_instance}\x00{flow_id}".encode())
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -178,9 +180,10 @@ def build_record(call: CapturedCall, proxy_instance: str,
     if call.streamed and assembled.truncated and error is None:
         notes.append(f"{TRUNCATED_NOTE}: {assembled.truncated}")
     conv_key = conversation_key(messages)
+    key = call.hints.trajectory_id or conv_key
     has_ids = bool(assembled.prompt_token_ids) or any(c.token_ids for c in assembled.choices)
     record: dict[str, Any] = {
-        "event_id": event_id(proxy_instance, call.flow_id),
+        "event_id": event_id(proxy_instance, call.flow_id, key),
         "captured_at_ms": _ms(call.captured_at),
         "proxy_instance": proxy_instance,
         "api": call.api,
@@ -228,4 +231,4 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "capture_notes": notes,
         "client_connection": call.client_connection,
     }
-    return call.hints.trajectory_id or conv_key, redact_record(record)
+    return key, redact_record(record)

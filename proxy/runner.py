@@ -41,7 +41,14 @@ from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
 from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
-from clawr1.core.registry import PROXY_INSTANCE, PROXY_PROCESSES, UPSTREAM_CA_FILE, UPSTREAM_INSECURE
+from clawr1.core.registry import (
+    PROXY_BATCH_CALLS,
+    PROXY_BATCH_MS,
+    PROXY_INSTANCE,
+    PROXY_PROCESSES,
+    UPSTREAM_CA_FILE,
+    UPSTREAM_INSECURE,
+)
 from clawr1.core.settings import Settings
 from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
@@ -265,7 +272,9 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     emitter = EmitterProcess(EmitterConfig(
         bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, partitions=config.partitions,
         registry_url=config.registry_url, instance=config.instance, drain_s=drain_s,
-        metrics_port=config.metrics_port, metrics_host=config.metrics_host), senders=processes)
+        metrics_port=config.metrics_port, metrics_host=config.metrics_host,
+        batch_s=settings.role_setting(PROXY_BATCH_MS) / 1000,
+        batch_calls=settings.role_setting(PROXY_BATCH_CALLS)), senders=processes)
     try:
         await asyncio.to_thread(emitter.start)
     except EmitterStartError as exc:

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.routing import id_tag, key_hash
 from clawr1.proxy.hints import Hints
 from clawr1.proxy.record import CapturedCall, build_record
 from clawr1.proxy.token_ids import Injection
@@ -135,6 +136,14 @@ def test_trajectory_hint_is_the_key_and_hints_are_kept() -> None:
         record["terminal"],
     ) == ("traj-9", "group-1", 4, 3, "agent-x", True)
     assert record["conversation_key"] == conversation_key(MESSAGES)
+
+
+def test_the_event_id_is_routable_to_the_records_kafka_key() -> None:
+    plain_key, plain = build_record(CALL, "p")
+    _, hinted = build_record(replace(CALL, hints=Hints(trajectory_id="traj-9")), "p")
+    assert plain_key == conversation_key(MESSAGES) and id_tag(plain["event_id"]) == key_hash(plain_key)
+    assert id_tag(hinted["event_id"]) == key_hash("traj-9")
+    assert build_record(CALL, "p")[1]["event_id"] == plain["event_id"]  # the same capture, the same id
 
 
 def test_inconsistent_ids_are_noted_not_fixed() -> None:
