@@ -15,9 +15,9 @@ Errors mean what ``clawr1.core.kafka_io.classify`` says: a message too large (fo
 segment) is a ``RecordTooLarge`` naming the messages Kafka refused (the caller splits an envelope and
 sends it again, and answers 413 only for a record too large on its own); everything else is a 503
 with Retry-After, a message Kafka refuses for good included (an operator can fix a topic's ACLs; the
-gateway keeps nothing, the client still holds the request). A fatal producer error follows kafka_io's one policy (``RebuildingProducer``): the poll
-thread replaces the producer at once, the requests it still held get a 503 naming the error, and new
-requests go to the new producer; no restart needed.
+gateway keeps nothing, the client still holds the request). A fatal producer error follows kafka_io's
+one policy (``RebuildingProducer``): the poll thread replaces the producer at once, the requests it
+still held get a 503 naming the error, and new requests go to the new producer; no restart needed.
 """
 
 from __future__ import annotations
