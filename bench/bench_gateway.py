@@ -46,14 +46,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile, process_cpu_s  # noqa: E402
+from bench.common import free_port, percentile, process_cpu_s, records_on_topic  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
+from clawr1.core.kafka_io import ensure_topics, make_producer  # noqa: E402
 from clawr1.core.settings import Settings  # noqa: E402
 from clawr1.core.signals import stop_loop_on_signals  # noqa: E402
 from clawr1.gateway.config import GatewayTopics  # noqa: E402
@@ -271,28 +270,6 @@ def stage_costs(bootstrap: str, topics: GatewayTopics, per_request: int, steps: 
     return {stage: round(1e6 * cpu / done, 1) for stage, cpu in spent.items()}
 
 
-def records_on_topic(bootstrap: str, topic: str) -> int:
-    """Steps on ``topic``: the records of every message, lone or envelope, read to the topic's end."""
-    codec = codec_for("")
-    consumer = make_consumer(bootstrap, f"bench-{uuid.uuid4().hex[:8]}")
-    try:
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(PARTITIONS)}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end])
-        pending, records = {p for p, end in ends.items() if end}, 0
-        deadline = time.monotonic() + 120
-        while pending and time.monotonic() < deadline:
-            for message in consumer.consume(1000, 1.0):
-                if message.error() or message.offset() >= ends[message.partition()]:
-                    continue
-                records += len(codec.decode_records(message.value(), "whitebox_step", plain=False))
-                if message.offset() == ends[message.partition()] - 1:
-                    pending.discard(message.partition())
-        return records
-    finally:
-        consumer.close()
-
-
 def wait_healthy(url: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -380,7 +357,7 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
     finally:
         server.terminate()
         server.join(30)
-    on_topic = records_on_topic(bootstrap, topics.steps)
+    on_topic = records_on_topic(bootstrap, topics.steps, "whitebox_step")
     if on_topic < accepted:
         raise RuntimeError(f"{accepted} steps were answered 202 but only {on_topic} are on the topic")
     names = [name for name, _, _ in PHASES]
