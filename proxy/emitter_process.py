@@ -24,9 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
 
 logger = logging.getLogger("clawr1.proxy.emitter")
 # spawn: the proxy process runs threads and an event loop, which a forked child must not inherit.
@@ -144,37 +144,24 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         MetricsPortError,
         serve_metrics,
     )
-    from clawr1.core.topics import RAW_LLM
     from clawr1.proxy.chains import ResponseChains
     from clawr1.proxy.emitter import Emitter
-    from clawr1.proxy.record import CapturedCall, build_record
+    from clawr1.proxy.record import CapturedCall, build_record, envelope_of, spooled
     from clawr1.proxy.spool import SpoolBusyError
-    from clawr1.schemas.batch import batch_name
-    from clawr1.schemas.codec import codec_for, pack_record
+    from clawr1.schemas.codec import codec_for
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("clawr1").setLevel(logging.INFO)
     codec = codec_for(config.registry_url)
     chains = ResponseChains()  # every proxy process's calls meet here, in one thread
 
-    schema = RAW_LLM.schema
-
     def prepare(call: CapturedCall) -> tuple[str, bytes]:
         try:
             key, record = build_record(call, config.instance, chains)
-            return key, codec.encode_batch(schema, [pack_record(schema, record)])
+            return key, spooled(codec, record)
         except Exception:
             PROXY_CALLS_FAILED.labels(api=call.api, reason="record_error").inc()
             raise
-
-    def packed(value: bytes) -> list[dict[str, Any]]:
-        """The packed records of a spooled value: an envelope, or one record a release before
-        envelopes spooled."""
-        name, record = codec.decode(value)
-        return record["records"] if name == batch_name(schema) else [pack_record(schema, record)]
-
-    def combine(values: list[bytes]) -> bytes:
-        return codec.encode_batch(schema, [record for value in values for record in packed(value)])
 
     def count(call: CapturedCall) -> None:
         PROXY_CALLS_CAPTURED.labels(api=call.api).inc()
@@ -185,7 +172,7 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
 
     emitter: Emitter[CapturedCall] = Emitter(
         bootstrap=config.bootstrap, topic=config.topic, spool_dir=config.spool_dir, prepare=prepare,
-        partitions=config.partitions, combine=combine, batch_s=config.batch_s,
+        partitions=config.partitions, combine=partial(envelope_of, codec), batch_s=config.batch_s,
         batch_records=config.batch_calls)
     PROXY_SPOOL_DEPTH.set_function(lambda: emitter.pending)
     serving = False

@@ -1,4 +1,5 @@
-"""From a captured call (raw bytes and timings) to a ``raw_llm_call`` record and its Kafka key.
+"""From a captured call (raw bytes and timings) to a ``raw_llm_call`` record and its Kafka key, and
+the record as the spool keeps it and Kafka gets it (envelopes).
 
 Runs on the emitter's thread, never on the proxy's event loop: the hooks only snapshot bytes, so
 parsing, reassembly and encoding add nothing to the agent's latency.
@@ -14,6 +15,7 @@ from mitmproxy.net import encoding as content_encoding
 
 from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import routable_id
+from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.apis import BY_NAME, Assembled
 from clawr1.proxy.apis.base import error_text
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
@@ -22,6 +24,8 @@ from clawr1.proxy.hints import Hints
 from clawr1.proxy.redact import redact_headers, redact_record, redact_url
 from clawr1.proxy.sse import parse_stream
 from clawr1.proxy.token_ids import Injection, dump, strip_json
+from clawr1.schemas.batch import batch_name
+from clawr1.schemas.codec import AvroCodec, pack_record
 
 Headers = tuple[tuple[str, str], ...]
 # Opens the note of a stream that ended without its finish (the steps' ``truncated`` status reads it).
@@ -232,3 +236,19 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "client_connection": call.client_connection,
     }
     return key, redact_record(record)
+
+
+def spooled(codec: AvroCodec, record: dict[str, Any]) -> bytes:
+    """A record as the spool keeps it: an envelope of one (``raw_llm_call_batch``), a message readable
+    alone, that ``envelope_of`` combines with others bound for its partition."""
+    return codec.encode_batch(RAW_LLM.schema, [pack_record(RAW_LLM.schema, record)])
+
+
+def envelope_of(codec: AvroCodec, values: list[bytes]) -> bytes:
+    """One envelope of spooled values: ``spooled`` ones, or single records an earlier release spooled."""
+    records: list[dict[str, Any]] = []
+    for value in values:
+        name, decoded = codec.decode(value)
+        records += decoded["records"] if name == batch_name(RAW_LLM.schema) else \
+            [pack_record(RAW_LLM.schema, decoded)]
+    return codec.encode_batch(RAW_LLM.schema, records)
