@@ -12,11 +12,12 @@ Stages: the same requests' work, step by step in this process with the gateway's
 its producer (the app's lifespan), CPU per step of each: JSON parse (``parse_json``, and orjson on
 the same bodies), validation (the steps fast path: checks, ids, digests, packed records), encoding
 (envelopes per partition, Avro), produce (until Kafka acknowledged). What the gateway process spent
-beyond their sum is HTTP and the framework (hypercorn, FastAPI, the event loop).
+beyond their sum is HTTP and the framework (hypercorn, FastAPI, the event loop, threads); its
+event-loop thread is also measured alone.
 
 On a small shared machine the direct producer's rate moves by 2x between runs, so one baseline and
 one gateway phase prove nothing. After a warm-up, ``--rounds`` rounds each run the baseline and then
-both gateway phases back to back; every round gives its own ratios, and the result is the median
+every gateway phase back to back; every round gives its own ratios, and the result is the median
 ratio with its range over the rounds.
 
     .venv/bin/python bench/bench_gateway.py [--bootstrap HOST:PORT] [--rounds 5] [--seconds 4]
@@ -83,6 +84,9 @@ class Phase:
     # comparison where the machine is shared (the wall-clock rate is only the CPU share we got).
     cpu_us_per_step: float | None = None
     client_cpu_us_per_step: float | None = None
+    # Of the gateway's event-loop thread alone (HTTP, the framework, produce calls); the rest of its CPU
+    # is its worker threads (bodies over 64 KiB are parsed and encoded there) and librdkafka's.
+    loop_cpu_us_per_step: float | None = None
 
 
 def make_step(n: int) -> dict[str, Any]:
@@ -156,10 +160,11 @@ class Baseline:
                      cpu_us_per_step=round(1e6 * cpu / count, 1))
 
 
-def server_cpu_s(pid: int | None) -> float | None:
-    """The gateway process's CPU seconds so far; None where /proc cannot tell."""
+def server_cpu_s(pid: int | None, loop_only: bool = False) -> float | None:
+    """The gateway process's CPU seconds so far (of its main thread, the event loop's, with
+    ``loop_only``); None where /proc cannot tell."""
     try:
-        return None if pid is None else process_cpu_s(pid)
+        return None if pid is None else process_cpu_s(pid, pid if loop_only else None)
     except (OSError, IndexError):
         return None
 
@@ -213,17 +218,24 @@ async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int
         # Open every connection before the clock starts: the phase measures requests, not handshakes.
         await asyncio.gather(*(client.get("/healthz") for _ in range(concurrency)))
         server_cpu, client_cpu = server_cpu_s(server_pid), time.process_time()
+        loop_cpu = server_cpu_s(server_pid, loop_only=True)
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
         server_after, client_cpu = server_cpu_s(server_pid), time.process_time() - client_cpu
+        loop_after = server_cpu_s(server_pid, loop_only=True)
     steps = len(latencies) * per_request
-    per_step = (None if server_cpu is None or server_after is None or not steps
-                else round(1e6 * (server_after - server_cpu) / steps, 1))
+
+    def per_step(before: float | None, after: float | None) -> float | None:
+        if before is None or after is None or not steps:
+            return None
+        return round(1e6 * (after - before) / steps, 1)
+
     return Phase(name, steps, elapsed, steps / elapsed,
                  1000 * statistics.median(latencies) if latencies else None,
                  1000 * percentile(latencies, 0.99) if latencies else None, len(latencies), refused,
-                 per_step, round(1e6 * client_cpu / steps, 1) if steps else None)
+                 per_step(server_cpu, server_after), round(1e6 * client_cpu / steps, 1) if steps else None,
+                 per_step(loop_cpu, loop_after))
 
 
 def stage_costs(bootstrap: str, topics: GatewayTopics, per_request: int, steps: int) -> dict[str, float]:
@@ -290,8 +302,10 @@ def stage_summary(measured: list[dict[str, Any]], name: str) -> dict[str, Any]:
     whole = statistics.median(r["gateway"][name]["cpu_us_per_step"] for r in measured
                               if r["gateway"][name]["cpu_us_per_step"])
     rest = whole - sum(median[stage] for stage in STAGES)
+    loop = statistics.median(r["gateway"][name]["loop_cpu_us_per_step"] for r in measured
+                             if r["gateway"][name]["loop_cpu_us_per_step"] is not None)
     return {**{k: round(v, 1) for k, v in median.items()}, "http_and_framework": round(rest, 1),
-            "gateway_process": round(whole, 1),
+            "gateway_process": round(whole, 1), "gateway_event_loop_thread": round(loop, 1),
             "share_of_gateway_process": {k: round(median[k] / whole, 3) for k in STAGES}
             | {"http_and_framework": round(rest / whole, 3)},
             "orjson_parse_vs_pydantic_core": round(median["parse_orjson"] / median["parse"], 3)}
@@ -427,7 +441,8 @@ def main() -> None:
     for name, stages in summary["stages_cpu_us_per_step"].items():
         print(f"{name} us CPU/step by stage: " + ", ".join(
             f"{stage} {stages[stage]}" for stage in (*STAGES, "http_and_framework")) +
-            f" (gateway process {stages['gateway_process']}); "
+            f" (gateway process {stages['gateway_process']}, its event-loop thread "
+            f"{stages['gateway_event_loop_thread']}); "
             f"orjson parse x{stages['orjson_parse_vs_pydantic_core']} of pydantic-core's")
     if profile:
         print(f"gateway profile: {profile}")

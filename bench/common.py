@@ -74,10 +74,12 @@ def records_on_topic(bootstrap: str, topic: str, schema: str) -> int:
         consumer.close()
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` (all its threads) has used so far (Linux /proc): a figure
-    a busy, shared machine does not distort the way it distorts wall-clock rates."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def process_cpu_s(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads; or only its thread ``thread``) has used
+    so far (Linux /proc): a figure a busy, shared machine does not distort the way it distorts wall-clock
+    rates."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
