@@ -188,6 +188,8 @@ def envelopes(state: GatewayState, topic: str, schema: str,
               keyed: Sequence[tuple[str, dict[str, Any]]]) -> list[OutMessage]:
     """Packed records (with their Kafka keys) as one envelope per partition of ``topic``, each cut to
     fit Kafka's message size (``clawr1.core.envelopes``); 503 until the topics' partitions are known."""
+    if not keyed:
+        return []
     if state.publisher is None:
         raise _unavailable("the gateway is starting or stopping", state.config.retry_after_s)
     try:
