@@ -1,16 +1,23 @@
 """Gateway throughput and latency against Kafka's own producer, measured in the same run.
 
-Baseline: confluent-kafka producing the very Avro payloads the gateway would produce (same producer
-settings as the gateway's: idempotent, acks=all, lz4, linger 5 ms; same keys, same topic layout), as
-fast as the broker acknowledges them. Gateway: steps accepted (202, i.e. acknowledged by the broker)
-per second over HTTP on loopback, one step per request and 100 per request, with p50/p99 request
-latency, sent by plain httpx keep-alive connections with an Idempotency-Key per request, as
-``GatewayClient`` sends them. Everything runs on this machine: the gateway in its own process
-(hypercorn), the load generator in this one.
+Baseline: confluent-kafka producing one Avro step per message (same producer settings as the
+gateway's: idempotent, acks=all, lz4, linger 5 ms; same keys, same topic layout), as fast as the
+broker acknowledges them. Gateway: steps accepted (202, i.e. acknowledged by the broker) per second
+over HTTP on loopback, 1, 10, 100 and 500 steps per request, with p50/p99 request latency and the
+gateway process's CPU per step, sent by plain httpx keep-alive connections with an Idempotency-Key
+per request, as ``GatewayClient`` sends them. Everything runs on this machine: the gateway in its
+own process (hypercorn), the load generator in this one.
+
+Stages: the same requests' work, step by step in this process with the gateway's own functions and
+its producer (the app's lifespan), CPU per step of each: JSON parse (``parse_json``, and orjson on
+the same bodies), validation (the steps fast path: checks, ids, digests, packed records), encoding
+(envelopes per partition, Avro), produce (until Kafka acknowledged). What the gateway process spent
+beyond their sum is HTTP and the framework (hypercorn, FastAPI, the event loop, threads); its
+event-loop thread is also measured alone.
 
 On a small shared machine the direct producer's rate moves by 2x between runs, so one baseline and
 one gateway phase prove nothing. After a warm-up, ``--rounds`` rounds each run the baseline and then
-both gateway phases back to back; every round gives its own ratios, and the result is the median
+every gateway phase back to back; every round gives its own ratios, and the result is the median
 ratio with its range over the rounds.
 
     .venv/bin/python bench/bench_gateway.py [--bootstrap HOST:PORT] [--rounds 5] [--seconds 4]
@@ -35,18 +42,18 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import TopicPartition
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile, process_cpu_s  # noqa: E402
+from bench.common import free_port, percentile, process_cpu_s, records_on_topic  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
+from clawr1.core.kafka_io import ensure_topics, make_producer  # noqa: E402
 from clawr1.core.settings import Settings  # noqa: E402
 from clawr1.core.signals import stop_loop_on_signals  # noqa: E402
 from clawr1.gateway.config import GatewayTopics  # noqa: E402
@@ -56,7 +63,10 @@ from clawr1.schemas.codec import codec_for  # noqa: E402
 
 PARTITIONS = 4
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
-PHASES = (("batch_100", 100, 4), ("batch_1", 1, 16))  # name, steps per request, concurrent requests
+# name, steps per request, concurrent requests
+PHASES = (("batch_1", 1, 16), ("batch_10", 10, 8), ("batch_100", 100, 4), ("batch_500", 500, 2))
+STAGES = ("parse", "validate", "encode", "produce")
+STAGE_STEPS = 2000  # steps of each batch size whose stages are timed, every round
 
 
 @dataclass
@@ -74,6 +84,9 @@ class Phase:
     # comparison where the machine is shared (the wall-clock rate is only the CPU share we got).
     cpu_us_per_step: float | None = None
     client_cpu_us_per_step: float | None = None
+    # Of the gateway's event-loop thread alone (HTTP, the framework, produce calls); the rest of its CPU
+    # is its worker threads (bodies over 64 KiB are parsed and encoded there) and librdkafka's.
+    loop_cpu_us_per_step: float | None = None
 
 
 def make_step(n: int) -> dict[str, Any]:
@@ -85,6 +98,14 @@ def make_step(n: int) -> dict[str, Any]:
         "response_logprobs": [-0.01 * (i % 50) for i in range(RESPONSE_TOKENS)],
         "reward": 1.0, "policy_version": 3, "model": "bench-model", "metadata": {"n": n},
     }
+
+
+def request_bodies(per_request: int, steps: int = 2000) -> list[bytes]:
+    """Bodies of ``per_request`` steps (one object when 1), ``steps`` different steps in all."""
+    if per_request == 1:
+        return [json.dumps(make_step(n)).encode() for n in range(steps)]
+    return [json.dumps([make_step(b * per_request + i) for i in range(per_request)]).encode()
+            for b in range(max(1, steps // per_request))]
 
 
 def gateway_producer_settings(delivery_timeout_s: float = 30.0) -> dict[str, Any]:
@@ -139,10 +160,11 @@ class Baseline:
                      cpu_us_per_step=round(1e6 * cpu / count, 1))
 
 
-def server_cpu_s(pid: int | None) -> float | None:
-    """The gateway process's CPU seconds so far; None where /proc cannot tell."""
+def server_cpu_s(pid: int | None, loop_only: bool = False) -> float | None:
+    """The gateway process's CPU seconds so far (of its main thread, the event loop's, with
+    ``loop_only``); None where /proc cannot tell."""
     try:
-        return None if pid is None else process_cpu_s(pid)
+        return None if pid is None else process_cpu_s(pid, pid if loop_only else None)
     except (OSError, IndexError):
         return None
 
@@ -196,26 +218,68 @@ async def load(url: str, bodies: list[bytes], per_request: int, concurrency: int
         # Open every connection before the clock starts: the phase measures requests, not handshakes.
         await asyncio.gather(*(client.get("/healthz") for _ in range(concurrency)))
         server_cpu, client_cpu = server_cpu_s(server_pid), time.process_time()
+        loop_cpu = server_cpu_s(server_pid, loop_only=True)
         started = time.perf_counter()
         await asyncio.gather(*(worker(i, started + seconds) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
         server_after, client_cpu = server_cpu_s(server_pid), time.process_time() - client_cpu
+        loop_after = server_cpu_s(server_pid, loop_only=True)
     steps = len(latencies) * per_request
-    per_step = (None if server_cpu is None or server_after is None or not steps
-                else round(1e6 * (server_after - server_cpu) / steps, 1))
+
+    def per_step(before: float | None, after: float | None) -> float | None:
+        if before is None or after is None or not steps:
+            return None
+        return round(1e6 * (after - before) / steps, 1)
+
     return Phase(name, steps, elapsed, steps / elapsed,
                  1000 * statistics.median(latencies) if latencies else None,
                  1000 * percentile(latencies, 0.99) if latencies else None, len(latencies), refused,
-                 per_step, round(1e6 * client_cpu / steps, 1) if steps else None)
+                 per_step(server_cpu, server_after), round(1e6 * client_cpu / steps, 1) if steps else None,
+                 per_step(loop_cpu, loop_after))
 
 
-def topic_size(bootstrap: str, topic: str) -> int:
-    consumer = make_consumer(bootstrap, f"bench-{uuid.uuid4().hex[:8]}")
-    try:
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                   for p in range(PARTITIONS))
-    finally:
-        consumer.close()
+def stage_costs(bootstrap: str, topics: GatewayTopics, per_request: int, steps: int) -> dict[str, float]:
+    """CPU µs per step of each stage of the gateway's work on requests of ``per_request`` steps, run here
+    with its own functions and producer (``create_app``'s lifespan), ``steps`` steps in all; also orjson's
+    parse of the same bodies (``parse_orjson``)."""
+    import orjson
+
+    from clawr1.core.topics import RAW_STEPS
+    from clawr1.gateway.app import create_app, envelopes, publish
+    from clawr1.gateway.fastpath import pack_steps
+    from clawr1.gateway.validation import parse_json
+
+    settings = Settings(kafka_bootstrap=bootstrap, topic_partitions=PARTITIONS, max_batch_steps=1000)
+    app = create_app(settings, topics=topics)
+    state = app.state.gateway
+    bodies = request_bodies(per_request, steps)
+    spent = dict.fromkeys((*STAGES, "parse_orjson"), 0.0)
+
+    def timed(stage: str, work: Callable[[], Any]) -> Any:
+        # This thread's CPU only: the producer's threads run meanwhile, and are charged to produce.
+        started = time.thread_time()
+        result = work()
+        spent[stage] += time.thread_time() - started
+        return result
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            while state.publisher is None or not await state.publisher.ready():
+                await asyncio.sleep(0.1)
+            for body in bodies:
+                timed("parse_orjson", partial(orjson.loads, body))
+                parsed = timed("parse", partial(parse_json, body))
+                items = parsed if isinstance(parsed, list) else [parsed]
+                packed = timed("validate", partial(pack_steps, items, "bench", int(time.time() * 1000)))
+                keyed = [(step.key, step.record) for step in packed]
+                messages = timed("encode", partial(envelopes, state, topics.steps, RAW_STEPS.schema, keyed))
+                started = time.process_time()  # all threads: the producer's and its delivery reports'
+                await publish(state, messages)
+                spent["produce"] += time.process_time() - started
+
+    asyncio.run(run())
+    done = per_request * len(bodies)
+    return {stage: round(1e6 * cpu / done, 1) for stage, cpu in spent.items()}
 
 
 def wait_healthy(url: str, timeout: float = 60.0) -> None:
@@ -228,6 +292,23 @@ def wait_healthy(url: str, timeout: float = 60.0) -> None:
             pass
         time.sleep(0.2)
     raise RuntimeError(f"gateway at {url} not healthy after {timeout}s")
+
+
+def stage_summary(measured: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    """Median CPU µs per step of each stage over the rounds, what the gateway process spent beyond them
+    (HTTP and the framework), and the same-run ratios of orjson's parse and of each stage to the whole."""
+    median = {stage: statistics.median(r["stages_cpu_us_per_step"][name][stage] for r in measured)
+              for stage in (*STAGES, "parse_orjson")}
+    whole = statistics.median(r["gateway"][name]["cpu_us_per_step"] for r in measured
+                              if r["gateway"][name]["cpu_us_per_step"])
+    rest = whole - sum(median[stage] for stage in STAGES)
+    loop = statistics.median(r["gateway"][name]["loop_cpu_us_per_step"] for r in measured
+                             if r["gateway"][name]["loop_cpu_us_per_step"] is not None)
+    return {**{k: round(v, 1) for k, v in median.items()}, "http_and_framework": round(rest, 1),
+            "gateway_process": round(whole, 1), "gateway_event_loop_thread": round(loop, 1),
+            "share_of_gateway_process": {k: round(median[k] / whole, 3) for k in STAGES}
+            | {"http_and_framework": round(rest / whole, 3)},
+            "orjson_parse_vs_pydantic_core": round(median["parse_orjson"] / median["parse"], 3)}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -249,10 +330,7 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
         target=_serve, args=(bootstrap, (topics.steps, topics.feedback, topics.events), port, profile),
         daemon=True)
     server.start()
-    bodies = {
-        1: [json.dumps(make_step(n)).encode() for n in range(2000)],
-        100: [json.dumps([make_step(b * 100 + i) for i in range(100)]).encode() for b in range(20)],
-    }
+    bodies = {per_request: request_bodies(per_request) for _, per_request, _ in PHASES}
     accepted = 0
     measured: list[dict[str, Any]] = []
     try:
@@ -270,8 +348,12 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
                                          f"gateway_{name}", server.pid))
                 accepted += phase.steps
                 phases[name] = phase
+            stages = {name: stage_costs(bootstrap, topics, per_request, STAGE_STEPS)
+                      for name, per_request, _ in PHASES}
+            accepted += sum(STAGE_STEPS // per * per for _, per, _ in PHASES)
             entry: dict[str, Any] = {"round": number, "baseline": asdict(base),
                      "gateway": {name: asdict(phase) for name, phase in phases.items()},
+                     "stages_cpu_us_per_step": stages,
                      "ratios": {name: round(phase.steps_per_s / base.steps_per_s, 4)
                                 for name, phase in phases.items()},
                      "cpu_ratios": {name: round(base.cpu_us_per_step / phase.cpu_us_per_step, 4)
@@ -283,12 +365,13 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
                     f"{name} {phase.steps_per_s:.0f} steps/s (x{entry['ratios'][name]:.3f}, "
                     f"p50 {phase.p50_ms or 0:.1f} ms, p99 {phase.p99_ms or 0:.1f} ms, "
                     f"refused {phase.refused}, "
-                    f"gateway {phase.cpu_us_per_step} us CPU/step, client {phase.client_cpu_us_per_step})"
+                    f"gateway {phase.cpu_us_per_step} us CPU/step, client {phase.client_cpu_us_per_step}; "
+                    f"stages {stages[name]})"
                     for name, phase in phases.items()))
     finally:
         server.terminate()
         server.join(30)
-    on_topic = topic_size(bootstrap, topics.steps)
+    on_topic = records_on_topic(bootstrap, topics.steps, "whitebox_step")
     if on_topic < accepted:
         raise RuntimeError(f"{accepted} steps were answered 202 but only {on_topic} are on the topic")
     names = [name for name, _, _ in PHASES]
@@ -309,6 +392,7 @@ def run(bootstrap: str, seconds: float, baseline_steps: int, rounds: int, profil
                               if r["gateway"][n]["cpu_us_per_step"]]) for n in names}},
             "cpu_ratios_vs_direct_producer": {n: spread([r["cpu_ratios"][n] for r in measured
                                                          if n in r["cpu_ratios"]]) for n in names},
+            "stages_cpu_us_per_step": {n: stage_summary(measured, n) for n in names},
         },
         "accepted_steps_on_topic": {"accepted": accepted, "on_topic": on_topic},
     }
@@ -354,6 +438,12 @@ def main() -> None:
               f"{rate['median']:.0f} steps/s, p50 {p50['median']:.1f} ms, p99 {p99['median']:.1f} ms; "
               f"{cpu['median']:.0f} us gateway CPU per step vs {direct_cpu['median']:.0f} "
               f"direct (CPU ratio x{summary['cpu_ratios_vs_direct_producer'][name]['median']:.3f})")
+    for name, stages in summary["stages_cpu_us_per_step"].items():
+        print(f"{name} us CPU/step by stage: " + ", ".join(
+            f"{stage} {stages[stage]}" for stage in (*STAGES, "http_and_framework")) +
+            f" (gateway process {stages['gateway_process']}, its event-loop thread "
+            f"{stages['gateway_event_loop_thread']}); "
+            f"orjson parse x{stages['orjson_parse_vs_pydantic_core']} of pydantic-core's")
     if profile:
         print(f"gateway profile: {profile}")
     print(f"written to {out}")

@@ -42,14 +42,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from confluent_kafka import TopicPartition
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import cpu_by_role, free_port, process_cpu_s  # noqa: E402
+from bench.common import cpu_by_role, free_port, process_cpu_s, records_on_topic  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics, make_consumer  # noqa: E402
+from clawr1.core.kafka_io import ensure_topics  # noqa: E402
 
 PARTITIONS = 4
 PROXY_MAIN = (
@@ -224,23 +223,13 @@ def run_throughput(targets: list[Target], seconds: float, rounds: int, concurren
             target.loop_cpu_ms_per_call = round(target.loop_cpu_s * 1000 / calls, 3)
 
 
-def topic_size(bootstrap: str, topic: str) -> int:
-    consumer = make_consumer(bootstrap, f"bench-proxy-{uuid.uuid4().hex[:6]}")
-    try:
-        return sum(
-            consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)
-        )
-    finally:
-        consumer.close()
-
-
 def wait_captured(bootstrap: str, target: Target, timeout: float = 60.0) -> int:
     assert target.topic is not None
     deadline = time.monotonic() + timeout
-    size = topic_size(bootstrap, target.topic)
+    size = records_on_topic(bootstrap, target.topic, "raw_llm_call")
     while size < target.sent and time.monotonic() < deadline:
         time.sleep(0.5)
-        size = topic_size(bootstrap, target.topic)
+        size = records_on_topic(bootstrap, target.topic, "raw_llm_call")
     return size
 
 
@@ -249,7 +238,7 @@ def record_cost_ms(calls: int = 300) -> dict[str, float]:
     from clawr1.core.topics import RAW_LLM
     from clawr1.proxy.hints import Hints
     from clawr1.proxy.record import CapturedCall, build_record
-    from clawr1.schemas.codec import codec_for
+    from clawr1.schemas.codec import codec_for, pack_record
 
     reply = {"id": "chatcmpl-1", "object": "chat.completion", "model": "standin-1",
              "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
@@ -268,7 +257,7 @@ def record_cost_ms(calls: int = 300) -> dict[str, float]:
         started = time.perf_counter()
         _, record = build_record(call, "bench")
         built = time.perf_counter()
-        codec.encode(RAW_LLM.schema, record)
+        codec.encode_batch(RAW_LLM.schema, [pack_record(RAW_LLM.schema, record)])  # as the emitter spools it
         build.append((built - started) * 1000)
         encode.append((time.perf_counter() - built) * 1000)
     return {"build_record_ms": round(statistics.median(build), 3),

@@ -1,4 +1,5 @@
-"""Small helpers the benchmarks share: a free loopback port, a percentile, Kafka messages per topic."""
+"""Small helpers the benchmarks share: a free loopback port, a percentile, Kafka messages per topic,
+the records on a topic."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from clawr1.core.kafka_io import make_consumer
+from clawr1.schemas.codec import codec_for
 
 
 def free_port() -> int:
@@ -71,10 +73,35 @@ def settled_message_counts(bootstrap: str, label: Callable[[str], str | None]) -
         consumer.close()
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` (all its threads) has used so far (Linux /proc): a figure
-    a busy, shared machine does not distort the way it distorts wall-clock rates."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def records_on_topic(bootstrap: str, topic: str, schema: str) -> int:
+    """Records of ``schema`` on ``topic``: of every message, lone or envelope, read to the topic's end."""
+    codec = codec_for("")
+    consumer = make_consumer(bootstrap, f"bench-{uuid.uuid4().hex[:8]}")
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p, end in ends.items() if end])
+        pending, records = {p for p, end in ends.items() if end}, 0
+        deadline = time.monotonic() + 120
+        while pending and time.monotonic() < deadline:
+            for message in consumer.consume(1000, 1.0):
+                if message.error() or message.offset() >= ends[message.partition()]:
+                    continue
+                records += len(codec.decode_records(message.value(), schema, plain=False))
+                if message.offset() == ends[message.partition()] - 1:
+                    pending.discard(message.partition())
+        return records
+    finally:
+        consumer.close()
+
+
+def process_cpu_s(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds process ``pid`` (all its threads; or only its thread ``thread``) has used
+    so far (Linux /proc): a figure a busy, shared machine does not distort the way it distorts wall-clock
+    rates."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -12,7 +12,8 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Header, Request
@@ -21,13 +22,14 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from clawr1.core.envelopes import by_partition, fit, halved
 from clawr1.core.settings import Settings
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
 from clawr1.gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
 from clawr1.gateway.config import GatewayConfig, GatewayTopics
 from clawr1.gateway.docs import docs_router
 from clawr1.gateway.errors import ApiError, ErrorBody, install_error_handlers
-from clawr1.gateway.fastpath import StepEncoder
+from clawr1.gateway.fastpath import fits_schema, pack_steps
 from clawr1.gateway.hosts import LoopbackHostMiddleware
 from clawr1.gateway.idempotency import IdempotencyConflict, IdempotencyStore
 from clawr1.gateway.limits import BodyLimitMiddleware
@@ -43,7 +45,7 @@ from clawr1.gateway.validation import (
     parse_json,
     validate_items,
 )
-from clawr1.schemas.codec import AvroCodec, EncodeError, codec_for
+from clawr1.schemas.codec import AvroCodec, EncodeError, codec_for, pack_record
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +87,8 @@ class GatewayState:
     codec: AvroCodec
     readiness: Readiness | None
     publisher: KafkaPublisher | None = None
-    # Plain white-box steps skip the per-step models (None: the schema is not the one it encodes).
-    fast_steps: StepEncoder | None = None
+    # Plain white-box steps skip the per-step models (False: the schema is not the one it fills).
+    fast_steps: bool = False
 
 
 def gateway_state(request: Request) -> GatewayState:
@@ -149,27 +151,26 @@ def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
             source_name: str) -> tuple[list[OutMessage], list[str]]:
     """Validate the body and turn it into Kafka messages with their ids; ``ApiError`` on bad input."""
     body = parse_json(raw)
-    if ingest.kind == "steps" and state.fast_steps is not None:
-        fast = _encode_fast(state, state.fast_steps, body, source_name)
+    if ingest.kind == "steps" and state.fast_steps:
+        fast = _encode_fast(state, body, source_name)
         if fast is not None:
             return fast
     items = validate_items(body, ingest.model, ingest.check, state.config.max_batch)
     return encode_items(state, ingest, items, source_name)
 
 
-def _encode_fast(state: GatewayState, encoder: StepEncoder, body: Any,
+def _encode_fast(state: GatewayState, body: Any,
                  source_name: str) -> tuple[list[OutMessage], list[str]] | None:
     """The steps of a plain body through ``clawr1.gateway.fastpath``; None: the model path decides
     (any refusal, its reasons, and anything unusual)."""
     items = body if isinstance(body, list) else [body]
     if not items or len(items) > state.config.max_batch:
         return None
-    encoded = encoder.encode(items, source_name, int(time.time() * 1000))
-    if encoded is None:
+    steps = pack_steps(items, source_name, int(time.time() * 1000))
+    if steps is None:
         return None
-    values, ids = encoded
-    topic = state.topics.steps
-    return [OutMessage(topic, key, value) for _, key, value in values], ids
+    messages = envelopes(state, state.topics.steps, RAW_STEPS.schema, [(s.key, s.record) for s in steps])
+    return messages, [s.step_id for s in steps]
 
 
 def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any],
@@ -177,12 +178,37 @@ def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any],
     """Validated items as Kafka messages with their ids (also the compat port's way in)."""
     received_at_ms = int(time.time() * 1000)
     outgoing = [ingest.to_record(item, source_name, received_at_ms) for item in items]
-    topic = ingest.topic(state.topics)
     try:
-        messages = [OutMessage(topic, o.key, state.codec.encode(ingest.schema, o.record)) for o in outgoing]
+        packed = [(o.key, pack_record(ingest.schema, o.record)) for o in outgoing]
+    except (TypeError, OverflowError) as exc:
+        raise ApiError(422, "invalid_request",
+                       f"record does not match schema {ingest.schema!r}: {exc}") from exc
+    return envelopes(state, ingest.topic(state.topics), ingest.schema, packed), [o.id for o in outgoing]
+
+
+def envelopes(state: GatewayState, topic: str, schema: str,
+              keyed: Sequence[tuple[str, dict[str, Any]]]) -> list[OutMessage]:
+    """Packed records (with their Kafka keys) as one envelope per partition of ``topic``, each cut to
+    fit Kafka's message size (``clawr1.core.envelopes``); 503 until the topics' partitions are known."""
+    if not keyed:
+        return []
+    if state.publisher is None:
+        raise _unavailable("the gateway is starting or stopping", state.config.retry_after_s)
+    try:
+        partitions = state.publisher.partitions_of(topic)
+    except KafkaUnavailable as exc:
+        raise _unavailable(str(exc), state.config.retry_after_s) from exc
+    encode = partial(_encode_batch, state.codec, schema)
+    return [OutMessage(topic, None, value, partition, tuple(records), schema)
+            for partition, group in sorted(by_partition(keyed, partitions).items())
+            for records, value in fit(group, encode)]
+
+
+def _encode_batch(codec: AvroCodec, schema: str, records: Sequence[dict[str, Any]]) -> bytes:
+    try:
+        return codec.encode_batch(schema, list(records))
     except EncodeError as exc:
         raise ApiError(422, "invalid_request", str(exc)) from exc
-    return messages, [o.id for o in outgoing]
 
 
 async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name: str) -> bytes:
@@ -195,16 +221,36 @@ async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name:
 
 
 async def publish(state: GatewayState, messages: list[OutMessage]) -> None:
-    """Produce and wait for the broker's acknowledgement; ``ApiError`` (503, 413) when it cannot."""
+    """Produce and wait for the broker's acknowledgement of every message; ``ApiError`` (503, 413)
+    when it cannot. An envelope Kafka finds too large is sent again in smaller ones: only a record too
+    large on its own is a 413."""
     config = state.config
     if state.publisher is None:
         raise _unavailable("the gateway is starting or stopping", config.retry_after_s)
-    try:
-        await state.publisher.publish(messages)
-    except KafkaUnavailable as exc:
-        raise _unavailable(str(exc), config.retry_after_s) from exc
-    except RecordTooLarge as exc:
-        raise ApiError(413, "record_too_large", str(exc)) from exc
+    while messages:
+        try:
+            await state.publisher.publish(messages)
+            return
+        except KafkaUnavailable as exc:
+            raise _unavailable(str(exc), config.retry_after_s) from exc
+        except RecordTooLarge as exc:
+            messages = _smaller(state, exc)
+
+
+def _smaller(state: GatewayState, refused: RecordTooLarge) -> list[OutMessage]:
+    """The envelopes Kafka refused as too large, each cut in smaller ones; the others of the request
+    were acknowledged. ``ApiError``: 413 when one holds a single record, 503 when something else failed
+    as well (the client's retry sends the request again)."""
+    smaller: list[OutMessage] = []
+    for message in refused.messages:
+        pieces = halved(message.records, len(message.value),
+                        partial(_encode_batch, state.codec, message.schema)) if message.records else None
+        if pieces is None:
+            raise ApiError(413, "record_too_large", str(refused))
+        smaller += [replace(message, value=value, records=tuple(records)) for records, value in pieces]
+    if refused.others:
+        raise _unavailable(str(refused.others[0]), state.config.retry_after_s)
+    return smaller
 
 
 async def accept(request: Request, ingest: Ingest, source_name: str, idempotency_key: str | None) -> Response:
@@ -336,7 +382,7 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
         codec=codec_for(config.registry_url),
         readiness=readiness,
     )
-    state.fast_steps = StepEncoder.for_codec(state.codec)
+    state.fast_steps = fits_schema()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

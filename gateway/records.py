@@ -1,10 +1,14 @@
 """Validated submissions -> Avro records with deterministic ids and their Kafka keys.
 
-Ids the client leaves out are derived from content (UUIDv5), so a request retried without an
+Ids the client leaves out are derived from content, so a request retried without an
 Idempotency-Key, or replayed after a restart, still names the same logical item and the streams /
 pool deduplicate it by id. A step's id covers its identity (source, trajectory, position, prompt,
 response), not its reward: re-submitting a step with a final reward updates that step. Its
 ``content_digest`` covers everything, so the streams can tell a pure duplicate from an update.
+
+Step and event ids are *routable* (``clawr1.core.routing.routable_id``, homed at the trajectory id,
+their Kafka key): feedback naming one reaches its step's partition without an index entry. Feedback
+ids stay UUIDv5 (nothing is routed by them).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
+from clawr1.core.routing import routable_id
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
 
 ID_NAMESPACE = uuid.UUID("6f1d2c1e-5b0a-4c55-9a36-2f0b7c1e8d42")
@@ -88,7 +93,7 @@ def content_digest(step: StepIn, source_name: str) -> str:
 
 
 def step_record(step: StepIn, source_name: str, received_at_ms: int) -> Outgoing:
-    step_id = step.step_id or uuid5_of(step_identity(step, source_name))
+    step_id = step.step_id or routable_id(step.trajectory_id, step_identity(step, source_name))
     record = {
         "step_id": step_id,
         "trajectory_id": step.trajectory_id,
@@ -157,8 +162,8 @@ def event_payload(event: EventIn) -> dict[str, Any]:
 
 
 def event_record(event: EventIn, source_name: str, received_at_ms: int) -> Outgoing:
-    event_id = event.event_id or deterministic_id(
-        "event", source_name, event.model_dump(exclude={"event_id"}))
+    event_id = event.event_id or routable_id(event.trajectory_id, compact_json(
+        ["event", source_name, event.model_dump(exclude={"event_id"})]).encode())
     record = {
         "event_id": event_id,
         "kind": event.kind,

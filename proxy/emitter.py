@@ -2,8 +2,15 @@
 
 The proxy's event loop only calls ``submit`` (a queue put). The thread builds and encodes records,
 writes them to the spool (fsync'd), hands them to an idempotent confluent-kafka producer and drops
-them from the spool once Kafka confirms each one. If Kafka is down or slow, records wait in the spool
-and go out when it answers again; agent traffic never waits for any of it.
+them from the spool once Kafka confirms the message that carried them. If Kafka is down or slow,
+records wait in the spool and go out when it answers again; agent traffic never waits for any of it.
+
+Envelopes: given ``combine``, records bound for one partition (their key hashed as Kafka's
+partitioner does, over the topic's partition count as the broker has it) are held up to ``batch_s``
+or until ``batch_records`` of them wait, then leave as one message (``combine`` of their spooled
+values), cut to fit Kafka's message size (``clawr1.core.envelopes``). Each record stays in the spool
+until the envelope that carried it is acknowledged; one Kafka refuses as too large is sent again in
+halves, so only a record too large on its own is set aside (``rejected.log``).
 """
 
 from __future__ import annotations
@@ -14,16 +21,26 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from clawr1.core.kafka_io import Fatal, RebuildingProducer, Undeliverable, classify, ensure_topics
+from clawr1.core.envelopes import fit, halved
+from clawr1.core.kafka_io import (
+    Fatal,
+    ProduceOutcome,
+    RebuildingProducer,
+    Undeliverable,
+    classify,
+    ensure_topics,
+)
 from clawr1.core.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
-from clawr1.proxy.spool import Spool, encode_frame
+from clawr1.core.routing import partition_of
+from clawr1.proxy.spool import Spool, SpoolRecord, encode_frame
 
 logger = logging.getLogger("clawr1.proxy.emitter")
 T = TypeVar("T")
@@ -41,18 +58,32 @@ class EmitterStats:
     recovered: int = 0
 
 
+# An envelope waiting for the producer: its partition, the spooled records it carries, its value.
+_Envelope = tuple[int, Sequence[SpoolRecord], bytes]
+
+
 class Emitter(Generic[T]):
-    """``prepare`` turns a submitted item into (key, value bytes); it runs on the emitter thread."""
+    """``prepare`` turns a submitted item into (key, value bytes); it runs on the emitter thread.
+    ``combine`` makes one message of several spooled values (None: every record is its own message)."""
 
     def __init__(self, *, bootstrap: str, topic: str, spool_dir: Path,
                  prepare: Callable[[T], tuple[str, bytes]], partitions: int = 4,
                  producer_overrides: dict[str, Any] | None = None, max_in_flight: int = 10_000,
-                 segment_records: int = 1000) -> None:
+                 segment_records: int = 1000, combine: Callable[[list[bytes]], bytes] | None = None,
+                 batch_s: float = 0.0, batch_records: int = 1) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
         self.stats = EmitterStats()
         self._prepare = prepare
+        self._combine = combine
+        self._batch_s = batch_s
+        self._batch_records = max(1, batch_records) if combine is not None else 1
+        # Taken from the spool (in flight to it), waiting for their partition's window to close ...
+        self._held: dict[int, list[SpoolRecord]] = {}
+        self._held_since: dict[int, float] = {}
+        # ... then envelopes ready for the producer, including the halves of one Kafka found too large.
+        self._ready: deque[_Envelope] = deque()
         self._producer_overrides = producer_overrides or {}
         self._max_in_flight = max_in_flight
         self._spool = Spool(spool_dir, segment_records)
@@ -109,6 +140,8 @@ class Emitter(Generic[T]):
                 if producers.rebuild_if_fatal() is not None:
                     # The old producer's delivery reports put its records back; any it never reported
                     # on are sent again too (at least once: Kafka may hold a copy already).
+                    self._held.clear()
+                    self._ready.clear()
                     self._spool.release_in_flight()
                 self._spool.trim()
                 self._pending = self._spool.pending
@@ -160,45 +193,109 @@ class Emitter(Generic[T]):
             return
         self._next_topic_try = time.monotonic() + _TOPIC_RETRY_S
         try:
-            ensure_topics(self.bootstrap, [self.topic], self.partitions, timeout=1.0)
+            counts = ensure_topics(self.bootstrap, [self.topic], self.partitions, timeout=1.0)
         except KafkaException as exc:
             self._warn(f"Kafka at {self.bootstrap} not reachable ({exc}); spooling")
             return
         except RuntimeError as exc:
             logger.warning("could not check/create topic %s (%s); producing anyway", self.topic, exc)
+        else:
+            self.partitions = counts[self.topic]  # as the broker has it: what keys hash into
         self._topic_ready = True
 
     def _send_unsent(self, producer: Producer) -> None:
-        room = self._max_in_flight - self._spool.in_flight
-        for record in self._spool.take_unsent(max(room, 0)):
-            try:
-                producer.produce(self.topic, key=record.key, value=record.value,
-                                 on_delivery=functools.partial(self._on_delivery, record.seq))
-            except BufferError:
-                self._spool.retry(record.seq)
-                return
-            except KafkaException as exc:
-                outcome = classify(exc.args[0])
-                if isinstance(outcome, Undeliverable):
-                    self._reject(record.seq, outcome.reason)
-                    continue
-                self._spool.retry(record.seq)
-                self._warn(f"produce failed, will retry: {outcome.reason}")
+        self._hold(self._spool.take_unsent(max(self._max_in_flight - self._spool.in_flight, 0)))
+        self._release_due()
+        while self._ready:
+            partition, records, value = self._ready.popleft()
+            if not self._send(producer, partition, records, value):
+                for _, waiting, _ in self._ready:  # the producer takes nothing now: back to the spool
+                    for record in waiting:
+                        self._spool.retry(record.seq)
+                self._ready.clear()
                 return
 
-    def _on_delivery(self, seq: int, err: KafkaError | None, _msg: Message) -> None:
+    def _hold(self, records: Iterator[SpoolRecord]) -> None:
+        now = time.monotonic()
+        for record in records:
+            partition = partition_of(record.key.decode(), self.partitions)
+            held = self._held.setdefault(partition, [])
+            if not held:
+                self._held_since[partition] = now
+            held.append(record)
+
+    def _release_due(self) -> None:
+        """Held records whose partition has ``batch_records`` of them or waited ``batch_s`` (all of them
+        when stopping) become envelopes ready to send."""
+        now, stopping = time.monotonic(), self._stop.is_set()
+        for partition in list(self._held):
+            held = self._held[partition]
+            if len(held) < self._batch_records and now - self._held_since[partition] < self._batch_s \
+                    and not stopping:
+                continue
+            del self._held[partition]
+            for start in range(0, len(held), self._batch_records):
+                group = held[start:start + self._batch_records]
+                self._ready.extend((partition, records, value) for records, value in self._fit(group))
+
+    def _fit(self, records: Sequence[SpoolRecord]) -> list[tuple[Sequence[SpoolRecord], bytes]]:
+        try:
+            return fit(records, self._value_of)
+        except Exception:  # noqa: BLE001 - a value combine cannot read must not hold the others back
+            logger.exception("could not combine %d spooled records; sending them one by one", len(records))
+            return [([record], record.value) for record in records]
+
+    def _value_of(self, records: Sequence[SpoolRecord]) -> bytes:
+        if len(records) == 1 or self._combine is None:
+            return records[0].value
+        return self._combine([record.value for record in records])
+
+    def _send(self, producer: Producer, partition: int, records: Sequence[SpoolRecord], value: bytes) -> bool:
+        """Hand one message to the producer; False when it takes nothing more now (the records are back
+        in the spool's unsent ones)."""
+        seqs = [record.seq for record in records]
+        try:
+            producer.produce(self.topic, key=records[0].key if len(records) == 1 else None, value=value,
+                             partition=partition,
+                             on_delivery=functools.partial(self._on_delivery, partition, seqs, len(value)))
+        except BufferError:
+            for seq in seqs:
+                self._spool.retry(seq)
+            return False
+        except KafkaException as exc:
+            outcome = classify(exc.args[0])
+            self._failed(partition, seqs, len(value), outcome)
+            if not isinstance(outcome, Undeliverable):
+                self._warn(f"produce failed, will retry: {outcome.reason}")
+                return False
+        return True
+
+    def _on_delivery(self, partition: int, seqs: list[int], size: int, err: KafkaError | None,
+                     _msg: Message) -> None:
         if err is None:
-            self._spool.ack(seq)
-            self.stats.delivered += 1
-            PROXY_RECORDS_DELIVERED.inc()
+            for seq in seqs:
+                self._spool.ack(seq)
+            self.stats.delivered += len(seqs)
+            PROXY_RECORDS_DELIVERED.inc(len(seqs))
             return
         outcome = classify(err)
-        if isinstance(outcome, Undeliverable):
-            self._reject(seq, outcome.reason)
-        else:
-            self._spool.retry(seq)
-            if not isinstance(outcome, Fatal):  # a fatal error is logged once, by the producer's policy
-                self._warn(f"delivery failed, will retry: {outcome.reason}")
+        self._failed(partition, seqs, size, outcome)
+        if not isinstance(outcome, Undeliverable | Fatal):  # a fatal error is logged once, by the policy
+            self._warn(f"delivery failed, will retry: {outcome.reason}")
+
+    def _failed(self, partition: int, seqs: list[int], size: int, outcome: ProduceOutcome) -> None:
+        """A message Kafka did not take: too large, it goes again in halves (each record stays in flight);
+        else its records are set aside for good (undeliverable) or sent again later."""
+        if isinstance(outcome, Undeliverable) and outcome.too_large:
+            pieces = halved([self._spool.read(seq) for seq in seqs], size, self._value_of)
+            if pieces is not None:
+                self._ready.extend((partition, records, value) for records, value in pieces)
+                return
+        for seq in seqs:
+            if isinstance(outcome, Undeliverable):
+                self._reject(seq, outcome.reason)
+            else:
+                self._spool.retry(seq)
 
     def _reject(self, seq: int, reason: str) -> None:
         logger.error("Kafka refuses record %d for good (%s); kept in rejected.log", seq, reason)

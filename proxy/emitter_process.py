@@ -4,7 +4,8 @@ loop that forwards the agent's traffic.
 The proxy's hooks hand each ``CapturedCall`` to a ``CallSender``, whose thread pickles it onto a pipe
 (raw bytes, headers, timings, hints: cheap copies). The emitter process reads the pipes of every
 proxy process, builds, redacts and encodes each record and hands it to an ``Emitter`` (spool, then
-Kafka), exactly as the proxy's own thread did before.
+Kafka). A record is spooled as an envelope of one (``raw_llm_call_batch``), a message readable alone;
+the emitter combines those bound for one partition into one envelope per window.
 
 Durability: a pipe's end of file comes after every call written to it, so when a proxy process
 dies (SIGKILL included) the emitter still reads, spools and sends what that process had written,
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
@@ -44,6 +46,9 @@ class EmitterConfig:
     registry_url: str
     instance: str
     drain_s: float
+    # Captured calls bound for one partition share a message (an envelope) within this window or count.
+    batch_s: float = 0.0
+    batch_calls: int = 1
     # Where the emitter serves the proxy's metrics (``clawr1.core.metrics``); port 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -139,10 +144,9 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         MetricsPortError,
         serve_metrics,
     )
-    from clawr1.core.topics import RAW_LLM
     from clawr1.proxy.chains import ResponseChains
     from clawr1.proxy.emitter import Emitter
-    from clawr1.proxy.record import CapturedCall, build_record
+    from clawr1.proxy.record import CapturedCall, build_record, envelope_of, spooled
     from clawr1.proxy.spool import SpoolBusyError
     from clawr1.schemas.codec import codec_for
 
@@ -154,7 +158,7 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
     def prepare(call: CapturedCall) -> tuple[str, bytes]:
         try:
             key, record = build_record(call, config.instance, chains)
-            return key, codec.encode(RAW_LLM.schema, record)
+            return key, spooled(codec, record)
         except Exception:
             PROXY_CALLS_FAILED.labels(api=call.api, reason="record_error").inc()
             raise
@@ -168,7 +172,8 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
 
     emitter: Emitter[CapturedCall] = Emitter(
         bootstrap=config.bootstrap, topic=config.topic, spool_dir=config.spool_dir, prepare=prepare,
-        partitions=config.partitions)
+        partitions=config.partitions, combine=partial(envelope_of, codec), batch_s=config.batch_s,
+        batch_records=config.batch_calls)
     PROXY_SPOOL_DEPTH.set_function(lambda: emitter.pending)
     serving = False
 

@@ -1,4 +1,5 @@
-"""From a captured call (raw bytes and timings) to a ``raw_llm_call`` record and its Kafka key.
+"""From a captured call (raw bytes and timings) to a ``raw_llm_call`` record and its Kafka key, and
+the record as the spool keeps it and Kafka gets it (envelopes).
 
 Runs on the emitter's thread, never on the proxy's event loop: the hooks only snapshot bytes, so
 parsing, reassembly and encoding add nothing to the agent's latency.
@@ -6,7 +7,6 @@ parsing, reassembly and encoding add nothing to the agent's latency.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +14,8 @@ from typing import Any
 from mitmproxy.net import encoding as content_encoding
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.routing import routable_id
+from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.apis import BY_NAME, Assembled
 from clawr1.proxy.apis.base import error_text
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
@@ -22,6 +24,8 @@ from clawr1.proxy.hints import Hints
 from clawr1.proxy.redact import redact_headers, redact_id, redact_record, redact_url
 from clawr1.proxy.sse import parse_stream
 from clawr1.proxy.token_ids import Injection, dump, strip_json
+from clawr1.schemas.batch import batch_name
+from clawr1.schemas.codec import AvroCodec, pack_record
 
 Headers = tuple[tuple[str, str], ...]
 # Opens the note of a stream that ended without its finish (the steps' ``truncated`` status reads it).
@@ -62,9 +66,11 @@ class CapturedCall:
     notes: tuple[str, ...] = ()
 
 
-def event_id(proxy_instance: str, flow_id: str) -> str:
-    """Fixed when the call is captured and stored with it, so spool replays never mint a new id."""
-    return hashlib.sha256(f"{proxy_instance}\x00{flow_id}".encode()).hexdigest()[:32]
+def event_id(proxy_instance: str, flow_id: str, home: str) -> str:
+    """Fixed when the call is captured and stored with it, so spool replays never mint a new id; routable
+    (``clawr1.core.routing.routable_id``) to ``home``, the record's Kafka key, so feedback naming the
+    call reaches its partition without an index entry."""
+    return routable_id(home, f"{proxy_instance}\x00{flow_id}".encode())
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -182,9 +188,13 @@ def build_record(call: CapturedCall, proxy_instance: str,
     if call.streamed and assembled.truncated and error is None:
         notes.append(f"{TRUNCATED_NOTE}: {assembled.truncated}")
     conv_key = conversation_key(messages)
+    # The Kafka key (where the call's link state lives, and what its routable event id is tagged with)
+    # is the redacted trajectory hint: a secret sent as an id never becomes a key.
+    hint = _hint_id(call.hints.trajectory_id)
+    key = hint or conv_key
     has_ids = bool(assembled.prompt_token_ids) or any(c.token_ids for c in assembled.choices)
     record: dict[str, Any] = {
-        "event_id": event_id(proxy_instance, call.flow_id),
+        "event_id": event_id(proxy_instance, call.flow_id, key),
         "captured_at_ms": _ms(call.captured_at),
         "proxy_instance": proxy_instance,
         "api": call.api,
@@ -219,7 +229,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
             for c in assembled.choices
         ],
         "token_source": "engine" if has_ids else "none",
-        "trajectory_id": _hint_id(call.hints.trajectory_id),
+        "trajectory_id": hint,
         "prompt_group_id": _hint_id(call.hints.prompt_group_id),
         "prompt_group_size": call.hints.prompt_group_size,
         "policy_version": call.hints.policy_version,
@@ -233,5 +243,20 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "client_connection": call.client_connection,
         "source_name": call.hints.source_name,
     }
-    # The Kafka key is the (redacted) trajectory hint: a secret sent as an id never becomes a key.
-    return record["trajectory_id"] or conv_key, redact_record(record)
+    return key, redact_record(record)
+
+
+def spooled(codec: AvroCodec, record: dict[str, Any]) -> bytes:
+    """A record as the spool keeps it: an envelope of one (``raw_llm_call_batch``), a message readable
+    alone, that ``envelope_of`` combines with others bound for its partition."""
+    return codec.encode_batch(RAW_LLM.schema, [pack_record(RAW_LLM.schema, record)])
+
+
+def envelope_of(codec: AvroCodec, values: list[bytes]) -> bytes:
+    """One envelope of spooled values: ``spooled`` ones, or single records an earlier release spooled."""
+    records: list[dict[str, Any]] = []
+    for value in values:
+        name, decoded = codec.decode(value)
+        records += decoded["records"] if name == batch_name(RAW_LLM.schema) else \
+            [pack_record(RAW_LLM.schema, decoded)]
+    return codec.encode_batch(RAW_LLM.schema, records)

@@ -43,6 +43,8 @@ from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
 from clawr1.core.registry import (
     PROXY_ALLOW,
+    PROXY_BATCH_CALLS,
+    PROXY_BATCH_MS,
     PROXY_INSTANCE,
     PROXY_PROCESSES,
     UPSTREAM_CA_FILE,
@@ -294,7 +296,9 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     emitter = EmitterProcess(EmitterConfig(
         bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, partitions=config.partitions,
         registry_url=config.registry_url, instance=config.instance, drain_s=drain_s,
-        metrics_port=config.metrics_port, metrics_host=config.metrics_host), senders=processes)
+        metrics_port=config.metrics_port, metrics_host=config.metrics_host,
+        batch_s=settings.role_setting(PROXY_BATCH_MS) / 1000,
+        batch_calls=settings.role_setting(PROXY_BATCH_CALLS)), senders=processes)
     try:
         await asyncio.to_thread(emitter.start)
     except EmitterStartError as exc:

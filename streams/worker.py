@@ -10,17 +10,12 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from clawr1.core.kafka_io import ensure_topics, make_admin
+from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings, load_settings
 from clawr1.streams.app import StreamsApp
 from clawr1.streams.config import StreamConfig
 
 READY_LINE = "clawr1 streams worker ready"
-
-
-def topic_partitions(bootstrap: str, name: str) -> int:
-    """How many partitions ``name`` has on the broker (it may predate the configured count)."""
-    return len(make_admin(bootstrap).list_topics(name, timeout=30).topics[name].partitions)
 
 
 def run_worker(settings: Settings, ready: Callable[[], None] | None = None,
@@ -31,9 +26,9 @@ def run_worker(settings: Settings, ready: Callable[[], None] | None = None,
     keeps one state store per partition for all its inputs (Quix creates only the changelogs).
     """
     config = config or StreamConfig.from_settings(settings)
-    ensure_topics(config.bootstrap, config.topics.all_names(), config.partitions,
-                  replication=config.replication)
-    counts = {name: topic_partitions(config.bootstrap, name) for name in config.topics.inputs()}
+    served = ensure_topics(config.bootstrap, config.topics.all_names(), config.partitions,
+                           replication=config.replication)  # counts as the broker has them (may predate ours)
+    counts = {name: served[name] for name in config.topics.inputs()}
     if len(set(counts.values())) != 1:
         raise SystemExit(f"the worker's input topics must have one partition count, found {counts}")
     config.data_dir.mkdir(parents=True, exist_ok=True)

@@ -82,11 +82,11 @@ CLUSTER_DEFAULT = -1
 def ensure_topics(
     bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4, timeout: float = 30.0, *,
     replication: int = CLUSTER_DEFAULT, config: Mapping[str, str] | None = None,
-) -> None:
+) -> dict[str, int]:
     """Create missing topics (with ``config``, e.g. ``{"cleanup.policy": "compact"}``, for each) and
-    return once the broker serves every one; existing topics are left as they are (the worker checks
-    partition counts). Raises KafkaException when the broker is unreachable, RuntimeError when it
-    refuses a topic.
+    return once the broker serves every one, with each one's partition count as the broker has it;
+    existing topics are left as they are. Raises KafkaException when the broker is unreachable,
+    RuntimeError when it refuses a topic.
 
     Replication is the cluster's by default: its ``default.replication.factor`` and
     ``min.insync.replicas``, which the project's brokers set from their node count
@@ -104,23 +104,25 @@ def ensure_topics(
         except KafkaException as exc:
             if error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:  # another client created it first
                 raise RuntimeError(f"could not create topic {name}: {exc}") from exc
-    wait_until_served(admin, wanted, timeout)
+    return wait_until_served(admin, wanted, timeout)
 
 
-def wait_until_served(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> None:
-    """Return once the broker's metadata shows every partition of ``names`` with a leader.
+def wait_until_served(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> dict[str, int]:
+    """Return once the broker's metadata shows every partition of ``names`` with a leader, with the
+    partition count of each (what a producer choosing partitions itself must hash keys into).
 
     A created topic reaches the broker's metadata a moment after CreateTopics answers; a client that
     reads metadata in between sees it with no partitions and may keep that view (seen on a loaded
     2-core machine).
     """
-    pending = set(names)
+    wanted = set(names)
+    pending = set(wanted)
     deadline = time.monotonic() + timeout
-    while pending:
+    while True:
         topics = admin.list_topics(timeout=timeout).topics
         pending = {name for name in pending if not _served(topics.get(name))}
         if not pending:
-            return
+            return {name: len(topics[name].partitions) for name in wanted}
         if time.monotonic() > deadline:
             raise RuntimeError(f"topics without partition leaders after {timeout:.0f}s: {sorted(pending)}")
         time.sleep(0.1)

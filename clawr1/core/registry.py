@@ -330,9 +330,9 @@ STREAMS_APP_ID = option("STREAMS_APP_ID", str, "clawr1-streams",
 TOPIC_SUFFIX = option("TOPIC_SUFFIX", str, "",
                       "appended to every topic name the worker and rewarder use (tests, side-by-side stacks)",
                       ("worker", "rewarder"))
-STREAMS_REPLICATION = option("STREAMS_REPLICATION", int, 1,
-                             "replication of the topics the worker creates (its state changelogs follow its "
-                             "input topics')", ("worker",))
+STREAMS_REPLICATION = option("STREAMS_REPLICATION", int, -1,
+                             "replication of the topics the worker creates (`-1`: the cluster's default; its "
+                             "state changelog follows its input topics')", ("worker",))
 READY_RULE = option("READY_RULE", str, "tokens,final_outcome",
                     "what a step needs to be ready for training (comma-separated requirement words)",
                     ("worker",))
@@ -413,6 +413,13 @@ PROXY_ALLOW = option("PROXY_ALLOW", str, "*",
 PROXY_PROCESSES = option("PROXY_PROCESSES", int, 1,
                          "capture-proxy processes sharing its ports (SO_REUSEPORT), feeding one emitter "
                          "process", ("proxy",))
+PROXY_BATCH_MS = option("PROXY_BATCH_MS", float, 10.0,
+                        "how long captured calls bound for one partition wait to share a Kafka message "
+                        "(an envelope); `0` = each pass sends what it has", ("proxy",),
+                        check=lambda v: None if v >= 0 else f"must be >= 0, got {v}")
+PROXY_BATCH_CALLS = option("PROXY_BATCH_CALLS", int, 64,
+                           "captured calls that fill an envelope (sent then, whatever the wait)", ("proxy",),
+                           check=positive)
 
 # -- clawr1 up: supervision and the demo -------------------------------------------------------------
 

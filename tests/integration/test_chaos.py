@@ -6,6 +6,7 @@ must still stop it cleanly. The full bench (bench/chaos.py) adds more faults."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, freeze_worker, kill_role, run_faults, running
 from clawr1.core.topics import RAW_STEPS
 from clawr1.gateway.client import GatewayClient
+from clawr1.schemas.codec import DecodeError, codec_for
 
 STALL_S = 10.0
 
@@ -33,8 +35,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
 
 
-def _raw_copies(bootstrap: str, key: str) -> int:
-    """How many records with ``key`` the raw steps topic holds, read from the start."""
+def _raw_copies(bootstrap: str, trajectory: str) -> int:
+    """How many records of ``trajectory`` the raw steps topic holds (lone or in envelopes), read from
+    the start."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-{uuid.uuid4().hex}",
                          "enable.auto.commit": False})
     try:
@@ -48,7 +51,9 @@ def _raw_copies(bootstrap: str, key: str) -> int:
             message = consumer.poll(1.0)
             if message is None or message.error():
                 continue
-            copies += message.key() == key.encode()
+            with contextlib.suppress(DecodeError):  # a fault may have put garbage there
+                records = codec_for().decode_records(message.value(), RAW_STEPS.schema, plain=False)
+                copies += sum(record["trajectory_id"] == trajectory for record in records)
             if message.offset() + 1 >= ends[message.partition()]:
                 done.add(message.partition())
         return copies

@@ -1,6 +1,6 @@
 """The steps fast path against the model path: it accepts only what StepIn + check_step accept, and
-what it accepts gets the same id, key and byte-identical Avro; anything else it leaves to the model
-path (which words the refusal)."""
+what it accepts gets the same id, key and packed record, hence byte-identical Avro from the one codec;
+anything else it leaves to the model path (which words the refusal)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,20 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from clawr1.gateway.fastpath import StepEncoder
+from clawr1.gateway.fastpath import fits_schema, pack_steps
 from clawr1.gateway.models import StepIn
 from clawr1.gateway.records import step_record
 from clawr1.gateway.validation import check_step, parse_json
-from clawr1.schemas.codec import codec_for
+from clawr1.schemas.codec import codec_for, pack_record
 
 CODEC = codec_for("")
-ENCODER = StepEncoder.for_codec(CODEC)
 SOURCE, NOW = "agent-a", 1_700_000_000_123
+Encoded = tuple[str, str, dict[str, Any], bytes]
 
 
-def model_path(item: Any) -> tuple[str, str, bytes] | None:
-    """(id, key, Avro) as the model path produces them, or None when it refuses the item."""
+def model_path(item: Any) -> Encoded | None:
+    """(id, key, packed record, its Avro) as the model path produces them, or None when it refuses
+    the item."""
     try:
         step = StepIn.model_validate(item)
     except ValidationError:
@@ -34,24 +35,23 @@ def model_path(item: Any) -> tuple[str, str, bytes] | None:
         return None
     try:
         out = step_record(step, SOURCE, NOW)
-        return out.id, out.key, CODEC.encode("whitebox_step", out.record)
+        packed = pack_record("whitebox_step", out.record)
+        return out.id, out.key, packed, CODEC.encode_batch("whitebox_step", [packed])
     except (ValueError, UnicodeError):  # e.g. a lone surrogate: not the fast path's to accept either
         return None
 
 
-def fast_path(items: list[Any]) -> list[tuple[str, str, bytes]] | None:
-    assert ENCODER is not None
-    encoded = ENCODER.encode(items, SOURCE, NOW)
-    if encoded is None:
+def fast_path(items: list[Any]) -> list[Encoded] | None:
+    steps = pack_steps(items, SOURCE, NOW)
+    if steps is None:
         return None
-    values, ids = encoded
-    assert ids == [step_id for step_id, _, _ in values]
-    return values
+    assert [s.step_id for s in steps] == [s.record["step_id"] for s in steps]
+    return [(s.step_id, s.key, s.record, CODEC.encode_batch("whitebox_step", [s.record])) for s in steps]
 
 
-def test_the_schema_is_the_one_the_fast_path_encodes() -> None:
-    # Fails when whitebox_step.avsc changes: update clawr1.gateway.fastpath.FIELDS and its encoder.
-    assert ENCODER is not None
+def test_the_schema_is_the_one_the_fast_path_fills() -> None:
+    # Fails when whitebox_step.avsc changes: update clawr1.gateway.fastpath.FIELDS and its packer.
+    assert fits_schema()
 
 
 TOKENS = st.integers(0, 2**31 - 1)
@@ -173,21 +173,18 @@ def test_a_batch_takes_the_fast_path_whole_or_not_at_all(items: list[Any]) -> No
         assert fast == [model_path(item) for item in items]
 
 
-def test_with_a_schema_registry_the_fast_path_frames_records_as_the_codec_does() -> None:
-    import httpx
+def test_a_batch_encodes_as_the_model_path_batch_does() -> None:
+    fast = fast_path(PLAIN)
+    assert fast is not None
+    model = [model_path(item) for item in PLAIN]
+    assert CODEC.encode_batch("whitebox_step", [record for _, _, record, _ in fast]) == \
+        CODEC.encode_batch("whitebox_step", [m[2] for m in model if m is not None])
 
-    from clawr1.schemas.codec import AvroCodec
 
-    def registry(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/subjects/dev.clawr1.whitebox_step/versions"
-        return httpx.Response(200, json={"id": 258})
+def test_minted_step_ids_are_routable_to_their_trajectory() -> None:
+    from clawr1.core.routing import id_tag, key_hash
 
-    codec = AvroCodec("http://registry.test", transport=httpx.MockTransport(registry))
-    encoder = StepEncoder.for_codec(codec)
-    assert encoder is not None
-    encoded = encoder.encode(PLAIN, SOURCE, NOW)
-    assert encoded is not None
-    for item, (step_id, key, value) in zip(PLAIN, encoded[0], strict=True):
-        out = step_record(StepIn.model_validate(item), SOURCE, NOW)
-        assert (step_id, key, value) == (out.id, out.key, codec.encode("whitebox_step", out.record))
-        assert value[:5] == b"\x00" + (258).to_bytes(4, "big")
+    fast = fast_path([PLAIN[0], PLAIN[1]])
+    assert fast is not None
+    assert id_tag(fast[0][0]) == key_hash("t")
+    assert fast[1][0] == "given-id"  # a client's own step id stays as given

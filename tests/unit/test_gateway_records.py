@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 
+from clawr1.core.routing import id_tag, key_hash
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn
 from clawr1.gateway.records import deterministic_id, event_record, feedback_record, step_record
 from clawr1.schemas.codec import codec_for
@@ -36,7 +37,7 @@ def test_generated_step_id_is_stable_across_retries_and_reward_updates() -> None
     first = step_record(STEP, "agent-a", 1)
     retried = step_record(STEP.model_copy(), "agent-a", 99)
     rewarded = step_record(STEP.model_copy(update={"reward": 1.0, "reward_final": True}), "agent-a", 5)
-    assert uuid.UUID(first.id).version == 5
+    assert uuid.UUID(first.id).version == 8 and id_tag(first.id) == key_hash("traj")  # routable
     assert first.id == retried.id == rewarded.id
     assert first.record["content_digest"] == retried.record["content_digest"]
     assert rewarded.record["content_digest"] != first.record["content_digest"]
@@ -44,10 +45,11 @@ def test_generated_step_id_is_stable_across_retries_and_reward_updates() -> None
 
 def test_step_ids_and_digests_do_not_drift_between_releases() -> None:
     # Stored ids and digests make a re-sent step a duplicate; a change to how they are computed would
-    # turn every re-send after an upgrade into a new step. These values were written by the release
-    # before the fast path and the model path shared one formula.
+    # turn every re-send after an upgrade into a new step. The digest was written by the release before
+    # the fast path and the model path shared one formula; the id by the release that made it routable
+    # (until then it was the UUIDv5 766293f3-5a31-5b36-9795-4717f63455e7).
     out = step_record(STEP, "agent-a", 1234)
-    assert out.id == "766293f3-5a31-5b36-9795-4717f63455e7"
+    assert out.id == "c0cd39ad-41a7-8863-8b32-cb2841e17e3a"
     assert out.record["content_digest"] == "59d67f4d73def3d1dd8c292a06ef792d6340da80868bc2c5479ea1c0976cf2e9"
 
 
@@ -102,6 +104,7 @@ def test_event_timestamp_defaults_to_receipt_and_id_is_deterministic() -> None:
     decoded = roundtrip("service_event", out.record)
     assert decoded["timestamp_ms"] == 777 and json.loads(decoded["payload_json"]) == {"ok": True}
     assert out.key == "t" and out.id == event_record(event, "svc", 888).id
+    assert id_tag(out.id) == key_hash("t")  # routable to its trajectory
     stamped = EventIn(kind="tool_result", trajectory_id="t", payload={"ok": True}, timestamp_ms=5)
     assert event_record(stamped, "svc", 777).record["timestamp_ms"] == 5
     assert event_record(stamped, "svc", 777).id != out.id

@@ -74,6 +74,8 @@ class FakeProducer:
     def __init__(self, config: dict[str, Any]) -> None:
         self.error_cb: Callable[[KafkaError], None] = config["error_cb"]
         self.held: list[tuple[bytes, Report]] = []
+        self.partitions: list[int] = []  # of every message produced
+        self.max_bytes: int | None = None  # larger messages are reported too large
         self.reports: list[tuple[Report, KafkaError | None]] = []
         self.acked: list[bytes] = []
         self.healthy = True
@@ -84,11 +86,15 @@ class FakeProducer:
         self.lock = threading.Lock()
 
     def produce(self, topic: str, value: bytes | None = None, key: Any = None,
-                on_delivery: Report | None = None) -> None:
+                on_delivery: Report | None = None, partition: int = -1) -> None:
         if self.dead:
             raise KafkaException(KafkaError(KafkaError._FATAL, "producer is fatal", fatal=True))
         assert on_delivery is not None and value is not None
         with self.lock:
+            self.partitions.append(partition)
+            if self.max_bytes is not None and len(value) > self.max_bytes:
+                self.reports.append((on_delivery, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
+                return
             self.held.append((value, on_delivery))
 
     def break_(self) -> None:
@@ -188,7 +194,7 @@ def test_emitter_replaces_a_fatal_producer_and_delivers_everything(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     factory = Factory()
     monkeypatch.setattr(kafka_io, "make_producer", factory)
-    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: None)
+    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: {"t": 4})
     emitter: Emitter[str] = Emitter(bootstrap="fake:9092", topic="t", spool_dir=tmp_path / "spool",
                                     prepare=lambda item: (item, item.encode()))
     emitter.start()
@@ -217,7 +223,7 @@ def test_emitter_sets_aside_only_undeliverable_records(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     factory = Factory()
     monkeypatch.setattr(kafka_io, "make_producer", factory)
-    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: None)
+    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: {"t": 4})
     emitter: Emitter[str] = Emitter(bootstrap="fake:9092", topic="t", spool_dir=tmp_path / "spool",
                                     prepare=lambda item: (item, item.encode()))
     emitter.start()
@@ -247,7 +253,7 @@ def test_emitter_sets_aside_only_undeliverable_records(
 async def test_publisher_replaces_a_fatal_producer_without_a_restart(monkeypatch: pytest.MonkeyPatch) -> None:
     factory = Factory()
     monkeypatch.setattr(kafka_io, "make_producer", factory)
-    monkeypatch.setattr(publisher_module, "ensure_topics", lambda *_a, **_k: None)
+    monkeypatch.setattr(publisher_module, "ensure_topics", lambda *_a, **_k: {"t": 1})
     publisher = KafkaPublisher("fake:9092", ["t"], partitions=1, max_in_flight=100, delivery_timeout_s=5.0)
     await publisher.start()
     try:
@@ -270,7 +276,7 @@ async def test_publisher_replaces_a_fatal_producer_without_a_restart(monkeypatch
 async def test_publisher_maps_outcomes_to_413_and_503(monkeypatch: pytest.MonkeyPatch) -> None:
     factory = Factory()
     monkeypatch.setattr(kafka_io, "make_producer", factory)
-    monkeypatch.setattr(publisher_module, "ensure_topics", lambda *_a, **_k: None)
+    monkeypatch.setattr(publisher_module, "ensure_topics", lambda *_a, **_k: {"t": 1})
     publisher = KafkaPublisher("fake:9092", ["t"], partitions=1, max_in_flight=100, delivery_timeout_s=5.0)
     await publisher.start()
     try:

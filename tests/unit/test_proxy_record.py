@@ -7,8 +7,9 @@ import json
 from dataclasses import replace
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.routing import id_tag, key_hash
 from clawr1.proxy.hints import Hints
-from clawr1.proxy.record import CapturedCall, build_record
+from clawr1.proxy.record import CapturedCall, build_record, envelope_of, spooled
 from clawr1.proxy.token_ids import Injection
 from clawr1.schemas.codec import codec_for
 from clawr1.streams.normalize import step_status
@@ -137,6 +138,14 @@ def test_trajectory_hint_is_the_key_and_hints_are_kept() -> None:
     assert record["conversation_key"] == conversation_key(MESSAGES)
 
 
+def test_the_event_id_is_routable_to_the_records_kafka_key() -> None:
+    plain_key, plain = build_record(CALL, "p")
+    _, hinted = build_record(replace(CALL, hints=Hints(trajectory_id="traj-9")), "p")
+    assert plain_key == conversation_key(MESSAGES) and id_tag(plain["event_id"]) == key_hash(plain_key)
+    assert id_tag(hinted["event_id"]) == key_hash("traj-9")
+    assert build_record(CALL, "p")[1]["event_id"] == plain["event_id"]  # the same capture, the same id
+
+
 def test_inconsistent_ids_are_noted_not_fixed() -> None:
     engine = ENGINE_STREAM.replace(b'"completion_tokens": 3', b'"completion_tokens": 5')
     _, record = build_record(replace(CALL, engine_body=engine), "p")
@@ -222,3 +231,16 @@ def test_hook_notes_and_client_connection_reach_the_record() -> None:
     _, record = build_record(call, "p")
     assert record["client_connection"] == "conn-1"
     assert record["capture_notes"] == ["token ids not requested: up:8000 refused"]
+
+
+def test_spooled_calls_combine_into_one_envelope_with_those_an_earlier_release_spooled() -> None:
+    codec = codec_for()
+    _, first = build_record(CALL, "p")
+    _, second = build_record(replace(CALL, flow_id="other", engine_body=ENGINE_STREAM), "p")
+    alone = spooled(codec, first)
+    assert codec.decode_all(alone) == ("raw_llm_call", [codec.decode(codec.encode("raw_llm_call", first))[1]])
+    older = codec.encode("raw_llm_call", second)  # a single record, as spooled before envelopes
+    name, records = codec.decode_all(envelope_of(codec, [alone, older]))
+    assert name == "raw_llm_call"
+    assert [r["event_id"] for r in records] == [first["event_id"], second["event_id"]]
+    assert records[1]["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]

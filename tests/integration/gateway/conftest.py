@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from bench.common import free_port
 from clawr1.core.kafka_io import make_consumer
+from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings
 from clawr1.gateway.app import create_app
 from clawr1.gateway.config import GatewayTopics
@@ -128,8 +129,14 @@ def running_gateway(bootstrap: str, *, healthy: bool = True, **create: Any) -> I
         server.stop()
 
 
+def record_key(record: dict[str, Any]) -> str:
+    """The Kafka key a gateway record is routed by: a feedback's target, else its trajectory."""
+    return str(record["target_id"] if "target_id" in record else record["trajectory_id"])
+
+
 def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[str, dict[str, Any]]]:
-    """Every message on ``topic`` up to its current end, as (key, decoded record)."""
+    """Every record on ``topic`` up to its current end, as (key, decoded record); a record of an
+    envelope has its own key, and is checked to sit on the partition that key hashes to."""
     codec = codec_for("")
     consumer = make_consumer(bootstrap, f"gw-test-{uuid.uuid4().hex[:8]}")
     try:
@@ -150,11 +157,26 @@ def read_topic(bootstrap: str, topic: str, timeout: float = 30.0) -> list[tuple[
                 raise RuntimeError(f"{topic}: {message.error()}")
             partition, offset = message.partition(), message.offset()
             if offset < ends[partition]:
-                key = message.key().decode() if message.key() else ""
-                out += [(key, record) for record in codec.decode_all(message.value())[1]]
+                key = message.key()
+                _, records = codec.decode_all(message.value())
+                for record in records:
+                    own = key.decode() if key else record_key(record)
+                    assert partition_of(own, len(partitions)) == partition, f"{own!r} on {partition}"
+                    out.append((own, record))
             if offset >= ends[partition] - 1:
                 pending.discard(partition)
         return out
+    finally:
+        consumer.close()
+
+
+def message_count(bootstrap: str, topic: str) -> int:
+    """Messages on ``topic`` (envelopes count once)."""
+    consumer = make_consumer(bootstrap, f"gw-test-{uuid.uuid4().hex[:8]}")
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                   for p in partitions)
     finally:
         consumer.close()
 

@@ -9,7 +9,9 @@ from typing import Any
 
 import httpx
 
-from tests.integration.gateway.conftest import LiveGateway
+from clawr1.core.routing import partition_of
+from clawr1.core.settings import Settings
+from tests.integration.gateway.conftest import TEST_PARTITIONS, LiveGateway, message_count, running_gateway
 
 
 def step(trajectory: str, index: int, **extra: Any) -> dict[str, Any]:
@@ -125,3 +127,37 @@ def test_health_and_openapi(gateway: LiveGateway) -> None:
     assert {"/v1/steps", "/v1/feedback", "/v1/events", "/healthz"} <= set(spec["paths"])
     schemas = set(spec["components"]["schemas"])
     assert {"StepIn", "FeedbackIn", "EventIn", "TurnPayload", "ErrorBody"} <= schemas
+
+
+def test_a_request_is_one_envelope_per_partition(gateway: LiveGateway) -> None:
+    run = uuid.uuid4().hex[:8]
+    steps = [step(f"traj-{run}-{n}", 0) for n in range(20)]
+    events = [{"kind": "user_action", "trajectory_id": f"traj-{run}-{n}", "payload": {}} for n in range(20)]
+    feedback = [{"step_id": f"step-{run}-{n}", "reward": 1.0} for n in range(20)]
+    for kind, body, key in (("steps", steps, "trajectory_id"), ("events", events, "trajectory_id"),
+                            ("feedback", feedback, "step_id")):
+        topic = getattr(gateway.topics, kind)
+        before = message_count(gateway.bootstrap, topic)
+        reply = gateway.http.post(f"/v1/{kind}", json=body)
+        assert reply.status_code == 202, reply.text
+        partitions = {partition_of(item[key], TEST_PARTITIONS) for item in body}
+        assert message_count(gateway.bootstrap, topic) - before == len(partitions) == TEST_PARTITIONS
+        produced = {k for k, _ in gateway.read(kind)}  # read_topic checks each record's partition
+        assert {item[key] for item in body} <= produced
+
+
+def test_an_envelope_too_large_for_kafka_is_split_and_only_a_record_too_large_alone_is_413(
+        kafka_bootstrap: str) -> None:
+    settings = Settings(max_request_bytes=4 * 1024 * 1024)
+    with running_gateway(kafka_bootstrap, settings=settings,
+                         producer_overrides={"message.max.bytes": 8000}) as small:
+        traj = f"traj-{uuid.uuid4().hex[:8]}"
+        body = [step(traj, n, prompt_token_ids=list(range(500))) for n in range(12)]  # ~2 KB each
+        reply = small.http.post("/v1/steps", json=body)
+        assert reply.status_code == 202, reply.text
+        records = [r for k, r in small.read("steps") if k == traj]
+        assert sorted(r["step_index"] for r in records) == list(range(12))
+        assert 3 <= message_count(kafka_bootstrap, small.topics.steps) < 12
+        alone = small.http.post("/v1/steps", json=step(f"{traj}-big", 0, prompt_token_ids=list(range(3000))))
+        assert alone.status_code == 413 and alone.json()["error"] == "record_too_large", alone.text
+        assert not [r for k, r in small.read("steps") if k == f"{traj}-big"]

@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from clawr1.core.kafka_io import make_consumer
+from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings, env_names
 from clawr1.demo.standin_engine import StandinEngine
 from clawr1.proxy.runner import ca_cert_path, serve_proxy
@@ -231,13 +232,17 @@ class ProxyProcess:
 
 @dataclass(frozen=True)
 class Event:
+    """A captured call as read from the topic: its Kafka key (an envelope's record: the key it was
+    routed by), the whole message's bytes (the envelope that carried it) and the record."""
+
     key: str
     value: bytes
     record: dict[str, Any]
 
 
 class TopicReader:
-    """Reads and decodes every message of a topic in the background, from the beginning."""
+    """Reads and decodes every message of a topic in the background, from the beginning; a record of
+    an envelope is checked to sit on the partition its own key hashes to."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self._consumer = make_consumer(
@@ -246,7 +251,10 @@ class TopicReader:
             **{"topic.metadata.refresh.interval.ms": 1000},
         )
         self._consumer.subscribe([topic])
+        self._topic = topic
         self._events: list[Event] = []
+        self._misplaced: list[str] = []
+        self.messages = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -258,13 +266,23 @@ class TopicReader:
             message = self._consumer.poll(0.2)
             if message is None or message.error():
                 continue
-            _, record = codec.decode(message.value(), expect="raw_llm_call")
+            records = codec.decode_records(message.value(), expect="raw_llm_call")
+            topic = self._consumer.list_topics(self._topic, timeout=10).topics[self._topic]
+            events = []
+            for record in records:
+                own = record["trajectory_id"] or record["conversation_key"]
+                key = message.key().decode() if message.key() else own
+                if partition_of(key, len(topic.partitions)) != message.partition():
+                    self._misplaced.append(f"{key!r} on partition {message.partition()}")
+                events.append(Event(key, message.value(), record))
             with self._lock:
-                self._events.append(Event(message.key().decode(), message.value(), record))
+                self.messages += 1
+                self._events.extend(events)
         self._consumer.close()
 
     def events(self, predicate: Callable[[dict[str, Any]], bool] = lambda r: True) -> list[Event]:
         with self._lock:
+            assert not self._misplaced, f"records off their key's partition: {self._misplaced}"
             return [e for e in self._events if predicate(e.record)]
 
     def wait_for(

@@ -1,0 +1,96 @@
+"""The emitter's envelopes, with a fake producer (no broker): records bound for one partition share a
+message within the window, each leaves the spool only once the message that carried it is
+acknowledged, and a message Kafka finds too large goes again in halves."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+import clawr1.proxy.emitter as emitter_module
+from clawr1.core import kafka_io
+from clawr1.core.routing import partition_of
+from clawr1.proxy.emitter import Emitter
+from tests.unit.test_kafka_io import Factory, FakeProducer, _wait
+
+PARTITIONS = 4
+
+
+@contextmanager
+def running_emitter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    **options: object) -> Iterator[tuple[Emitter[str], FakeProducer]]:
+    """An emitter whose items ``key:rest`` are keyed ``key`` and combined as ``[a|b|...]``, started, with
+    its fake producer; closed (drained for 2 s) at the end."""
+    factory = Factory()
+    monkeypatch.setattr(kafka_io, "make_producer", factory)
+    monkeypatch.setattr(emitter_module, "ensure_topics", lambda *_a, **_k: {"t": PARTITIONS})
+    emitter: Emitter[str] = Emitter(
+        bootstrap="fake:9092", topic="t", spool_dir=tmp_path / "spool", partitions=1,
+        prepare=lambda item: (item.split(":")[0], item.encode()),
+        combine=lambda values: b"[" + b"|".join(values) + b"]", **options)  # type: ignore[arg-type]
+    emitter.start()
+    try:
+        _wait(lambda: bool(factory.built))
+        yield emitter, factory.built[0]
+    finally:
+        emitter.close(2.0)
+
+
+def calls_in(value: bytes) -> list[bytes]:
+    return value.strip(b"[]").split(b"|")
+
+
+def test_calls_of_one_partition_share_a_message_within_the_window(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = [f"conv-{n}" for n in range(6)]
+    items = [f"{key}:{n}" for n in range(2) for key in keys]  # 12 calls, each conversation twice
+    with running_emitter(tmp_path, monkeypatch, batch_s=0.3, batch_records=4) as (emitter, producer):
+        for item in items:
+            emitter.submit(item)
+        _wait(lambda: emitter.stats.delivered == len(items) and emitter.pending == 0)
+    by_partition: dict[int, list[str]] = {}
+    for key in keys:
+        by_partition.setdefault(partition_of(key, PARTITIONS), []).append(key)
+    # The broker's partition count is what keys hash into (the emitter was told 1).
+    assert set(producer.partitions) == set(by_partition)
+    sent = list(zip(producer.partitions, producer.acked, strict=True))
+    assert sorted(call for _, value in sent for call in calls_in(value)) == sorted(i.encode() for i in items)
+    for partition, value in sent:
+        assert len(calls_in(value)) <= 4
+        assert all(partition_of(c.split(b":")[0].decode(), PARTITIONS) == partition for c in calls_in(value))
+    assert len(sent) < len(items)
+    for key in keys:  # a conversation's calls in their order
+        mine = [c for _, value in sent for c in calls_in(value) if c.startswith(f"{key}:".encode())]
+        assert mine == [f"{key}:0".encode(), f"{key}:1".encode()]
+
+
+def test_an_envelope_too_large_goes_again_in_halves_and_a_lone_call_too_large_is_set_aside(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = [f"k:{n:02d}-{'x' * 10}" for n in range(8)]  # 17 bytes each: two fit in 40, eight do not
+    with running_emitter(tmp_path, monkeypatch, batch_s=0.3, batch_records=64) as (emitter, producer):
+        producer.max_bytes = 40
+        for call in calls:
+            emitter.submit(call)
+        _wait(lambda: emitter.stats.delivered == 8)
+        assert all(len(value) <= 40 for value in producer.acked)
+        assert sorted(c for value in producer.acked for c in calls_in(value)) == [c.encode() for c in calls]
+        emitter.submit("k:" + "y" * 60)
+        _wait(lambda: emitter.stats.rejected == 1)
+        assert b"y" * 60 in (tmp_path / "spool" / "rejected.log").read_bytes()
+    assert emitter.pending == 0 and emitter.stats.delivered == 8
+
+
+def test_records_stay_spooled_until_their_envelope_is_acknowledged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with running_emitter(tmp_path, monkeypatch, batch_s=0.0, batch_records=64) as (emitter, producer):
+        producer.healthy = False  # the broker holds the envelope unacknowledged
+        for n in range(5):
+            emitter.submit(f"k:{n}")
+        _wait(lambda: sum(len(calls_in(value)) for value, _ in producer.held) == 5)
+        _wait(lambda: emitter.pending == 5)
+        producer.healthy = True
+        _wait(lambda: emitter.stats.delivered == 5)
+    assert emitter.pending == 0 and not list((tmp_path / "spool").glob("*.seg"))
