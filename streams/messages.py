@@ -19,6 +19,7 @@ STEP = "step"  # {"fact": StepFact}
 STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
 SUPERSEDE = "supersede"  # {"step_id"}
+UNSUPERSEDE = "unsupersede"  # {"step_id"}: a superseded step a later call continued (revived)
 # clawr1.internal.targets (key: target id)
 TARGET = "target"  # {"step_id", "target": clawr1.streams.targets.Target fields}
 FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
