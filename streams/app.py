@@ -324,7 +324,8 @@ class StreamsApp:
     async def _link_and_publish(self, key: str, turn: Turn) -> None:
         state = LinkState.from_json(self.links.get(key))
         replayed = turn.event_id in state.assigned
-        linked = link_turn(state, turn, self.config.link_horizon_ms, self.config.max_links_per_key)
+        linked = link_turn(state, turn, self.config.link_horizon_ms, self.config.max_links_per_key,
+                           self.config.group_window_ms)
         if not replayed:
             self.links[key] = state.to_json()
         for fact in steps_from_turn(turn, linked.assignments, self.retokenizer):
@@ -333,9 +334,11 @@ class StreamsApp:
             for step_id, assignment in zip(step_ids_of(turn), linked.assignments, strict=True):
                 self._publish_target(turn.engine_response_id, step_id, Target(
                     assignment.trajectory_id, turn.created_at_ms, choice=True))
-        for step_id, trajectory_id in linked.superseded:
-            await self._send(self.trajectories_topic, trajectory_id,
-                             messages.encode(messages.SUPERSEDE, step_id=step_id))
+        decisions = [(messages.SUPERSEDE, linked.superseded), (messages.UNSUPERSEDE, linked.unsuperseded)]
+        for kind, decided in decisions:
+            for step_id, trajectory_id in decided:
+                await self._send(self.trajectories_topic, trajectory_id,
+                                 messages.encode(kind, step_id=step_id))
         if linked.continued is not None:
             c = linked.continued
             self._publish_target(c.response_id, c.step_id,
@@ -426,9 +429,9 @@ class StreamsApp:
                 self.join_trajectories[trajectory_id] = trajectory.to_json()
             for step_id in trajectory.step_ids():
                 await self._emit(self._step_state(trajectory_id, step_id), trajectory, to_scope=False)
-        elif kind == messages.SUPERSEDE:
+        elif kind in (messages.SUPERSEDE, messages.UNSUPERSEDE):
             state = self._step_state(trajectory_id, message["step_id"])
-            if apply_supersede(state):
+            if apply_supersede(state, revive=kind == messages.UNSUPERSEDE):
                 self.join_steps[trajectory_id + _SEP + message["step_id"]] = state.to_json()
             await self._emit(state, trajectory, to_scope=False)
         elif kind == messages.STEP_FEEDBACK:
