@@ -100,7 +100,9 @@ _STEP_COLUMNS = f"""
     trajectory_reward_status LowCardinality(String),
     channel LowCardinality(String) DEFAULT 'train',
     link_status LowCardinality(String) DEFAULT 'linked',
-    link_candidate_step_id Nullable(String)"""
+    link_candidate_step_id Nullable(String),
+    prompt_group_inferred UInt8 DEFAULT 0,
+    prompt_group_closes_at_ms Nullable(DateTime64(3, 'UTC'))"""
 
 STEP_FIELDS: tuple[str, ...] = tuple(
     line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
@@ -325,6 +327,31 @@ INSERT INTO {STEP_LOOKUP} (id_hash, trajectory_id)
 SELECT DISTINCT {_ID_HASH.format(id="id")} AS id_hash, trajectory_id
 FROM step_versions ARRAY JOIN [step_id, prompt_id, response_id] AS id
 WHERE (id_hash, trajectory_id) NOT IN (SELECT id_hash, trajectory_id FROM {STEP_LOOKUP});
+"""),
+    # Pools made before step.v3 (inferred prompt groups): add its columns, then recreate the views that
+    # show them (a view's column list is fixed when it is created). An inferred group has no declared size:
+    # ``prompt_groups`` shows when it closes instead (consumer_sdk/queries.py judges it whole after that).
+    ("0011_inferred_prompt_groups", f"""
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS prompt_group_inferred UInt8 DEFAULT 0;
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS prompt_group_closes_at_ms Nullable(DateTime64(3, 'UTC'));
+CREATE OR REPLACE VIEW steps AS
+SELECT {', '.join(STEP_FIELDS)}, ingested_at
+FROM step_versions FINAL;
+CREATE OR REPLACE VIEW prompt_groups AS
+SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
+       max(prompt_group_size) AS group_size,
+       count() AS num_steps,
+       uniqExact(trajectory_id) AS num_trajectories,
+       uniqExact(prompt_id) AS distinct_prompts,
+       avg(reward) AS mean_reward,
+       stddevPop(reward) AS reward_std,
+       countIf(reward_status = 'final') AS final_rewards,
+       min(ready) AS all_ready,
+       min(created_at_ms) AS started_at,
+       max(prompt_group_inferred) AS inferred,
+       max(prompt_group_closes_at_ms) AS closes_at
+FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
+GROUP BY prompt_group_id;
 """),
 ]
 
