@@ -207,11 +207,12 @@ def _group_key(turn: Turn, prompt: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:_DIGEST_CHARS]
 
 
-def _preference(turn: Turn, step_id: str, node: Node) -> tuple[bool, bool, int, str]:
-    """Among equally valid steps: the one from the same client connection, a live one before a
-    superseded one (reviving it is the last resort), then the oldest."""
+def _preference(turn: Turn, step_id: str, node: Node) -> tuple[bool, int, bool, str]:
+    """Among equally valid steps: a live one before a superseded one (reviving it is the last resort),
+    then the newest (an identical step left by a rollout that ended long ago, the same prompt's previous
+    epoch, is not the one a call made now goes on from), then the one from the same client connection."""
     same = bool(turn.connection) and node.connection == turn.connection
-    return (not same, node.superseded, node.at_ms, step_id)
+    return (node.superseded, -node.at_ms, not same, step_id)
 
 
 def _best(turn: Turn, state: LinkState, step_ids: list[str]) -> str:
@@ -279,8 +280,8 @@ def _placement(state: LinkState, turn: Turn) -> _Place:
             latest = max(live, key=lambda s: (live[s].step_index, live[s].at_ms, s))
             return _Place(LINKED, parent=latest)
         return _Place(ROOT)
-    if same_prompt or prompt_depth < 0:
-        return _Place(ROOT)  # another rollout of a known prompt, or a new conversation
+    if prompt_depth < 0:
+        return _Place(ROOT)  # a new conversation, or another rollout of a known first prompt
     deepest = [s for i, s in extended if i == prompt_depth]
     if all(live[s].step_index == 0 for s in deepest):
         # Only the task survives: a compacted context. Its likely parent is a trajectory's newest tip.
@@ -312,7 +313,9 @@ def _all_taken(state: LinkState, turn: Turn, matching: list[str], children: list
         return _Place(LINKED, sibling=_best(turn, state, waiting or siblings))
     if not siblings and not doubtful:
         return _Place(AMBIGUOUS, candidate=_best(turn, state, matching))  # a branch
-    likely = _best(turn, state, waiting or [s for s in children if nodes[s].slot in doubtful])
+    # The candidate: the step after which the earliest answer still waits (a retry replaces an older one).
+    doubts = waiting or [s for s in children if nodes[s].slot in doubtful]
+    likely = min(doubts, key=lambda s: (nodes[s].at_ms, s))
     return _Place(AMBIGUOUS, candidate=nodes[likely].parent_step_id, extra_of=nodes[matching[0]].tail)
 
 

@@ -60,12 +60,17 @@ def test_rollouts_with_identical_first_actions_stay_apart() -> None:
     assert {a.step_index for a in seconds} == {1} and {a.link_status for a in seconds} == {"linked"}
 
 
-def test_a_continuation_prefers_the_rollout_on_its_client_connection() -> None:
+def test_a_continuation_prefers_the_newest_identical_step_then_its_client_connection() -> None:
+    """An identical step left by a rollout that ended long ago (the prompt's previous epoch) is not the
+    one a call made now goes on from; among steps of one time, the one on the call's connection."""
     state = LinkState()
-    link(state, turn("r0", TASK, ["go"], connection="c-0"))
-    link(state, turn("r1", TASK, ["go"], at=2, connection="c-1"))
-    nxt = link(state, turn("n", [*TASK, assistant("go"), user("o")], ["x"], at=3, connection="c-1"))
+    link(state, turn("old", TASK, ["go"], at=1, connection="c-1"))
+    link(state, turn("r0", TASK, ["go"], at=600_000, connection="c-0"))
+    link(state, turn("r1", TASK, ["go"], at=600_000, connection="c-1"))
+    nxt = link(state, turn("n", [*TASK, assistant("go"), user("o")], ["x"], at=600_010, connection="c-1"))
     assert nxt.trajectory_id == "traj-r1"
+    other = link(state, turn("m", [*TASK, assistant("go"), user("o")], ["x"], at=600_020, connection="c-1"))
+    assert other.trajectory_id == "traj-r0"
 
 
 def test_a_retry_supersedes_the_earlier_call_and_a_late_one_is_superseded_itself() -> None:
@@ -118,8 +123,8 @@ def test_a_retry_while_an_identical_step_waits_is_settled_by_counting() -> None:
     waiting, cannot tell whose retry it is, and is flagged. Once both rollouts went on, the one answer
     nobody continued is superseded; no continued step ever is."""
     state = LinkState()
-    link(state, turn("a0", TASK, ["go"], connection="conn-a"))
-    link(state, turn("b0", TASK, ["go"], at=2, connection="conn-b"))
+    link(state, turn("a0", TASK, ["go"], at=2, connection="conn-a"))
+    link(state, turn("b0", TASK, ["go"], at=1, connection="conn-b"))
     history = [*TASK, assistant("go"), user("same observation")]
     a1 = link(state, turn("a1", history, ["x"], at=3, connection="conn-a"))
     assert a1 == Assignment("traj-a0", 1, "a0")
@@ -293,8 +298,9 @@ def test_first_calls_with_one_prompt_form_an_inferred_group_within_its_window() 
     assert {(a.prompt_group_id, a.prompt_group_size) for a in choices.assignments} == {("n2", 2)}
     # A continuation keeps its rollout's inferred group; no window, no inference.
     nxt = link(state, turn("g0-next", [*TASK, assistant("a"), user("o")], ["b"], at=2_000), window=1_000)
+    parent = state.nodes[nxt.parent_step_id or ""]
     assert (nxt.prompt_group_id, nxt.prompt_group_inferred, nxt.prompt_group_closes_at_ms) == (
-        "g0", True, 1_000)
+        parent.group_id, True, parent.group_closes_at_ms) and parent.group_id is not None
     assert link(LinkState(), turn("off", TASK, ["a"]), window=0).prompt_group_id is None
 
 
