@@ -157,6 +157,27 @@ def test_a_retried_call_is_superseded_by_the_one_the_agent_continued(live: Live)
     assert last["parent_step_id"] == kept["step_id"] and len({s["trajectory_id"] for s in steps}) == 1
 
 
+def test_a_superseded_answer_the_agent_goes_on_from_is_revived(live: Live) -> None:
+    """The agent asks again (another model answers differently), then goes on from its first answer
+    after all: the linker revisits its decision, the join gets an unsupersede, and the retry is the
+    step superseded."""
+    marker = uuid.uuid4().hex[:8]
+    task = [{"role": "system", "content": "use tools"}, {"role": "user", "content": f"check {marker}"}]
+    first = live.call(task).choices[0].message
+    history = [*task, echo(first), tool_result(first, "found it")]
+    kept = live.client.chat.completions.create(model="m", messages=history).choices[0].message
+    retry = live.client.chat.completions.create(model="m-other", messages=history).choices[0].message
+    assert kept.content != retry.content
+    live.call([*history, {"role": "assistant", "content": kept.content}, {"role": "user", "content": "ok"}])
+    steps = {s["response_text"]: s for s in live.steps_of(marker, 4) if s["step_index"] == 1}
+    statuses = (steps[kept.content]["link_status"], steps[retry.content]["link_status"])
+    assert statuses == ("linked", "superseded")
+    # Its versions: the fact, superseded (at the retry), revived (at the continuation).
+    assert steps[kept.content]["version"] == 3
+    last = next(s for s in live.steps_of(marker, 4) if s["step_index"] == 2)
+    assert last["parent_step_id"] == steps[kept.content]["step_id"]
+
+
 def test_a_compacted_context_is_flagged_with_its_candidate(live: Live) -> None:
     marker = uuid.uuid4().hex[:8]
     task = [{"role": "system", "content": "use tools"}, {"role": "user", "content": f"study {marker}"}]
