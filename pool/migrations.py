@@ -115,6 +115,27 @@ _SOURCE_COLUMNS = """
     source_partition Int32 DEFAULT -1,
     source_offset Int64 DEFAULT -1"""
 
+
+
+def _prompt_groups_view(create: str, more: tuple[str, ...] = ()) -> str:
+    """The ``prompt_groups`` view, with ``more`` columns after the first version's."""
+    columns = ",\n       ".join(["min(created_at_ms) AS started_at", *more])
+    return f"""{create} prompt_groups AS
+SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
+       max(prompt_group_size) AS group_size,
+       count() AS num_steps,
+       uniqExact(trajectory_id) AS num_trajectories,
+       uniqExact(prompt_id) AS distinct_prompts,
+       avg(reward) AS mean_reward,
+       stddevPop(reward) AS reward_std,
+       countIf(reward_status = 'final') AS final_rewards,
+       min(ready) AS all_ready,
+       {columns}
+FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
+GROUP BY prompt_group_id;
+"""
+
+
 POOL_MIGRATIONS: list[tuple[str, str]] = [
     ("0001_step_versions", f"""
 CREATE TABLE IF NOT EXISTS step_versions ({_STEP_COLUMNS},{_SOURCE_COLUMNS},
@@ -237,7 +258,7 @@ ORDER BY dlq_id
 {_SINK_TABLE_SETTINGS};
 CREATE VIEW IF NOT EXISTS dead_letters AS SELECT * FROM dead_letter_log FINAL;
 """),
-    ("0006_trajectories_and_groups", """
+    ("0006_trajectories_and_groups", f"""
 CREATE VIEW IF NOT EXISTS trajectories AS
 SELECT trajectory_id,
        count() AS num_steps,
@@ -259,20 +280,7 @@ SELECT trajectory_id,
        min(ready) AS all_ready
 FROM steps
 GROUP BY trajectory_id;
-CREATE VIEW IF NOT EXISTS prompt_groups AS
-SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
-       max(prompt_group_size) AS group_size,
-       count() AS num_steps,
-       uniqExact(trajectory_id) AS num_trajectories,
-       uniqExact(prompt_id) AS distinct_prompts,
-       avg(reward) AS mean_reward,
-       stddevPop(reward) AS reward_std,
-       countIf(reward_status = 'final') AS final_rewards,
-       min(ready) AS all_ready,
-       min(created_at_ms) AS started_at
-FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
-GROUP BY prompt_group_id;
-"""),
+{_prompt_groups_view("CREATE VIEW IF NOT EXISTS")}"""),
     # Pools made before step.v2: add its columns, then widen the view (a view's column list is fixed when
     # it is created). On a fresh pool 0001 already made them and the ALTERs do nothing.
     ("0007_step_channel_and_link_status", f"""
@@ -337,22 +345,8 @@ ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS prompt_group_closes_at_ms Nul
 CREATE OR REPLACE VIEW steps AS
 SELECT {', '.join(STEP_FIELDS)}, ingested_at
 FROM step_versions FINAL;
-CREATE OR REPLACE VIEW prompt_groups AS
-SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
-       max(prompt_group_size) AS group_size,
-       count() AS num_steps,
-       uniqExact(trajectory_id) AS num_trajectories,
-       uniqExact(prompt_id) AS distinct_prompts,
-       avg(reward) AS mean_reward,
-       stddevPop(reward) AS reward_std,
-       countIf(reward_status = 'final') AS final_rewards,
-       min(ready) AS all_ready,
-       min(created_at_ms) AS started_at,
-       max(prompt_group_inferred) AS inferred,
-       max(prompt_group_closes_at_ms) AS closes_at
-FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
-GROUP BY prompt_group_id;
-"""),
+{_prompt_groups_view("CREATE OR REPLACE VIEW", ("max(prompt_group_inferred) AS inferred",
+                                                 "max(prompt_group_closes_at_ms) AS closes_at"))}"""),
 ]
 
 ID_COLUMNS: tuple[str, ...] = ("step_id", "prompt_id", "response_id")
