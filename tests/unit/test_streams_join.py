@@ -163,7 +163,8 @@ def test_a_revived_step_stands_again_whichever_decision_arrives_first() -> None:
         assert versions == sorted(versions) and len(set(versions)) == 4
         records.append(join.latest()["s1"])
     assert records[0] == records[1]
-    assert (records[0]["link_status"], records[0]["ready"], records[0]["trajectory_reward"]) == ("linked", True, 3.0)
+    revived = records[0]
+    assert (revived["link_status"], revived["ready"], revived["trajectory_reward"]) == ("linked", True, 3.0)
 
 
 def test_parent_found_by_index_when_the_source_gave_none() -> None:

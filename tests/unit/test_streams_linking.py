@@ -420,10 +420,11 @@ def test_retries_are_superseded_or_flagged_and_continued_steps_never_are(
     for step_id, (assignment, _, _, r, depth, tried) in steps.items():
         node = state.nodes[step_id]
         went_on = tried is None and depth < len(rollouts[r]) - 1
-        assert not (went_on and node.superseded), (f"{step_id} was continued but is superseded", case, {s: (v[0].trajectory_id, v[0].step_index, v[0].parent_step_id, v[0].link_status, state.nodes[s].superseded, v[3:]) for s, v in steps.items()})
+        assert not (went_on and node.superseded), f"{step_id} was continued but is superseded"
         assert node.superseded or tried != "failed", f"the failed try {step_id} was retried but stands"
         if tried == "thrown" and not node.superseded:
-            assert assignment.link_status == "ambiguous" or hangs_off(step_id) in flagged | ended, (case, {s: (v[0].trajectory_id, v[0].step_index, v[0].parent_step_id, v[0].link_status, state.nodes[s].superseded, v[3:]) for s, v in steps.items()})
+            assert assignment.link_status == "ambiguous" or hangs_off(step_id) in flagged | ended, \
+                f"the thrown-away {step_id} stands unflagged"
         if not node.superseded:
             chain = live.setdefault(node.trajectory_id, {})
             assert node.step_index not in chain, f"two live steps at {node.slot}"
