@@ -14,6 +14,13 @@ committed and in-flight steps, then the newest version of just those steps strai
   terminal, with contiguous step indices, every step ready and matching the filters, none taken),
   then returns all their steps.
 
+A group's trajectories are all present when there are ``prompt_group_size`` of them; an *inferred*
+group (``prompt_group_inferred``: the linker grouped rollouts without hints by their first prompt)
+has no declared size, and holds all of its trajectories once its window has closed
+(``prompt_group_closes_at_ms`` has passed): no rollout joins it after that. Superseded steps (retries
+the agent threw away) belong to no group or trajectory here: they are never ready and never delivered
+with a group.
+
 Batches stop at ``max_steps`` and ``max_tokens`` (prompt + response tokens) but always hold at
 least one step (one group), so a single oversized step or group cannot stall a group forever.
 """
@@ -48,6 +55,10 @@ def version_columns(with_text: bool) -> str:
 
 
 _TOKENS = "length(prompt_token_ids) + length(response_token_ids)"
+_KEPT = "link_status != 'superseded'"
+_GROUP_FACTS = ("max(ifNull(prompt_group_size, 0)) AS {size}, max(prompt_group_inferred) AS inferred, "
+                "max(prompt_group_closes_at_ms) AS closes_at")
+_CLOSED = "ifNull({closes_at} <= now64(3), 0)"
 _ORDER = "ingested_at, step_id"
 
 
@@ -211,22 +222,23 @@ def whole_groups_sql(
 ) -> tuple[str, dict[str, Any]]:
     """All steps of the next complete prompt groups, a group never split across batches."""
     match = _and(["ready = 1", *filter_clauses])
-    grouped = _and(["prompt_group_id IS NOT NULL", *_partition("prompt_group_id", scope)])
+    grouped = _and(["prompt_group_id IS NOT NULL", _KEPT, *_partition("prompt_group_id", scope)])
     per_trajectory = (
         "SELECT prompt_group_id, trajectory_id, count() AS n, "
         f"sum({_TOKENS}) AS tokens, max(ingested_at) AS last_at, "
         "max(toUInt8(terminal)) AS has_terminal, "
         "uniqExact(step_index) = count() AND max(step_index) - min(step_index) + 1 = count() AS contiguous, "
-        f"min(ifNull({match}, 0)) AS all_match, "
-        "max(ifNull(prompt_group_size, 0)) AS group_size, "
+        f"min(ifNull({match}, 0)) AS all_match, {_GROUP_FACTS.format(size='group_size')}, "
         f"countIf(({_NOT_COMMITTED}) = 0 OR ({_NOT_IN_FLIGHT}) = 0) AS taken "
         f"FROM {STEPS_VIEW} WHERE {grouped} "
         "GROUP BY prompt_group_id, trajectory_id"
     )
+    closed = _CLOSED.format(closes_at="max(closes_at)")
+    present = f"if(max(inferred) = 1, {closed}, count() = max(group_size))"
     per_group = (
         "SELECT prompt_group_id, sum(n) AS steps, sum(tokens) AS group_tokens, max(last_at) AS group_last_at "
         f"FROM ({per_trajectory}) GROUP BY prompt_group_id "
-        "HAVING count() = max(group_size) AND min(has_terminal) = 1 AND min(contiguous) = 1 "
+        f"HAVING {present} AND min(has_terminal) = 1 AND min(contiguous) = 1 "
         f"AND min(all_match) = 1 AND sum(taken) = 0 AND max(last_at) >= {_AFTER_FLOOR}"
     )
     group_order = "group_last_at, prompt_group_id"
@@ -246,7 +258,7 @@ def whole_groups_sql(
     )
     chosen = f"SELECT prompt_group_id FROM ({ranked}) WHERE _rn = 1 OR ({_and(fits)})"
     sql = (
-        f"SELECT {select} FROM {STEPS_VIEW} WHERE prompt_group_id IN ({chosen}) "
+        f"SELECT {select} FROM {STEPS_VIEW} WHERE prompt_group_id IN ({chosen}) AND {_KEPT} "
         "ORDER BY prompt_group_id, trajectory_id, step_index"
     )
     return sql, params
@@ -262,13 +274,14 @@ def rollout_groups_sql(
     matching the filters and none taken; the group's place in line is its first step's
     ``created_at_ms`` (the rollout order, stable across step versions). Within a group the trajectories
     that completed first (landed in the pool first) are taken. ``n_rollouts`` None means the group's
-    declared ``prompt_group_size``. Rows come in batch order: group, then trajectory id.
+    declared ``prompt_group_size``; for an inferred group, all its trajectories once its window closed.
+    Rows come in batch order: group, then trajectory id.
     """
     match = _and(filter_clauses)
-    grouped = _and(["prompt_group_id IS NOT NULL", *_partition("prompt_group_id", scope)])
+    grouped = _and(["prompt_group_id IS NOT NULL", _KEPT, *_partition("prompt_group_id", scope)])
     per_trajectory = (
         "SELECT prompt_group_id, trajectory_id, min(created_at_ms) AS first_at, max(ingested_at) AS last_at, "
-        "max(ifNull(prompt_group_size, 0)) AS declared, "
+        f"{_GROUP_FACTS.format(size='declared')}, "
         "max(toUInt8(terminal)) = 1 "
         "AND uniqExact(step_index) = count() AND max(step_index) - min(step_index) + 1 = count() "
         f"AND min(ifNull({match}, 0)) = 1 "
@@ -277,9 +290,12 @@ def rollout_groups_sql(
         f"FROM {STEPS_VIEW} WHERE {grouped} GROUP BY prompt_group_id, trajectory_id"
     )
     group = "OVER (PARTITION BY prompt_group_id)"
+    closed = _CLOSED.format(closes_at=f"max(closes_at) {group}")
+    size = (f"if(max(inferred) {group} = 1, if({closed}, count() {group}, 0), "
+            f"toUInt64(greatest(max(declared) {group}, 0)))")
     counted = (
         f"SELECT *, min(first_at) {group} AS group_first_at, countIf(usable) {group} AS usable_in_group, "
-        f"if({{c_n:UInt64}} = 0, toUInt64(greatest(max(declared) {group}, 0)), {{c_n:UInt64}}) AS wanted "
+        f"if({{c_n:UInt64}} = 0, {size}, {{c_n:UInt64}}) AS wanted "
         f"FROM ({per_trajectory})"
     )
     ranked = (
@@ -296,9 +312,10 @@ def rollout_groups_sql(
 
 
 def trajectories_sql(select: str) -> str:
-    """Every step of the given trajectories, in the order the ids are listed, then by step index."""
+    """Every kept step of the given trajectories, in the order the ids are listed, then by step index."""
     return (
-        f"SELECT {select} FROM {STEPS_VIEW} WHERE trajectory_id IN {{c_trajectories:Array(String)}} "
+        f"SELECT {select} FROM {STEPS_VIEW} "
+        f"WHERE trajectory_id IN {{c_trajectories:Array(String)}} AND {_KEPT} "
         "ORDER BY indexOf({c_trajectories:Array(String)}, trajectory_id), step_index"
     )
 

@@ -22,7 +22,8 @@ events: no finish reason, no ``[DONE]``/``message_stop``). Behaviours chosen by 
   header: plain, top-level ``input_ids`` and per-choice ``output_ids``; streamed, one final chunk per
   choice (before ``[DONE]``) naming the choice, with both;
 - ``*refuse*``: declines (OpenAI ``message.refusal`` / ``delta.refusal``, Anthropic
-  ``stop_reason: "refusal"``).
+  ``stop_reason: "refusal"``);
+- ``*greedy*``: every choice of an ``n > 1`` request is the same reply (greedy decoding).
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ def make_reply(conversation: Any, index: int, tool_names: Sequence[str], call_to
     """The reply of a ``*refuse*`` model (``conversation[0]``) is the refusal, finish reason ``refusal``."""
     if "refuse" in str(conversation[0]):
         return Reply(REFUSAL, (), "refusal")
+    if "greedy" in str(conversation[0]):
+        index = 0
     digest = _digest(conversation, index)
     words = [WORDS[b % len(WORDS)] for b in digest[1:5 + digest[0] % 6]]
     if call_tool and tool_names:

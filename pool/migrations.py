@@ -103,7 +103,9 @@ _STEP_COLUMNS = f"""
     trajectory_reward_status LowCardinality(String),
     channel LowCardinality(String) DEFAULT 'train',
     link_status LowCardinality(String) DEFAULT 'linked',
-    link_candidate_step_id Nullable(String)"""
+    link_candidate_step_id Nullable(String),
+    prompt_group_inferred UInt8 DEFAULT 0,
+    prompt_group_closes_at_ms Nullable(DateTime64(3, 'UTC'))"""
 
 STEP_FIELDS: tuple[str, ...] = tuple(
     line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
@@ -115,6 +117,27 @@ _SOURCE_COLUMNS = """
     source_topic LowCardinality(String) DEFAULT '',
     source_partition Int32 DEFAULT -1,
     source_offset Int64 DEFAULT -1"""
+
+
+
+def _prompt_groups_view(create: str, more: tuple[str, ...] = ()) -> str:
+    """The ``prompt_groups`` view, with ``more`` columns after the first version's."""
+    columns = ",\n       ".join(["min(created_at_ms) AS started_at", *more])
+    return f"""{create} prompt_groups AS
+SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
+       max(prompt_group_size) AS group_size,
+       count() AS num_steps,
+       uniqExact(trajectory_id) AS num_trajectories,
+       uniqExact(prompt_id) AS distinct_prompts,
+       avg(reward) AS mean_reward,
+       stddevPop(reward) AS reward_std,
+       countIf(reward_status = 'final') AS final_rewards,
+       min(ready) AS all_ready,
+       {columns}
+FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
+GROUP BY prompt_group_id;
+"""
+
 
 POOL_MIGRATIONS: list[tuple[str, str]] = [
     ("0001_step_versions", f"""
@@ -238,7 +261,7 @@ ORDER BY dlq_id
 {_SINK_TABLE_SETTINGS};
 CREATE VIEW IF NOT EXISTS dead_letters AS SELECT * FROM dead_letter_log FINAL;
 """),
-    ("0006_trajectories_and_groups", """
+    ("0006_trajectories_and_groups", f"""
 CREATE VIEW IF NOT EXISTS trajectories AS
 SELECT trajectory_id,
        count() AS num_steps,
@@ -260,20 +283,7 @@ SELECT trajectory_id,
        min(ready) AS all_ready
 FROM steps
 GROUP BY trajectory_id;
-CREATE VIEW IF NOT EXISTS prompt_groups AS
-SELECT assumeNotNull(prompt_group_id) AS prompt_group_id,
-       max(prompt_group_size) AS group_size,
-       count() AS num_steps,
-       uniqExact(trajectory_id) AS num_trajectories,
-       uniqExact(prompt_id) AS distinct_prompts,
-       avg(reward) AS mean_reward,
-       stddevPop(reward) AS reward_std,
-       countIf(reward_status = 'final') AS final_rewards,
-       min(ready) AS all_ready,
-       min(created_at_ms) AS started_at
-FROM (SELECT * FROM steps WHERE prompt_group_id IS NOT NULL)
-GROUP BY prompt_group_id;
-"""),
+{_prompt_groups_view("CREATE VIEW IF NOT EXISTS")}"""),
     # Pools made before step.v2: add its columns, then widen the view (a view's column list is fixed when
     # it is created). On a fresh pool 0001 already made them and the ALTERs do nothing.
     ("0007_step_channel_and_link_status", f"""
@@ -329,6 +339,17 @@ SELECT DISTINCT {_ID_HASH.format(id="id")} AS id_hash, trajectory_id
 FROM step_versions ARRAY JOIN [step_id, prompt_id, response_id] AS id
 WHERE (id_hash, trajectory_id) NOT IN (SELECT id_hash, trajectory_id FROM {STEP_LOOKUP});
 """),
+    # Pools made before step.v3 (inferred prompt groups): add its columns, then recreate the views that
+    # show them (a view's column list is fixed when it is created). An inferred group has no declared size:
+    # ``prompt_groups`` shows when it closes instead (consumer_sdk/queries.py judges it whole after that).
+    ("0011_inferred_prompt_groups", f"""
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS prompt_group_inferred UInt8 DEFAULT 0;
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS prompt_group_closes_at_ms Nullable(DateTime64(3, 'UTC'));
+CREATE OR REPLACE VIEW steps AS
+SELECT {', '.join(STEP_FIELDS)}, ingested_at
+FROM step_versions FINAL;
+{_prompt_groups_view("CREATE OR REPLACE VIEW", ("max(prompt_group_inferred) AS inferred",
+                                                 "max(prompt_group_closes_at_ms) AS closes_at"))}"""),
 ]
 
 ID_COLUMNS: tuple[str, ...] = ("step_id", "prompt_id", "response_id")

@@ -61,8 +61,9 @@ DEAD_LETTER_COLUMNS: tuple[str, ...] = (
     "original_value", "failed_at_ms", "ingested_at", "dlq_topic", "dlq_partition", "dlq_offset",
 )
 
-_BOOL_STEP_FIELDS = frozenset({"terminal", "ready"})
+_BOOL_STEP_FIELDS = frozenset({"terminal", "ready", "prompt_group_inferred"})
 _TIME_STEP_FIELDS = frozenset({"created_at_ms", "updated_at_ms"})
+_OPTIONAL_TIME_STEP_FIELDS = frozenset({"prompt_group_closes_at_ms"})
 
 
 def _epoch_ms(record: dict[str, Any], name: str) -> int:
@@ -89,7 +90,7 @@ def step_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[Any, 
             raise RowError(f"{name} {record[name]!r} is not one of {sorted(REWARD_STATES)}")
     values: list[Any] = []
     for name in STEP_FIELDS:
-        if name in _TIME_STEP_FIELDS:
+        if name in _TIME_STEP_FIELDS or name in _OPTIONAL_TIME_STEP_FIELDS and record[name] is not None:
             values.append(_epoch_ms(record, name))
         elif name in _BOOL_STEP_FIELDS:
             values.append(int(bool(record[name])))

@@ -63,6 +63,8 @@ class StreamConfig:
     # Feedback by a response id several steps share resolves to the one created within this window
     # before the feedback was received, if exactly one is.
     feedback_window_ms: int = r.STREAMS_FEEDBACK_WINDOW_MS.default
+    # First calls without hints with the same prompt within this window form one inferred prompt group.
+    group_window_ms: int = r.STREAMS_GROUP_WINDOW_MS.default
     # Bounds of one prefix-tree merge scope; steps beyond them are not merged (counted as skipped).
     max_scope_steps: int = r.PREFIX_MAX_STEPS.default
     max_scope_tokens: int = r.PREFIX_MAX_TOKENS.default
@@ -95,6 +97,7 @@ class StreamConfig:
             link_horizon_ms=knob(r.STREAMS_LINK_HORIZON_MS),
             max_links_per_key=knob(r.STREAMS_MAX_LINKS),
             feedback_window_ms=knob(r.STREAMS_FEEDBACK_WINDOW_MS),
+            group_window_ms=knob(r.STREAMS_GROUP_WINDOW_MS),
             max_scope_steps=knob(r.PREFIX_MAX_STEPS),
             max_scope_tokens=knob(r.PREFIX_MAX_TOKENS),
             session_timeout_s=knob(r.STREAMS_SESSION_TIMEOUT_S),

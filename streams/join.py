@@ -8,10 +8,13 @@ sets, so the outcome does not depend on arrival order, and re-delivered facts ch
     version = distinct step facts + distinct step feedback + distinct trajectory feedback
               + steps seen at index - 1 (only for steps whose parent is found by index)
               + 1 once the step is superseded
+              + 1 once the step is revived (a later call continued it after all)
               + 1 once the trajectory is complete and the step is below its last index
 
 A superseded step (a retry the agent threw away) keeps its own feedback but gets no trajectory
-reward and is never ready.
+reward and is never ready. The linker revisits that decision when a later call continues the step:
+it is then revived for good (a continued step is never superseded again), so "superseded and not
+revived" is a function of the two facts, whichever arrived first.
 
 Trajectory feedback with ``terminal`` (the compat port's ``complete_trajectory``) says the trajectory
 is complete: its highest-index step is terminal, whichever arrived first. A step that arrives later at
@@ -40,10 +43,15 @@ class StepState:
     base_digests: list[str] = field(default_factory=list)
     feedback: list[dict[str, Any]] = field(default_factory=list)  # distinct by content digest
     superseded: bool = False  # the linker found the trajectory continued from a sibling (a retry)
+    revived: bool = False  # ... and later found the step continued after all: it stands
 
     def to_json(self) -> dict[str, Any]:
         return {"base": self.base, "base_digest": self.base_digest, "base_digests": self.base_digests,
-                "feedback": self.feedback, "superseded": self.superseded}
+                "feedback": self.feedback, "superseded": self.superseded, "revived": self.revived}
+
+    @property
+    def thrown_away(self) -> bool:
+        return self.superseded and not self.revived
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> StepState:
@@ -127,10 +135,11 @@ def apply_step_fact(state: StepState, trajectory: TrajectoryState, fact: StepFac
     return new
 
 
-def apply_supersede(state: StepState) -> bool:
-    """Mark the step superseded; True when it was not yet."""
-    new = not state.superseded
-    state.superseded = True
+def apply_supersede(state: StepState, revive: bool = False) -> bool:
+    """Mark the step superseded, or with ``revive`` continued after all; True when it was not yet."""
+    attribute = "revived" if revive else "superseded"
+    new = not getattr(state, attribute)
+    setattr(state, attribute, True)
     return new
 
 
@@ -157,7 +166,7 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
     if base is None:
         return None
     step_facts = distinct_facts(state.feedback)
-    trajectory_facts = [] if state.superseded else distinct_facts(trajectory.feedback)
+    trajectory_facts = [] if state.thrown_away else distinct_facts(trajectory.feedback)
     reward = fold_rewards(step_facts)
     trajectory_reward = fold_rewards(trajectory_facts)
     everything = sorted(step_facts + trajectory_facts, key=lambda f: (f["received_at_ms"], f["feedback_id"]))
@@ -165,7 +174,7 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
         **base,
         "parent_step_id": effective_parent(base, trajectory),
         "version": len(state.base_digests) + len(state.feedback) + len(trajectory.feedback)
-        + len(parent_candidates(base, trajectory)) + state.superseded
+        + len(parent_candidates(base, trajectory)) + state.superseded + state.revived
         + trajectory.below_last(base["step_index"]),
         "terminal": base["terminal"] or trajectory.is_last(base["step_index"]),
         "reward": reward.value,
@@ -179,7 +188,7 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
         "quality_score": human_score(everything),
         "updated_at_ms": max([base["updated_at_ms"], *(f["received_at_ms"] for f in everything)]),
     }
-    if state.superseded:
+    if state.thrown_away:
         record["link_status"] = "superseded"
     record["ready"] = rule.is_ready(record)
     return record

@@ -21,6 +21,7 @@ STEP = "step"  # {"fact": StepFact}
 STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
 SUPERSEDE = "supersede"  # {"step_id"}
+UNSUPERSEDE = "unsupersede"  # {"step_id"}: a superseded step continued after all (linking's revival)
 # Target messages (key: target id), in the target's partition (clawr1.streams.targets).
 TARGET = "target"  # {"step_id", "target": Target fields}
 FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
@@ -29,7 +30,7 @@ ROUTED_FEEDBACK = "routed_feedback"  # {"feedback", "origin"}
 # A tokenized step for a prompt group's merge scope (key: scope id).
 SCOPE_STEP = "scope_step"  # ScopeStep fields
 
-TRAJECTORY_KINDS = frozenset({STEP, STEP_FEEDBACK, TRAJECTORY_FEEDBACK, SUPERSEDE})
+TRAJECTORY_KINDS = frozenset({STEP, STEP_FEEDBACK, TRAJECTORY_FEEDBACK, SUPERSEDE, UNSUPERSEDE})
 
 
 def message(kind: str, **fields: Any) -> dict[str, Any]:

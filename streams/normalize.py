@@ -173,6 +173,8 @@ def steps_from_turn(turn: Turn, assignments: list[Assignment],
             "channel": turn.channel,
             "link_status": assignment.link_status,
             "link_candidate_step_id": assignment.candidate_step_id,
+            "prompt_group_inferred": assignment.prompt_group_inferred,
+            "prompt_group_closes_at_ms": assignment.prompt_group_closes_at_ms,
         }
         inline = [] if turn.reward is None else [inline_fact(
             step_id, turn.reward, turn.reward_final, INLINE_REWARD_SOURCE[turn.source_kind], turn.source_name,

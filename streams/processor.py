@@ -213,15 +213,17 @@ class Processor:
     def _link_and_publish(self, key: str, turn: Turn) -> None:
         self._dirty_links.add(key)
         linked = link_turn(self._link_state(key), turn, self.config.link_horizon_ms,
-                           self.config.max_links_per_key)
+                           self.config.max_links_per_key, self.config.group_window_ms)
         for fact in steps_from_turn(turn, linked.assignments, self.retokenizer):
             self._publish_fact(fact)
         if len(turn.replies) > 1 and turn.engine_response_id:  # the bare id names every choice
             for step_id, assignment in zip(step_ids_of(turn), linked.assignments, strict=True):
                 self._publish_target(turn.engine_response_id, step_id,
                                      Target(assignment.trajectory_id, turn.created_at_ms, choice=True))
-        for step_id, trajectory_id in linked.superseded:
-            self.to_trajectory(trajectory_id, messages.message(messages.SUPERSEDE, step_id=step_id))
+        for kind, decided in ((messages.SUPERSEDE, linked.superseded),
+                              (messages.UNSUPERSEDE, linked.unsuperseded)):
+            for step_id, trajectory_id in decided:
+                self.to_trajectory(trajectory_id, messages.message(kind, step_id=step_id))
         if linked.continued is not None:
             c = linked.continued
             self._publish_target(c.response_id, c.step_id,
@@ -346,8 +348,10 @@ class Processor:
         else:
             step_id = message["step_id"]
             state = trajectory.step_state(step_id)
-            changed = apply_supersede(state) if kind == messages.SUPERSEDE \
-                else apply_feedback(state.feedback, message["feedback"])
+            if kind in (messages.SUPERSEDE, messages.UNSUPERSEDE):
+                changed = apply_supersede(state, revive=kind == messages.UNSUPERSEDE)
+            else:
+                changed = apply_feedback(state.feedback, message["feedback"])
             if changed:
                 trajectory.store(step_id, state, base_changed=False)
             self._emit(trajectory, state, to_scope=False)

@@ -33,9 +33,10 @@ class StepEntry:
     base_digests: list[str] = field(default_factory=list)
     feedback: list[dict[str, Any]] = field(default_factory=list)
     superseded: bool = False
+    revived: bool = False
 
     def to_json(self) -> list[Any]:
-        return [self.chunk, self.base_digest, self.base_digests, self.feedback, self.superseded]
+        return [self.chunk, self.base_digest, self.base_digests, self.feedback, self.superseded, self.revived]
 
     @classmethod
     def from_json(cls, data: list[Any]) -> StepEntry:
@@ -95,13 +96,13 @@ class Trajectory:
         if entry is None:
             return StepState()
         return StepState(self.base(step_id), entry.base_digest, entry.base_digests, entry.feedback,
-                         entry.superseded)
+                         entry.superseded, entry.revived)
 
     def store(self, step_id: str, state: StepState, base_changed: bool) -> None:
         """Keep ``state`` (after the join changed it); its fact goes into this checkpoint's chunk when new."""
         entry = self.record.steps.setdefault(step_id, StepEntry())
         entry.base_digest, entry.base_digests = state.base_digest, state.base_digests
-        entry.feedback, entry.superseded = state.feedback, state.superseded
+        entry.feedback, entry.superseded, entry.revived = state.feedback, state.superseded, state.revived
         if base_changed and state.base is not None:
             entry.chunk = self._add_to_chunk(step_id, state.base)
 

@@ -343,6 +343,11 @@ STREAMS_MAX_LINKS = option("STREAMS_MAX_LINKS", int, 2048,
 STREAMS_FEEDBACK_WINDOW_MS = option("STREAMS_FEEDBACK_WINDOW_MS", int, 3_600_000,
                                     "a response id naming several steps resolves to the one created this "
                                     "long before the feedback", ("worker",))
+STREAMS_GROUP_WINDOW_MS = option("STREAMS_GROUP_WINDOW_MS", int, 60_000,
+                                 "first calls without hints that carry the same prompt, model and tools "
+                                 "within this long of a group's first call form one inferred prompt group; "
+                                 "0 infers none", ("worker",),
+                                 check=lambda v: None if v >= 0 else f"must be >= 0, got {v}")
 PREFIX_MAX_STEPS = option("PREFIX_MAX_STEPS", int, 128, "steps merged per prefix-tree scope", ("worker",))
 PREFIX_MAX_TOKENS = option("PREFIX_MAX_TOKENS", int, 1 << 20, "tokens merged per prefix-tree scope",
                            ("worker",))

@@ -58,6 +58,9 @@ class Join:
             step_id, fact = payload
             apply_feedback(self.state(step_id).feedback, fact)
             self.emit(step_id)
+        elif kind in ("supersede", "unsupersede"):
+            apply_supersede(self.state(payload), revive=kind == "unsupersede")
+            self.emit(payload)
         else:
             apply_feedback(self.trajectory.feedback, payload)
             for step_id in self.trajectory.step_ids():
@@ -147,6 +150,23 @@ def test_a_superseded_step_gets_no_trajectory_reward_and_is_never_ready() -> Non
     assert (after["trajectory_reward"], after["trajectory_reward_status"]) == (None, "pending")
 
 
+def test_a_revived_step_stands_again_whichever_decision_arrives_first() -> None:
+    records = []
+    for decisions in (["supersede", "unsupersede"], ["unsupersede", "supersede"]):
+        join = Join()
+        join.apply(("step", engine_step("s1", 0, None)))
+        join.apply(trajectory_feedback("t1", reward=3.0))
+        for kind in decisions:
+            join.apply((kind, "s1"))
+        join.apply((decisions[0], "s1"))  # a redelivery changes nothing
+        versions = [r["version"] for r in join.emitted]
+        assert versions == sorted(versions) and len(set(versions)) == 4
+        records.append(join.latest()["s1"])
+    assert records[0] == records[1]
+    revived = records[0]
+    assert (revived["link_status"], revived["ready"], revived["trajectory_reward"]) == ("linked", True, 3.0)
+
+
 def test_parent_found_by_index_when_the_source_gave_none() -> None:
     join = Join()
     join.apply(("step", StepFact(step_from_whitebox(whitebox_step("w2", "T", 2), None).step)))
@@ -232,6 +252,9 @@ EVENTS = [
     trajectory_feedback("t1", reward=1.0, final=False, at=1),
     trajectory_feedback("t2", reward=2.0, at=2),
     trajectory_feedback("t3", terminal=True, source="complete_trajectory", at=3),
+    ("supersede", "w1"),
+    ("supersede", "s2"),
+    ("unsupersede", "s2"),  # the linker revisited: s2 was continued after all
 ]
 
 

@@ -32,7 +32,7 @@ from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings, env_names
 from clawr1.demo.standin_engine import StandinEngine
 from clawr1.proxy.runner import ca_cert_path, serve_proxy
-from clawr1.schemas.codec import codec_for
+from clawr1.schemas.codec import CodecError, codec_for
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
@@ -262,17 +262,23 @@ class TopicReader:
 
     def _run(self) -> None:
         codec = codec_for()
+        partitions: int | None = None
         while not self._stop.is_set():
             message = self._consumer.poll(0.2)
             if message is None or message.error():
                 continue
-            records = codec.decode_records(message.value(), expect="raw_llm_call")
-            topic = self._consumer.list_topics(self._topic, timeout=10).topics[self._topic]
+            try:
+                records = codec.decode_records(message.value(), expect="raw_llm_call")
+            except CodecError:  # a test's deliberate garbage: not a capture, and no reason to stop reading
+                continue
+            if partitions is None:  # read once: asking per message kept the reader behind the topic
+                described = self._consumer.list_topics(self._topic, timeout=10).topics[self._topic]
+                partitions = len(described.partitions)
             events = []
             for record in records:
                 own = record["trajectory_id"] or record["conversation_key"]
                 key = message.key().decode() if message.key() else own
-                if partition_of(key, len(topic.partitions)) != message.partition():
+                if partition_of(key, partitions) != message.partition():
                     self._misplaced.append(f"{key!r} on partition {message.partition()}")
                 events.append(Event(key, message.value(), record))
             with self._lock:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from clawr1.consumer_sdk import PoolConsumer
 from tests.integration.sdk.conftest import Pool, step
 
 
-def grouped(group: str, trajectory: str, index: int, size: int = 2, **fields: Any) -> dict[str, Any]:
+def grouped(group: str, trajectory: str, index: int, size: int | None = 2, **fields: Any) -> dict[str, Any]:
     fields.setdefault("token_provenance", "engine")
     return step(f"{group}-{trajectory}-{index}", trajectory_id=f"{group}-{trajectory}", step_index=index,
                 prompt_group_id=group, prompt_group_size=size, **fields)
@@ -75,3 +76,36 @@ def test_members_never_split_a_group(pool: Pool, source: str) -> None:
     assert not set(parts[0]) & set(parts[1])
     assert set(parts[0]) | set(parts[1]) == {f"M{g}" for g in range(12)}
     assert all(len(steps) == 2 for part in parts for steps in part.values())
+
+
+def inferred(group: str, trajectory: str, index: int, closes_in_s: float, **fields: Any) -> dict[str, Any]:
+    """A step of a group the linker inferred (no declared size), closing ``closes_in_s`` from now."""
+    closes = int(time.time() * 1000 + closes_in_s * 1000)
+    return grouped(group, trajectory, index, size=None, prompt_group_inferred=True,
+                   prompt_group_closes_at_ms=closes, **fields)
+
+
+def test_an_inferred_group_is_whole_once_its_window_closed_and_retries_thrown_away_do_not_count(
+        pool: Pool, source: str) -> None:
+    pool.write(
+        # closed: three rollouts, one with a retry the agent threw away at index 1 (superseded)
+        inferred("I1", "a", 0, -60), inferred("I1", "a", 1, -60, terminal=True),
+        step("I1-a-1-thrown", trajectory_id="I1-a", step_index=1, prompt_group_id="I1",
+             prompt_group_inferred=True, link_status="superseded", ready=False, token_provenance="engine"),
+        inferred("I1", "b", 0, -60, terminal=True), inferred("I1", "c", 0, -60, terminal=True),
+        # still open: another rollout may join it
+        inferred("I2", "a", 0, 600, terminal=True), inferred("I2", "b", 0, 600, terminal=True),
+        # a declared group with a thrown-away retry is whole too
+        grouped("G", "a", 0, terminal=True), grouped("G", "b", 0, terminal=True),
+        step("G-b-0-thrown", trajectory_id="G-b", prompt_group_id="G", prompt_group_size=2,
+             link_status="superseded", ready=False, token_provenance="engine"),
+    )
+    with PoolConsumer(source, "inferred", whole_groups=True) as c:
+        assert groups_of(c.poll(max_steps=100)) == {"I1": {"I1-a-0", "I1-a-1", "I1-b-0", "I1-c-0"},
+                                                    "G": {"G-a-0", "G-b-0"}}
+        assert not c.poll()
+    with PoolConsumer(source, "inferred-fetch") as c:  # fetch_batch: every trajectory of a closed group
+        assert list(c.fetch_batch(2, timeout=5).step_ids) == ["G-a-0", "G-b-0", "I1-a-0", "I1-a-1", "I1-b-0",
+                                                              "I1-c-0"]
+        assert not c.fetch_batch(1, timeout=0.3)  # I2 stays open
+        assert len(c.fetch_batch(1, n_rollouts=2, timeout=5)) == 2  # asked for a count, it need not close

@@ -47,6 +47,8 @@ def llm_call(
     reply_messages: list[list[dict[str, Any]]] | None = None,
     connection: str = "",
     channel: str = "train",
+    model: str = "m1",
+    tools: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A captured OpenAI chat call; ``reply_ids`` given means the engine returned token ids;
     ``reply_messages`` replaces each choice's echoed reply (tool calls, thinking blocks)."""
@@ -65,7 +67,8 @@ def llm_call(
             for i, text in enumerate(replies)
         ]
     )
-    body = {"model": "m1", "messages": messages, "temperature": 0.7, "n": len(replies)}
+    body = {"model": model, "messages": messages, "temperature": 0.7, "n": len(replies),
+            **({"tools": tools} if tools else {})}
     record = {
         "event_id": event_id,
         "captured_at_ms": at + 50,
@@ -82,7 +85,7 @@ def llm_call(
         "request_started_ms": at,
         "first_byte_ms": at + 10,
         "finished_ms": at + 40,
-        "model": "m1",
+        "model": model,
         "prompt_tokens": usage[0] if usage else None,
         "completion_tokens": usage[1] if usage else None,
         "prompt_token_ids": prompt_ids or [],

@@ -122,12 +122,13 @@ FIELDS = ("version", "trajectory_id", "step_index", "parent_step_id", "prompt_gr
 EXPECTED_STEPS: dict[str, tuple] = {
     # step: version, trajectory, index, parent, group, size, tokens, reward, status, source,
     #       trajectory reward, its status, terminal, status, ready, labels
-    "c1": (3, "traj-c1", 0, None, None, None, "engine", 1.0, "final", "reward_model:rm-a", 5.0, "final",
+    # c1 is a first call without hints: its rollout's prompt group is inferred, named after it
+    "c1": (3, "traj-c1", 0, None, "c1", None, "engine", 1.0, "final", "reward_model:rm-a", 5.0, "final",
            False, "ok", True, []),
-    "c2": (4, "traj-c1", 1, "c1", None, None, "engine", 0.6, "final", "reward_model:rm-a", 5.0, "final",
+    "c2": (4, "traj-c1", 1, "c1", "c1", None, "engine", 0.6, "final", "reward_model:rm-a", 5.0, "final",
            False, "ok", True, []),
     # ready without a reward of its own: its trajectory's final outcome (the default readiness rule)
-    "c3": (2, "traj-c1", 2, "c2", None, None, "engine", None, "pending", None, 5.0, "final", True, "ok",
+    "c3": (2, "traj-c1", 2, "c2", "c1", None, "engine", None, "pending", None, 5.0, "final", True, "ok",
            True, []),
     "g:0": (2, "tr-2:0", 0, None, "g", 2, "retokenized", 1.0, "final", "human:alice", None, "pending", False,
             "ok", True, ["good"]),
@@ -171,7 +172,7 @@ EXPECTED_DEAD_LETTERS = [
     ("raw_llm", "validate", "messages_json is not JSON", BAD_MESSAGES),
 ]
 # Final version of each merge scope: its merged steps plus those whose parent it knows.
-EXPECTED_SCOPE_VERSIONS = {"traj-c1": 3 + 2, "g": 2, "wb-1": 3 + 2, "svc-1": 2 + 1}
+EXPECTED_SCOPE_VERSIONS = {"c1": 3 + 2, "g": 2, "wb-1": 3 + 2, "svc-1": 2 + 1}
 # The conversation c1 -> c2 -> c3 merges into one chain of three nodes.
 EXPECTED_TRAJECTORY_TREE = {
     "nodes": [(0, [1, 2, 3, 4, 5], ["c1"]), (5, [6, 7], ["c2"]), (7, [8, 9, 10], ["c3"])],

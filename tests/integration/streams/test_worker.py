@@ -35,6 +35,9 @@ def test_latest_version_of_every_step_is_exact(uninterrupted: Result) -> None:
     assert {step_id: tuple(latest[step_id][f] for f in FIELDS) for step_id in latest} == EXPECTED_STEPS
     assert {step_id: record["link_status"] for step_id, record in latest.items()} == LINK_STATUS
     assert {record["channel"] for record in latest.values()} == {"train"}
+    # Only the call without hints has an inferred group; hinted and n > 1 groups are given.
+    assert {s for s, record in latest.items() if record["prompt_group_inferred"]} == {"c1", "c2", "c3"}
+    assert {latest[s]["prompt_group_closes_at_ms"] for s in ("c1", "c2", "c3")} == {1_000 + 60_000}
     for step_id, (prompt, response) in ENGINE_TOKENS.items():
         assert (latest[step_id]["prompt_token_ids"], latest[step_id]["response_token_ids"]) == (
             prompt,
@@ -89,7 +92,8 @@ def test_dead_letters_carry_reason_position_and_bytes(uninterrupted: Result) -> 
 
 def test_prefix_tree_of_the_conversation(uninterrupted: Result) -> None:
     scopes = uninterrupted.outputs.tree_nodes()
-    conversation = scopes["traj-c1"]
+    conversation = scopes["c1"]  # its inferred prompt group (a rollout without hints)
+    assert {n["scope_kind"] for n in conversation["nodes"].values()} == {"prompt_group"}
     nodes = sorted((n["depth_start"], n["token_ids"], n["step_ids"]) for n in conversation["nodes"].values())
     assert nodes == EXPECTED_TRAJECTORY_TREE["nodes"]
     assert conversation["figures"][1:] == (
