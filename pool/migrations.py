@@ -46,7 +46,14 @@ TOKEN_CODEC = "CODEC(ZSTD(1))"
 TEXT_CODEC = "CODEC(ZSTD(1))"
 
 READY_QUEUE = "ready_queue"
-"""Keys of every ready step version, ordered by ``(ingested_at, step_id)``: what consumers poll."""
+"""Keys of every ready step version, ordered by ``(ingested_at, step_id)``: what consumers polled until the
+delivery log replaced it (migration 0011 drops it)."""
+
+DELIVERY_LOG = "delivery_log"
+"""Every step version in the order it landed, ready ones with their training payload: read by ready polls."""
+
+DELIVERY_PAYLOAD_TTL_HOURS = 24
+"""How long the delivery log keeps a ready version's payload copy (then it is read from ``step_versions``)."""
 
 STEP_LOOKUP = "step_lookup"
 """32-bit hashes of every step_id, prompt_id and response_id, each with the trajectory holding it."""
@@ -106,6 +113,46 @@ STEP_FIELDS: tuple[str, ...] = tuple(
     line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
 )
 """The ``steps`` view's columns before ``ingested_at``: exactly the fields of step.avsc, in order."""
+
+_COLUMN_TYPES: dict[str, str] = {
+    line.strip().split(" ", 1)[0]: line.strip().rstrip(",").split(" ", 1)[1]
+    for line in _STEP_COLUMNS.strip().splitlines()
+}
+DELIVERY_FIELDS: tuple[str, ...] = tuple(
+    name for name in STEP_FIELDS[: STEP_FIELDS.index("link_candidate_step_id") + 1]
+    if name not in ("prompt_messages", "response_text", "tool_calls_json")
+)
+"""The step columns the delivery log carries: every field of step.v2 but the wide text a trainer rarely
+reads. Fixed here, so a column added to the steps later reaches ready polls only once the log has it."""
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(name for name in DELIVERY_FIELDS if "CODEC(" in _COLUMN_TYPES[name])
+"""The heavy columns (token ids, logprobs, JSON): copied for ready versions only, and kept
+``DELIVERY_PAYLOAD_TTL_HOURS``; the rest of an entry stays as long as the pool."""
+
+
+def _blank(name: str) -> str:
+    """The empty value of a payload column: what a not-ready entry, or an expired payload, holds."""
+    kind = _COLUMN_TYPES[name]
+    return "[]" if kind.startswith("Array") else "NULL" if kind.startswith("Nullable") else "''"
+
+
+_PAYLOAD_KEPT_SINCE = f"now64(3) - INTERVAL {DELIVERY_PAYLOAD_TTL_HOURS} HOUR"
+
+
+def _delivery_select(logged_at: str, with_payload: str) -> str:
+    """The delivery log's row of a ``step_versions`` row: the payload where ``with_payload`` holds."""
+    values = [f"if({with_payload}, {name}, {_blank(name)}) AS {name}" if name in PAYLOAD_FIELDS else name
+              for name in DELIVERY_FIELDS]
+    return (f"SELECT {logged_at} AS logged_at, {', '.join(values)}, toUInt8({with_payload}) AS has_payload, "
+            "ingested_at FROM step_versions")
+
+
+def _delivery_log_columns() -> str:
+    expires = f"TTL toDateTime(logged_at) + INTERVAL {DELIVERY_PAYLOAD_TTL_HOURS} HOUR"
+    columns = [f"{name} {_COLUMN_TYPES[name]}{' ' + expires if name in PAYLOAD_FIELDS else ''}"
+               for name in DELIVERY_FIELDS]
+    return ",\n    ".join(["logged_at DateTime64(3, 'UTC')", *columns, f"has_payload UInt8 {expires}",
+                            "ingested_at DateTime64(3, 'UTC')"])
+
 
 _SOURCE_COLUMNS = """
     ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
@@ -325,6 +372,29 @@ INSERT INTO {STEP_LOOKUP} (id_hash, trajectory_id)
 SELECT DISTINCT {_ID_HASH.format(id="id")} AS id_hash, trajectory_id
 FROM step_versions ARRAY JOIN [step_id, prompt_id, response_id] AS id
 WHERE (id_hash, trajectory_id) NOT IN (SELECT id_hash, trajectory_id FROM {STEP_LOOKUP});
+"""),
+    # The delivery log (docs/consumer_sdk.md, "Delivery log"): every step version in the order it landed in
+    # the pool (`logged_at`, the pool's clock when the sink's insert ran), so a group's position is a point
+    # in it and a ready poll reads the next range by primary key. Ready versions carry the training payload
+    # (token ids, logprobs, JSON), so a batch is one contiguous read instead of a read of every granule of
+    # `step_versions` its steps sit in; the payload expires after DELIVERY_PAYLOAD_TTL_HOURS (then read from
+    # `step_versions`), the narrow rest stays. Versions that are not ready are kept without payload: they
+    # tell a reader that an earlier ready version is no longer the step's newest. Fed by a materialized
+    # view (the sink is unchanged); the backfill copies older pools once, at their own ingest times. It
+    # replaces the ready queue (0009), whose view and table are dropped.
+    ("0011_delivery_log", f"""
+CREATE TABLE IF NOT EXISTS {DELIVERY_LOG} (
+    {_delivery_log_columns()}
+) ENGINE = MergeTree
+ORDER BY (logged_at, step_id, version)
+SETTINGS merge_with_ttl_timeout = 3600;
+CREATE MATERIALIZED VIEW IF NOT EXISTS {DELIVERY_LOG}_feed TO {DELIVERY_LOG} AS
+{_delivery_select("now64(3)", "ready = 1")};
+INSERT INTO {DELIVERY_LOG}
+{_delivery_select("ingested_at", f"ready = 1 AND ingested_at >= {_PAYLOAD_KEPT_SINCE}")}
+WHERE (step_id, version, ingested_at) NOT IN (SELECT step_id, version, ingested_at FROM {DELIVERY_LOG});
+DROP VIEW IF EXISTS {READY_QUEUE}_feed;
+DROP TABLE IF EXISTS {READY_QUEUE};
 """),
 ]
 

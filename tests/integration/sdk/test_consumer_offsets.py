@@ -4,8 +4,10 @@ late-ready steps and seeks."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -52,7 +54,7 @@ def test_crash_before_commit_redelivers_to_the_next_process(pool: Pool, api_url:
         "import json, sys, time\n"
         "from clawr1.consumer_sdk import PoolConsumer\n"
         "c = PoolConsumer(sys.argv[1], 'crashy')\n"
-        "done = c.poll(max_steps=2); c.commit()\n"
+        "done = c.poll(max_steps=2); c.commit(sync=True)\n"
         "held = c.poll(max_steps=2)\n"
         "print(json.dumps([list(done.step_ids), list(held.step_ids)]), flush=True)\n"
         "time.sleep(120)\n"
@@ -72,6 +74,47 @@ def test_crash_before_commit_redelivers_to_the_next_process(pool: Pool, api_url:
         again = drain(resumed)
     assert again == ids(6)[2:]
     assert not set(again) & set(committed)
+
+
+def test_a_trainer_killed_between_batches_gets_again_only_what_was_not_written(
+    pool: Pool, api_url: str
+) -> None:
+    """Commits written in the background every 2 commits; SIGKILL between batches: the group's next
+    consumer gets the batches whose commits were not written yet and the batch in hand, nothing written
+    before, and nothing is skipped."""
+    pool.write(*(step(s) for s in ids(12)))
+    child = (
+        "import json, sys, time\n"
+        "from clawr1.consumer_sdk import PoolConsumer\n"
+        "c = PoolConsumer(sys.argv[1], 'killed')\n"
+        "done = []\n"
+        "for _ in range(5):\n"
+        "    batch = c.poll(max_steps=2); c.commit(); done.extend(batch.step_ids)\n"
+        "held = c.poll(max_steps=2)\n"
+        "print(json.dumps([done, list(held.step_ids)]), flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    env = {**os.environ, "CLAWR1_SDK_COMMIT_BATCHES": "2", "CLAWR1_SDK_COMMIT_SECONDS": "600"}
+    proc = subprocess.Popen([sys.executable, "-c", child, api_url], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else "child printed nothing"
+        committed, held = json.loads(line)
+        written = "SELECT count() AS n FROM consumer_commits WHERE group_name = 'killed'"
+        deadline = time.monotonic() + 30
+        while pool.store.query(written)[0]["n"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the writes after the 2nd and 4th commits, in the background
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    assert committed == ids(12)[:10] and held == ids(12)[10:]
+    landed = int(pool.store.query(written)[0]["n"])
+    assert landed in (8, 10)  # the 5th commit may have joined the 4th's write
+    with PoolConsumer(pool.direct_source, "killed") as resumed:
+        again = drain(resumed)
+    assert again == ids(12)[landed:]  # what was committed and not written, and the batch in hand
 
 
 def test_groups_are_independent(pool: Pool, source: str) -> None:

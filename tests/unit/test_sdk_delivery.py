@@ -1,0 +1,121 @@
+"""The bookkeeping behind a group's cursor, without a pool: what holds the cursor back, and the background
+writer of commits (when it writes, in which order, what a refused write leaves)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from clawr1.consumer_sdk import PoolUnavailable
+from clawr1.consumer_sdk.commits import Committer, CursorRow
+from clawr1.consumer_sdk.delivery import Ledger, floor_start, just_before
+from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE
+
+
+def test_the_lowest_uncommitted_delivery_holds_the_cursor() -> None:
+    ledger = Ledger()
+    first, second = (10, "a", 1), (12, "c", 1)
+    ledger.deliver(["a", "b"], first)
+    ledger.deliver(["c"], second)
+    assert ledger.hold() == first
+    ledger.settle(["a"])
+    assert ledger.hold() == first  # b still holds it
+    ledger.settle(["b"])
+    assert ledger.hold() == second
+    ledger.settle(["c"])
+    assert ledger.hold() is None and not ledger.frozen
+
+
+def test_a_delivery_outside_the_log_order_freezes_the_cursor_until_committed() -> None:
+    ledger = Ledger()
+    ledger.deliver(["g1", "g2"], None)
+    assert ledger.frozen
+    ledger.settle(["g1", "g2"])
+    assert not ledger.frozen
+
+
+def test_positions_just_before_read_the_entry_again() -> None:
+    entry = (1_000, "step", 3)
+    assert just_before(entry) < entry
+    assert just_before(entry) > (1_000, "stee", 9) and just_before(entry) > (999, "zzz", 9)
+    assert floor_start(5_000) < (0 + 5_000 - 1, "a", 0)  # below every entry that can carry the floor
+
+
+class Recording:
+    """A transport that records inserts; refuses the first ``refusals`` of them."""
+
+    def __init__(self, refusals: int = 0) -> None:
+        self.inserts: list[tuple[str, list[dict[str, Any]]]] = []
+        self.refusals = refusals
+        self.lock = threading.Lock()
+
+    def query(self, sql: str, parameters: Mapping[str, Any]) -> pa.Table:
+        raise AssertionError("the committer never queries")
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
+        with self.lock:
+            if self.refusals:
+                self.refusals -= 1
+                raise PoolUnavailable("refused")
+            self.inserts.append((table, [dict(zip(column_names, row, strict=True)) for row in rows]))
+
+    def close(self) -> None:
+        pass
+
+
+def cursor(at: int) -> CursorRow:
+    return CursorRow("epoch", 0, 1, "filters", (at, "s", 1))
+
+
+def waits_for(check: Any, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -> None:
+    link = Recording()
+    committer = Committer(link, "g", "me", every=2, every_s=600)
+    committer.record({"a": ("epoch", 1)}, cursor(1), commit=True)
+    time.sleep(0.2)
+    assert link.inserts == [] and committer.unlanded() == {"a"}
+    committer.record({"b": ("epoch", 2)}, cursor(2), commit=True)
+    assert waits_for(lambda: len(link.inserts) == 2)
+    (commits, commit_rows), (cursors, cursor_rows) = link.inserts
+    assert (commits, cursors) == (COMMITS_TABLE, CURSORS_TABLE)
+    assert sorted(r["step_id"] for r in commit_rows) == ["a", "b"]
+    assert cursor_rows[0]["logged_at_ms"] == 2 and cursor_rows[0]["filters_key"] == "filters"
+    assert committer.unlanded() == set() and committer.landed_after(0) == {"a", "b"}
+    committer.forget_landed(committer.generation)
+    assert committer.landed_after(0) == set()
+    committer.close()
+
+
+def test_a_cursor_move_alone_is_written_once_old_enough() -> None:
+    link = Recording()
+    committer = Committer(link, "g", "me", every=100, every_s=0.1)
+    committer.record({}, cursor(5), commit=False)
+    assert waits_for(lambda: len(link.inserts) == 1)
+    assert link.inserts[0][0] == CURSORS_TABLE
+    committer.close()
+    assert len(link.inserts) == 1  # nothing new to write on close
+
+
+def test_a_refused_write_is_kept_raised_by_flush_and_written_by_the_next() -> None:
+    link = Recording(refusals=1)
+    committer = Committer(link, "g", "me", every=100, every_s=600)
+    committer.record({"a": ("epoch", 1)}, cursor(1), commit=True)
+    with pytest.raises(PoolUnavailable):
+        committer.flush()
+    assert committer.unlanded() == {"a"} and link.inserts == []  # no cursor without its commits
+    committer.flush()
+    assert [table for table, _ in link.inserts] == [COMMITS_TABLE, CURSORS_TABLE]
+    committer.close()
