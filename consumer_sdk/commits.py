@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -66,7 +66,7 @@ class Committer:
         self._since: float | None = None  # when the oldest unwritten record was made
         self._cursor: CursorRow | None = None
         self._written_cursor: CursorRow | None = None
-        self._landed: dict[str, int] = {}  # step_id -> generation of the write that landed it
+        self._landed: list[tuple[int, frozenset[str]]] = []  # (generation, steps) of recent writes
         self.generation = 0
         """Writes that landed so far."""
         self._requested = self._served = 0
@@ -77,14 +77,13 @@ class Committer:
 
     # -- the consumer's side ---------------------------------------------------------------------
 
-    def record(self, rows: Mapping[str, tuple[str, int]], cursor: CursorRow | None, *, commit: bool) -> None:
-        """Note committed steps (``step_id -> (epoch, version)``) and the newest cursor; ``commit`` counts
-        the call towards ``every``."""
+    def record(self, rows: Mapping[str, tuple[str, int]], cursor: CursorRow | None) -> None:
+        """Note one commit: its steps (``step_id -> (epoch, version)``) and the cursor after it."""
         with self._cond:
             self._pending.update(rows)
             if cursor is not None:
                 self._cursor = cursor
-            self._records += commit
+            self._records += 1
             if self._since is None and self._has_work():
                 self._since = time.monotonic()
             self._start()
@@ -95,16 +94,21 @@ class Committer:
         with self._cond:
             return {*self._pending, *self._in_transit}
 
-    def landed_after(self, generation: int) -> set[str]:
-        """Steps whose commit landed in a write after ``generation``: a read that began before that write
-        could not see them committed."""
+    def holding(self, step_ids: Iterable[str], generation: int) -> set[str]:
+        """Those of ``step_ids`` recorded as committed and not in the pool yet, or landed in a write after
+        ``generation``: a read that began at ``generation`` cannot have seen them committed."""
+        ids = set(step_ids)
         with self._cond:
-            return {step_id for step_id, landed in self._landed.items() if landed > generation}
+            held = ids & self._pending.keys() | ids & self._in_transit.keys()
+            for landed, steps in self._landed:
+                if landed > generation:
+                    held |= ids & steps
+            return held
 
     def forget_landed(self, generation: int) -> None:
-        """Stop remembering steps that landed by ``generation``: every read still in use began later."""
+        """Stop remembering the writes that landed by ``generation``: every read still in use began later."""
         with self._cond:
-            self._landed = {step_id: g for step_id, g in self._landed.items() if g > generation}
+            self._landed = [(g, steps) for g, steps in self._landed if g > generation]
 
     def flush(self) -> None:
         """Write everything recorded now and wait; raises the write's error if something is left unwritten."""
@@ -120,10 +124,22 @@ class Committer:
             if self._error is not None and (self._has_work() or self._in_transit):
                 raise self._error
 
+    def take_back(self) -> dict[str, tuple[str, int]]:
+        """Give up what is recorded and not written (after a flush that raised): the steps, for the
+        consumer to hold in flight again; the cursor recorded with them is dropped."""
+        with self._cond:
+            rows, self._pending = self._pending, {}
+            self._cursor, self._records, self._since = self._written_cursor, 0, None
+            return rows
+
     def close(self) -> None:
-        """Flush, then stop the thread (raises what the last write raised)."""
+        """Flush, then stop the thread; what could not be written is dropped (the group gets those steps
+        again) and the write's error raised."""
         try:
             self.flush()
+        except BaseException:
+            self.take_back()
+            raise
         finally:
             with self._cond:
                 self._closing = True
@@ -181,7 +197,7 @@ class Committer:
                 self._in_transit = {}
                 if error is None:
                     self.generation += 1
-                    self._landed.update(dict.fromkeys(rows, self.generation))
+                    self._landed.append((self.generation, frozenset(rows)))
                     if cursor is not None:
                         self._written_cursor = cursor
                 else:

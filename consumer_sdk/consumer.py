@@ -170,7 +170,7 @@ class PoolConsumer:
         self._more = True
         self._ahead: pa.Table | None = None
         self._reads: deque[tuple[int, float, int]] = deque()
-        self._held: dict[str, Position] = {}
+        self._handed: list[tuple[Position, tuple[str, ...]]] = []
         self._prefetch: tuple[Future[Page], int] | None = None
         self._resets = 0
         self._reader: ThreadPoolExecutor | None = None
@@ -287,14 +287,14 @@ class PoolConsumer:
     def _forget_epoch(self) -> None:
         self._in_flight.clear()
         self._ledger.clear()
-        self._held.clear()
+        self._handed.clear()
         self._after = None
         self._more = True
         self._drop_read_ahead()
 
     def _scope(self) -> Scope:
         """Where the group stands now (epoch, floor), for the reads of the ``steps`` view."""
-        now = where(self._link(), self.group, self.member, self.members, self._filters_key)
+        now = where(self._link(), self.group)
         self._enter(now.epoch)
         taken = (*self._in_flight, *self._committer.unlanded())
         return Scope(self.group, now.epoch, now.floor_ms, taken, self.member, self.members)
@@ -326,8 +326,11 @@ class PoolConsumer:
         self._expire_read_ahead()
         read = False
         while True:
-            if not (self._ahead is not None and _fills(self._ahead, max_steps, max_tokens)) \
-                    and (self._more or not read):
+            # Read when nothing is ahead, or too little and the log went on past the last read (a read that
+            # reached the log's end hands out what it got; the next poll reads again).
+            ahead = self._ahead
+            if (self._more or not read) if ahead is None else (self._more and not _fills(ahead, max_steps,
+                                                                                           max_tokens)):
                 self._accept(self._next_page(clauses, params, max_steps))
                 read = True
                 continue
@@ -347,7 +350,7 @@ class PoolConsumer:
 
     def _page_request(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> PageRequest:
         return PageRequest(self.group, self.member, self.members, self._filters_key, self._epoch, self._after,
-                           dict(self._held),
+                           tuple(self._handed),
                            self._scan(max_steps), self.with_text, clauses, params, self._committer.generation,
                            self._policy_version)
 
@@ -376,7 +379,7 @@ class PoolConsumer:
         """Take a read's steps into the read-ahead, in log order; the group may have moved meanwhile."""
         self._enter(page.where.epoch)
         self._after, self._more = page.end, page.full
-        self._held = {step_id: at for step_id, at in self._held.items() if at > page.start}
+        self._handed = [(last, ids) for last, ids in self._handed if last > page.start]
         rows = page.rows
         self._empty = rows.slice(0, 0)
         if self._ahead is not None and rows.num_rows:  # an entry that became visible late, read twice
@@ -393,7 +396,6 @@ class PoolConsumer:
                 self._ahead = sort_by_position(pa.concat_tables([self._ahead, rows]))
                 read_at, generation = min(r[1] for r in self._reads), min(r[2] for r in self._reads)
                 self._reads = deque([(self._ahead.num_rows, read_at, generation)])
-        self._committer.record({}, self._cursor_row(), commit=False)
 
     def _take(self, max_steps: int, max_tokens: int | None) -> StepBatch:
         """Hand out the next batch of what was read ahead, leaving out steps this consumer holds or
@@ -402,23 +404,25 @@ class PoolConsumer:
         if ahead is None:
             assert self._empty is not None  # a read came first
             return StepBatch(self._empty.drop_columns(["logged_at"]))
-        taken = {*self._in_flight, *self._committer.unlanded(),
-                 *self._committer.landed_after(min(r[2] for r in self._reads))}
-        kept = np.arange(ahead.num_rows)
-        if taken:
-            mask = pc.invert(pc.is_in(ahead.column("step_id"), value_set=pa.array(list(taken), pa.string())))
-            kept = np.flatnonzero(mask.to_numpy(zero_copy_only=False))
-        candidates = ahead.take(pa.array(kept)) if len(kept) < ahead.num_rows else ahead
-        chosen = _within(candidates, max_steps, max_tokens)
-        self._consume(int(kept[chosen.num_rows - 1]) + 1 if chosen.num_rows else ahead.num_rows)
+        generation = min(r[2] for r in self._reads)
+        window = max_steps
+        while True:
+            head = ahead.slice(0, window)
+            ids = head.column("step_id").to_pylist()
+            held = self._in_flight.keys() & ids | self._committer.holding(ids, generation)
+            kept = np.flatnonzero([s not in held for s in ids]) if held else np.arange(head.num_rows)
+            candidates = head.take(pa.array(kept)) if held else head
+            chosen = _within(candidates, max_steps, max_tokens)
+            if chosen.num_rows >= max_steps or chosen.num_rows < candidates.num_rows \
+                    or head.num_rows == ahead.num_rows:
+                break
+            window *= 2  # steps left out shortened the batch: look further
+        self._consume(int(kept[chosen.num_rows - 1]) + 1 if chosen.num_rows else head.num_rows)
         if not chosen.num_rows:
             return StepBatch(chosen.drop_columns(["logged_at"]))
-        at = pc.cast(chosen.column("logged_at"), pa.int64()).to_pylist()
-        for step_id, at_ms, version in zip(chosen.column("step_id").to_pylist(), at,
-                                           chosen.column("version").to_pylist(), strict=True):
-            self._held[step_id] = (at_ms, step_id, version)
-        return self._deliver(StepBatch(chosen.drop_columns(["logged_at"])), self._epoch or "",
-                             just_before(position_at(chosen, 0)))
+        batch = StepBatch(chosen.drop_columns(["logged_at"]))
+        self._handed.append((position_at(chosen, chosen.num_rows - 1), batch.step_ids))
+        return self._deliver(batch, self._epoch or "", just_before(position_at(chosen, 0)))
 
     def _consume(self, rows: int) -> None:
         """Drop the first ``rows`` of the read-ahead (handed out, or left out)."""
@@ -509,17 +513,26 @@ class PoolConsumer:
         Returns at once: the commit reaches the pool in the background, with the ones before it, after
         ``CLAWR1_SDK_COMMIT_BATCHES`` commits or ``CLAWR1_SDK_COMMIT_SECONDS`` seconds, and on ``flush()``,
         ``seek()`` and ``close()``. A crash before that delivers those steps again to the group's next
-        consumer (at-least-once). ``sync=True`` writes it, and everything recorded before, now, and raises
-        if the pool refused it (the rows are then kept and written again by the next write).
+        consumer (at-least-once); a background write the pool refused is tried again. ``sync=True`` writes
+        it, and everything recorded before, now, and raises if the pool refused them: those steps are then
+        in flight again (commit them again).
         """
         self._link()
         ids = list(self._in_flight) if batch is None else [s for s in batch.step_ids if s in self._in_flight]
         taken = {step_id: self._in_flight.pop(step_id) for step_id in ids}
         self._ledger.settle(taken)
         if taken:
-            self._committer.record(taken, self._cursor_row(), commit=True)
+            # The cursor is written with commits only: a consumer that never commits (the dashboard's
+            # preview) never moves its group.
+            self._committer.record(taken, self._cursor_row())
         if sync:
-            self._committer.flush()
+            try:
+                self._committer.flush()
+            except Exception:
+                returned = self._committer.take_back()  # in flight again: commit them again
+                self._in_flight.update(returned)
+                self._ledger.deliver(returned, None)
+                raise
         return len(taken)
 
     def flush(self) -> None:
@@ -553,7 +566,7 @@ class PoolConsumer:
 
     def close(self) -> None:
         """Write what ``commit()`` recorded and release the connection. Uncommitted deliveries are not
-        committed: they will come again."""
+        committed: they will come again; so will commits the pool refused (close raises the error)."""
         if self._transport is None:
             return
         try:

@@ -16,7 +16,7 @@ entry that became visible late is still read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clawr1.consumer_sdk.queries import (
+    CURSOR_SQL,
     POSITION_SQL,
     Position,
     Scope,
@@ -63,21 +64,24 @@ def sort_by_position(table: pa.Table) -> pa.Table:
 
 @dataclass(frozen=True)
 class Where:
-    """A member's place, as the pool answered it: the group's epoch and floor, the member's cursor."""
+    """Where a group stands, as the pool answered: its epoch and floor, and the pool's clock."""
 
     epoch: str
     floor_ms: int
-    cursor: Position | None
     now_ms: int
-    """The pool's clock."""
 
 
-def where(link: Transport, group: str, member: int, members: int, filters_key: str) -> Where:
-    params = {"group": group, "member": member, "members": members, "filters": filters_key}
-    row = link.query(POSITION_SQL, params).to_pylist()[0]
-    cursor = ((int(row["at_ms"]), str(row["step_id"]), int(row["step_version"]))
-              if int(row["cursors"]) else None)
-    return Where(str(row["epoch"]), int(row["floor_ms"]), cursor, int(row["now_ms"]))
+def where(link: Transport, group: str) -> Where:
+    row = link.query(POSITION_SQL, {"group": group}).to_pylist()[0]
+    return Where(str(row["epoch"]), int(row["floor_ms"]), int(row["now_ms"]))
+
+
+def cursor_of(link: Transport, request: PageRequest, epoch: str) -> Position | None:
+    """The member's cursor in ``epoch`` (None: it has none yet)."""
+    params = {"group": request.group, "epoch": epoch, "member": request.member, "members": request.members,
+              "filters": request.filters_key}
+    row = link.query(CURSOR_SQL, params).to_pylist()[0]
+    return (int(row["at_ms"]), str(row["step_id"]), int(row["step_version"])) if int(row["cursors"]) else None
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,9 @@ class PageRequest:
     """The epoch the consumer is in (None before its first read)."""
     after: Position | None
     """Where the last read ended in that epoch (None: start at the cursor or the floor)."""
-    held: Mapping[str, Position]
-    """Steps this consumer handed out, with their positions: left out when a read starts below them."""
+    handed: tuple[tuple[Position, tuple[str, ...]], ...]
+    """Batches this consumer handed out (the last position of each, its steps): left out when a read
+    starts below them."""
     scan: int
     with_text: bool
     filter_clauses: list[str]
@@ -120,14 +125,15 @@ class Page:
 
 def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     """The position read, then one page of the log from the member's place (see the module's docstring)."""
-    now = where(link, request.group, request.member, request.members, request.filters_key)
+    now = where(link, request.group)
+    handed = request.handed
     if now.epoch != request.epoch or request.after is None:
-        base, held = (now.cursor or floor_start(now.floor_ms)), {}
+        base, handed = (cursor_of(link, request, now.epoch) or floor_start(now.floor_ms)), ()
     else:
-        base, held = request.after, dict(request.held)
+        base = request.after
     start = min(base, (now.now_ms - LATE_ARRIVAL_MS, "", -1))
     scope = Scope(request.group, now.epoch, now.floor_ms, (), request.member, request.members)
-    exclude = [step_id for step_id, at in held.items() if at > start]
+    exclude = [step_id for last, step_ids in handed if last > start for step_id in step_ids]
     sql, params = delivery_page_sql(delivery_columns(request.with_text), request.filter_clauses, scope,
                                     start, request.scan, exclude)
     table = link.query(sql, {**request.filter_params, **params})
@@ -139,7 +145,10 @@ def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
 
 def _deliverable(table: pa.Table) -> pa.Table:
     """The page's entries that are their step's newest and not committed, each step once."""
-    table = table.filter(pc.equal(table.column("_deliverable"), 1)).drop_columns(["_deliverable"])
+    deliverable = pc.equal(table.column("_deliverable"), 1)
+    table = table.drop_columns(["_deliverable"])
+    if not pc.all(deliverable).as_py():  # a filter copies every column: only when something goes
+        table = table.filter(deliverable)
     ids = table.column("step_id")
     if pc.count_distinct(ids).as_py() == table.num_rows:
         return table

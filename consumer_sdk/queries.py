@@ -278,22 +278,21 @@ def trajectories_sql(select: str) -> str:
     )
 
 
-_CURRENT = f"FROM {POSITIONS_TABLE} WHERE group_name = {{group:String}}"
-_MY_CURSOR = (f"FROM {CURSORS_TABLE} WHERE group_name = {{group:String}} AND epoch = current_epoch "
-              "AND member = {member:UInt32} AND members = {members:UInt32} "
-              "AND filters_key = {filters:String}")
 POSITION_SQL = (
-    f"WITH (SELECT argMax(epoch, set_at_ns) {_CURRENT}) AS current_epoch "
-    f"SELECT current_epoch AS epoch, (SELECT argMax(floor_ms, set_at_ns) {_CURRENT}) AS floor_ms, "
-    f"(SELECT count() {_MY_CURSOR}) AS cursors, "
-    f"(SELECT argMax(logged_at_ms, set_at_ns) {_MY_CURSOR}) AS at_ms, "
-    f"(SELECT argMax(step_id, set_at_ns) {_MY_CURSOR}) AS step_id, "
-    f"(SELECT argMax(step_version, set_at_ns) {_MY_CURSOR}) AS step_version, "
-    "toUnixTimestamp64Milli(now64(3)) AS now_ms"
+    "SELECT argMax(epoch, set_at_ns) AS epoch, argMax(floor_ms, set_at_ns) AS floor_ms, "
+    f"toUnixTimestamp64Milli(now64(3)) AS now_ms FROM {POSITIONS_TABLE} WHERE group_name = {{group:String}}"
 )
-"""Where a member of a group stands: the group's current epoch and floor (a group never sought reads
-('', 0): epoch zero, from the start), the member's cursor in that epoch under its filters (``cursors`` 0:
-none yet), and the pool's clock (the delivery log's positions are stamped by it)."""
+"""The group's current epoch and floor (a group never sought reads ('', 0): epoch zero, from the start),
+and the pool's clock (the delivery log's positions are stamped by it)."""
+
+CURSOR_SQL = (
+    "SELECT count() AS cursors, argMax(logged_at_ms, set_at_ns) AS at_ms, "
+    "argMax(step_id, set_at_ns) AS step_id, argMax(step_version, set_at_ns) AS step_version "
+    f"FROM {CURSORS_TABLE} WHERE group_name = {{group:String}} "
+    "AND epoch = {epoch:String} AND member = {member:UInt32} AND members = {members:UInt32} "
+    "AND filters_key = {filters:String}"
+)
+"""A member's cursor in an epoch of its group, under its filters (``cursors`` 0: none yet)."""
 
 LATEST_FLOOR_SQL = f"SELECT toUnixTimestamp64Milli(max(ingested_at)) + 1 AS floor_ms FROM {STEPS_VIEW}"
 """Just past the newest step version in the pool: ``seek('latest')`` skips everything there now."""

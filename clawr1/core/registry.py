@@ -386,7 +386,7 @@ KAFKA_LIB_DIR = option("KAFKA_LIB_DIR", str, "", "where the Kafka broker's jars 
                        ("kafka", "up"), default_text="`.cache/kafka/lib` in the repository")
 API_KEY = option("API_KEY", str, "", "the key `clawr1 sql --api` and the consumer SDK send",
                  ("sdk",), secret=True)
-SDK_COMMIT_BATCHES = option("SDK_COMMIT_BATCHES", int, 8,
+SDK_COMMIT_BATCHES = option("SDK_COMMIT_BATCHES", int, 16,
                             "the consumer SDK writes its group's commits and cursor in the background every "
                             "this many `commit()` calls (a crash redelivers at most these)", ("sdk",),
                             check=positive)

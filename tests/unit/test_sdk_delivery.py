@@ -84,38 +84,50 @@ def waits_for(check: Any, seconds: float = 5.0) -> bool:
 def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -> None:
     link = Recording()
     committer = Committer(link, "g", "me", every=2, every_s=600)
-    committer.record({"a": ("epoch", 1)}, cursor(1), commit=True)
+    committer.record({"a": ("epoch", 1)}, cursor(1))
     time.sleep(0.2)
     assert link.inserts == [] and committer.unlanded() == {"a"}
-    committer.record({"b": ("epoch", 2)}, cursor(2), commit=True)
+    committer.record({"b": ("epoch", 2)}, cursor(2))
     assert waits_for(lambda: len(link.inserts) == 2)
     (commits, commit_rows), (cursors, cursor_rows) = link.inserts
     assert (commits, cursors) == (COMMITS_TABLE, CURSORS_TABLE)
     assert sorted(r["step_id"] for r in commit_rows) == ["a", "b"]
     assert cursor_rows[0]["logged_at_ms"] == 2 and cursor_rows[0]["filters_key"] == "filters"
-    assert committer.unlanded() == set() and committer.landed_after(0) == {"a", "b"}
+    # A read that began before the write cannot have seen these committed; one that began after can.
+    assert committer.unlanded() == set() and committer.holding(["a", "b", "c"], 0) == {"a", "b"}
+    assert committer.holding(["a", "b"], committer.generation) == set()
     committer.forget_landed(committer.generation)
-    assert committer.landed_after(0) == set()
+    assert committer.holding(["a", "b"], 0) == set()
     committer.close()
 
 
-def test_a_cursor_move_alone_is_written_once_old_enough() -> None:
+def test_one_commit_is_written_once_old_enough() -> None:
     link = Recording()
     committer = Committer(link, "g", "me", every=100, every_s=0.1)
-    committer.record({}, cursor(5), commit=False)
-    assert waits_for(lambda: len(link.inserts) == 1)
-    assert link.inserts[0][0] == CURSORS_TABLE
+    committer.record({"a": ("epoch", 1)}, cursor(5))
+    assert waits_for(lambda: len(link.inserts) == 2)
     committer.close()
-    assert len(link.inserts) == 1  # nothing new to write on close
+    assert len(link.inserts) == 2  # nothing new to write on close
 
 
 def test_a_refused_write_is_kept_raised_by_flush_and_written_by_the_next() -> None:
     link = Recording(refusals=1)
     committer = Committer(link, "g", "me", every=100, every_s=600)
-    committer.record({"a": ("epoch", 1)}, cursor(1), commit=True)
+    committer.record({"a": ("epoch", 1)}, cursor(1))
     with pytest.raises(PoolUnavailable):
         committer.flush()
     assert committer.unlanded() == {"a"} and link.inserts == []  # no cursor without its commits
     committer.flush()
     assert [table for table, _ in link.inserts] == [COMMITS_TABLE, CURSORS_TABLE]
     committer.close()
+
+
+def test_close_drops_what_the_pool_keeps_refusing_and_raises() -> None:
+    link = Recording(refusals=2)
+    committer = Committer(link, "g", "me", every=100, every_s=600)
+    committer.record({"a": ("epoch", 1)}, cursor(1))
+    with pytest.raises(PoolUnavailable):
+        committer.flush()
+    with pytest.raises(PoolUnavailable):
+        committer.close()
+    assert committer.unlanded() == set() and link.inserts == []

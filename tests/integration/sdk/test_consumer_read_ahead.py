@@ -178,16 +178,15 @@ def test_a_sync_commit_is_in_the_pool_when_it_returns(pool: Pool, source: str) -
             assert list(other.poll(max_steps=10).step_ids) == ids(4)[2:]
 
 
-def test_a_refused_write_is_raised_by_a_sync_commit_and_written_by_the_next(pool: Pool, source: str) -> None:
+def test_a_refused_sync_commit_raises_and_leaves_its_steps_in_flight(pool: Pool, source: str) -> None:
     pool.write(*(step(s) for s in ids(4)))
     failing = FailingCommits(open_transport(parse_source(source)))
     with PoolConsumer(source, "refused", transport=failing) as consumer:
         consumer.poll(max_steps=2)
         with pytest.raises(PoolUnavailable):
             consumer.commit(sync=True)
-        assert consumer.uncommitted == 0  # committed here; kept for the next write
-        assert list(consumer.poll(max_steps=2).step_ids) == ids(4)[2:]
-        consumer.flush()
+        assert consumer.uncommitted == 2  # as a waiting commit always left them: commit them again
+        assert consumer.commit(sync=True) == 2
         assert committed_rows(pool, "refused") == 2
     with PoolConsumer(source, "refused") as again:
         assert list(again.poll(max_steps=10).step_ids) == ids(4)[2:]
