@@ -164,14 +164,14 @@ class PoolConsumer:
         # Where ready polls stand in the delivery log (see clawr1.consumer_sdk.delivery): the end of the last
         # read in this epoch, whether the log went on past it, the steps read and not handed out yet (not
         # in flight; in log order, with logged_at) with each read they came from (rows, when it began, the
-        # committer's landed writes then), the steps handed out with their positions, and the next read
-        # running in the background with the reset count it was started under.
+        # committer's landed writes then), the batches handed out (last position, steps), and the next read
+        # running in the background.
         self._after: Position | None = None
         self._more = True
         self._ahead: pa.Table | None = None
         self._reads: deque[tuple[int, float, int]] = deque()
         self._handed: list[tuple[Position, tuple[str, ...]]] = []
-        self._prefetch: tuple[Future[Page], int] | None = None
+        self._prefetch: tuple[Future[Page], int, int] | None = None  # the read, resets, its generation
         self._resets = 0
         self._reader: ThreadPoolExecutor | None = None
         self._empty: pa.Table | None = None
@@ -326,11 +326,7 @@ class PoolConsumer:
         self._expire_read_ahead()
         read = False
         while True:
-            # Read when nothing is ahead, or too little and the log went on past the last read (a read that
-            # reached the log's end hands out what it got; the next poll reads again).
-            ahead = self._ahead
-            if (self._more or not read) if ahead is None else (self._more and not _fills(ahead, max_steps,
-                                                                                           max_tokens)):
+            if self._wants_read(read, max_steps, max_tokens):
                 self._accept(self._next_page(clauses, params, max_steps))
                 read = True
                 continue
@@ -339,6 +335,14 @@ class PoolConsumer:
                 break
         self._read_next(clauses, params, max_steps)
         return batch
+
+    def _wants_read(self, read: bool, max_steps: int, max_tokens: int | None) -> bool:
+        """Read when nothing is ahead (once per poll when the last read reached the log's end), or too
+        little for a batch while the log goes on past the last read. What a read that reached the end got
+        is handed out without reading again: the next poll reads."""
+        if self._ahead is None:
+            return self._more or not read
+        return self._more and not _fills(self._ahead, max_steps, max_tokens)
 
     def _scan(self, max_steps: int) -> int:
         """Log entries one ready read takes: ``read_ahead`` batches, as far as about
@@ -350,9 +354,8 @@ class PoolConsumer:
 
     def _page_request(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> PageRequest:
         return PageRequest(self.group, self.member, self.members, self._filters_key, self._epoch, self._after,
-                           tuple(self._handed),
-                           self._scan(max_steps), self.with_text, clauses, params, self._committer.generation,
-                           self._policy_version)
+                           tuple(self._handed), self._scan(max_steps), self.with_text, clauses, params,
+                           self._committer.generation, self._policy_version)
 
     def _next_page(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> Page:
         """The read running in the background when it continues from where this consumer stands, else a
@@ -373,7 +376,7 @@ class PoolConsumer:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="clawr1-read-ahead")
         link, request = self._link(), self._page_request(clauses, params, max_steps)
         running = self._reader.submit(lambda: read_page(link, request, time.monotonic()))
-        self._prefetch = (running, self._resets)
+        self._prefetch = (running, self._resets, request.generation)
 
     def _accept(self, page: Page) -> None:
         """Take a read's steps into the read-ahead, in log order; the group may have moved meanwhile."""
@@ -436,10 +439,8 @@ class PoolConsumer:
                 break
             rows -= count
             self._reads.popleft()
-        since = [r[2] for r in self._reads]
-        if self._prefetch is not None:
-            since.append(self._committer.generation if not self._prefetch[0].done() else
-                         self._prefetch[0].result().request.generation)
+        # Writes that landed before every read still in use began are seen by those reads themselves.
+        since = [r[2] for r in self._reads] + ([self._prefetch[2]] if self._prefetch is not None else [])
         self._committer.forget_landed(min(since, default=self._committer.generation))
 
     def _expire_read_ahead(self) -> None:

@@ -15,6 +15,7 @@ from clawr1.consumer_sdk import PoolUnavailable
 from clawr1.consumer_sdk.commits import Committer, CursorRow
 from clawr1.consumer_sdk.delivery import Ledger, floor_start, just_before
 from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE
+from tests.conftest import eventually
 
 
 def test_the_lowest_uncommitted_delivery_holds_the_cursor() -> None:
@@ -72,15 +73,6 @@ def cursor(at: int) -> CursorRow:
     return CursorRow("epoch", 0, 1, "filters", (at, "s", 1))
 
 
-def waits_for(check: Any, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -> None:
     link = Recording()
     committer = Committer(link, "g", "me", every=2, every_s=600)
@@ -88,7 +80,7 @@ def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -
     time.sleep(0.2)
     assert link.inserts == [] and committer.unlanded() == {"a"}
     committer.record({"b": ("epoch", 2)}, cursor(2))
-    assert waits_for(lambda: len(link.inserts) == 2)
+    assert eventually(lambda: len(link.inserts) == 2)
     (commits, commit_rows), (cursors, cursor_rows) = link.inserts
     assert (commits, cursors) == (COMMITS_TABLE, CURSORS_TABLE)
     assert sorted(r["step_id"] for r in commit_rows) == ["a", "b"]
@@ -105,7 +97,7 @@ def test_one_commit_is_written_once_old_enough() -> None:
     link = Recording()
     committer = Committer(link, "g", "me", every=100, every_s=0.1)
     committer.record({"a": ("epoch", 1)}, cursor(5))
-    assert waits_for(lambda: len(link.inserts) == 2)
+    assert eventually(lambda: len(link.inserts) == 2)
     committer.close()
     assert len(link.inserts) == 2  # nothing new to write on close
 

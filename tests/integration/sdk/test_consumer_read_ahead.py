@@ -7,7 +7,7 @@ write the pool refused is written again."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -18,6 +18,7 @@ from clawr1.consumer_sdk import PoolConsumer, PoolUnavailable
 from clawr1.consumer_sdk.source import parse_source
 from clawr1.consumer_sdk.transport import Transport, open_transport
 from clawr1.pool.consumer_tables import COMMITS_TABLE
+from tests.conftest import eventually
 from tests.integration.sdk.conftest import Pool, step
 
 
@@ -126,15 +127,6 @@ class FailingCommits:
 def committed_rows(pool: Pool, group: str) -> int:
     return int(pool.store.query(f"SELECT count() AS n FROM {COMMITS_TABLE} WHERE group_name = {{g:String}}",
                                 parameters={"g": group})[0]["n"])
-
-
-def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def test_commits_are_written_in_the_background_every_few_commits(
