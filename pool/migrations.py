@@ -124,25 +124,34 @@ DELIVERY_FIELDS: tuple[str, ...] = tuple(
 )
 """The step columns the delivery log carries: every field of step.v2 but the wide text a trainer rarely
 reads. Fixed here, so a column added to the steps later reaches ready polls only once the log has it."""
-PAYLOAD_FIELDS: tuple[str, ...] = tuple(name for name in DELIVERY_FIELDS if "CODEC(" in _COLUMN_TYPES[name])
-"""The heavy columns (token ids, logprobs, JSON): copied for ready versions only, and kept
-``DELIVERY_PAYLOAD_TTL_HOURS``; the rest of an entry stays as long as the pool."""
-
-
-def _blank(name: str) -> str:
-    """The empty value of a payload column: what a not-ready entry, or an expired payload, holds."""
-    kind = _COLUMN_TYPES[name]
-    return "[]" if kind.startswith("Array") else "NULL" if kind.startswith("Nullable") else "''"
-
+DELIVERY_KEYS: tuple[str, ...] = ("step_id", "version", "trajectory_id", "ready")
+"""What every entry keeps, ready or not: enough to tell that a step has a newer version."""
+DELIVERY_FILTER_FIELDS: tuple[str, ...] = (
+    "link_status", "quality_labels", "reward_status", "reward", "quality_score", "source_kind", "source_name",
+    "token_provenance", "channel", "created_at_ms", "policy_version",
+)
+"""The columns the consumer SDK's curation filters read (``clawr1.consumer_sdk.filters.filter_sql``): a
+ready entry keeps them as long as the pool, so a read picks its range in the log alone."""
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(
+    name for name in DELIVERY_FIELDS if name not in (*DELIVERY_KEYS, *DELIVERY_FILTER_FIELDS)
+)
+"""The rest of a ready entry, token ids, logprobs and JSON among it: kept ``DELIVERY_PAYLOAD_TTL_HOURS``
+(then read from ``step_versions``)."""
 
 _PAYLOAD_KEPT_SINCE = f"now64(3) - INTERVAL {DELIVERY_PAYLOAD_TTL_HOURS} HOUR"
 
 
 def _delivery_select(logged_at: str, with_payload: str) -> str:
-    """The delivery log's row of a ``step_versions`` row: the payload where ``with_payload`` holds."""
-    values = [f"if({with_payload}, {name}, {_blank(name)}) AS {name}" if name in PAYLOAD_FIELDS else name
-              for name in DELIVERY_FIELDS]
-    return (f"SELECT {logged_at} AS logged_at, {', '.join(values)}, toUInt8({with_payload}) AS has_payload, "
+    """The delivery log's row of a ``step_versions`` row: the filter columns where it is ready, the payload
+    where ``with_payload`` holds, defaults elsewhere (an entry that is not ready keeps only its keys)."""
+    def value(name: str) -> str:
+        if name in DELIVERY_KEYS:
+            return name
+        when = "ready = 1" if name in DELIVERY_FILTER_FIELDS else with_payload
+        return f"if({when}, {name}, defaultValueOfArgumentType({name})) AS {name}"
+
+    values = ", ".join(value(name) for name in DELIVERY_FIELDS)
+    return (f"SELECT {logged_at} AS logged_at, {values}, toUInt8({with_payload}) AS has_payload, "
             "ingested_at FROM step_versions")
 
 
