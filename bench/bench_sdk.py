@@ -10,7 +10,12 @@ response tokens with logprobs). Then, in the same run and on the same rows:
 * ``select_direct`` / ``select_api``: the ``SELECT`` alone (the floor of reading those bytes at all, in
   Arrow, not yet training arrays);
 * ``sdk_direct`` / ``sdk_api``: a trainer loop over ``PoolConsumer``: ``poll(max_steps=B)``,
-  ``to_numpy()`` and ``commit()`` until the group is drained.
+  ``to_numpy()`` and ``commit()`` until the group is drained, then ``close()`` (which writes the last
+  commits);
+* ``plain_fetch_api`` / ``sdk_fetch_api`` (after the above, on groups added to the same pool):
+  ``fetch_batch`` of ``--fetch-groups`` whole prompt groups (default 128 groups x 16 trajectories x 4 steps
+  of 2,048 tokens: 8,192 steps), the time a trainer waits in the call, against one ``SELECT`` of the same
+  rows over the same API as Arrow (``--fetch-groups 0`` leaves this out).
 
 The headline ratio is ``sdk / plain`` (same transport, same rows, same columns, same arrays out): what
 offsets, curation and batching cost a trainer. ``sdk / select`` is also printed. (Until the read-ahead
@@ -25,7 +30,8 @@ The API is served by hypercorn in this
 process, as ``clawr1 up`` serves the embedded pool to other processes.
 
 Run: ``.venv/bin/python bench/bench_sdk.py [--steps N] [--batch B]``; the table is printed and the
-figures are written to ``bench/results/bench_sdk.json``.
+figures are written to ``bench/results/bench_sdk.json``. The script also runs on an older SDK (a checkout
+put first on ``PYTHONPATH``), for before/after figures on one machine.
 """
 
 from __future__ import annotations
@@ -141,7 +147,10 @@ def trainer_loop(source: str, group: str, batch_steps: int, floor_ms: int,
             arrays = batch.to_numpy()
             steps += len(batch)
             tokens += int(arrays.attention_mask.sum())
-            consumer.commit(sync=sync)
+            if sync:
+                consumer.commit(sync=True)
+            else:
+                consumer.commit()  # (so the same bench also runs on the SDK before background commits)
     return steps, tokens
 
 

@@ -141,9 +141,17 @@ PAYLOAD_FIELDS: tuple[str, ...] = tuple(
 _PAYLOAD_KEPT_SINCE = f"now64(3) - INTERVAL {DELIVERY_PAYLOAD_TTL_HOURS} HOUR"
 
 
+def _delivery_feed(ready: bool) -> str:
+    """What a materialized view writes to the delivery log for the ready (or not ready) versions of an
+    insert: all of an entry, or its keys (the log's defaults stand for the rest)."""
+    columns = ", ".join([*DELIVERY_FIELDS, "toUInt8(1) AS has_payload"] if ready else DELIVERY_KEYS)
+    return (f"SELECT now64(3) AS logged_at, {columns}, ingested_at FROM step_versions "
+            f"WHERE ready = {int(ready)}")
+
+
 def _delivery_select(logged_at: str, with_payload: str) -> str:
-    """The delivery log's row of a ``step_versions`` row: the filter columns where it is ready, the payload
-    where ``with_payload`` holds, defaults elsewhere (an entry that is not ready keeps only its keys)."""
+    """The delivery log's row of a ``step_versions`` row (the backfill's): the filter columns where it is
+    ready, the payload where ``with_payload`` holds, defaults elsewhere (as the feeds write them)."""
     def value(name: str) -> str:
         if name in DELIVERY_KEYS:
             return name
@@ -387,10 +395,11 @@ WHERE (id_hash, trajectory_id) NOT IN (SELECT id_hash, trajectory_id FROM {STEP_
     # in it and a ready poll reads the next range by primary key. Ready versions carry the training payload
     # (token ids, logprobs, JSON), so a batch is one contiguous read instead of a read of every granule of
     # `step_versions` its steps sit in; the payload expires after DELIVERY_PAYLOAD_TTL_HOURS (then read from
-    # `step_versions`), the narrow rest stays. Versions that are not ready are kept without payload: they
-    # tell a reader that an earlier ready version is no longer the step's newest. Fed by a materialized
-    # view (the sink is unchanged); the backfill copies older pools once, at their own ingest times. It
-    # replaces the ready queue (0009), whose view and table are dropped.
+    # `step_versions`), the keys and the filters' columns stay. Versions that are not ready are kept as keys
+    # only: they tell a reader that an earlier ready version is no longer the step's newest. Fed by two
+    # materialized views, for ready versions and for the others (the sink is unchanged); the backfill copies
+    # older pools once, at their own ingest times. It replaces the ready queue (0009), whose view and table
+    # are dropped.
     ("0011_delivery_log", f"""
 CREATE TABLE IF NOT EXISTS {DELIVERY_LOG} (
     {_delivery_log_columns()}
@@ -398,7 +407,9 @@ CREATE TABLE IF NOT EXISTS {DELIVERY_LOG} (
 ORDER BY (logged_at, step_id, version)
 SETTINGS merge_with_ttl_timeout = 3600;
 CREATE MATERIALIZED VIEW IF NOT EXISTS {DELIVERY_LOG}_feed TO {DELIVERY_LOG} AS
-{_delivery_select("now64(3)", "ready = 1")};
+{_delivery_feed(ready=True)};
+CREATE MATERIALIZED VIEW IF NOT EXISTS {DELIVERY_LOG}_moves TO {DELIVERY_LOG} AS
+{_delivery_feed(ready=False)};
 INSERT INTO {DELIVERY_LOG}
 {_delivery_select("ingested_at", f"ready = 1 AND ingested_at >= {_PAYLOAD_KEPT_SINCE}")}
 WHERE (step_id, version, ingested_at) NOT IN (SELECT step_id, version, ingested_at FROM {DELIVERY_LOG});
