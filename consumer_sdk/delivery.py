@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 
 from clawr1.consumer_sdk.queries import (
     CURSOR_SQL,
+    NEWEST_SQL,
     POSITION_SQL,
     Position,
     Scope,
@@ -139,14 +140,26 @@ def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     table = link.query(sql, {**request.filter_params, **params})
     full = table.num_rows >= request.scan
     end = position_at(table, table.num_rows - 1) if table.num_rows else start
-    rows = _with_payload(link, _deliverable(table), request.with_text)
+    rows = _with_payload(link, _deliverable(link, table, start), request.with_text)
     return Page(request, now, start, rows, end if full else max(base, end), full, read_at)
 
 
-def _deliverable(table: pa.Table) -> pa.Table:
+def _deliverable(link: Transport, table: pa.Table, start: Position) -> pa.Table:
     """The page's entries that are their step's newest and not committed, each step once."""
-    deliverable = pc.equal(table.column("_deliverable"), 1)
-    table = table.drop_columns(["_deliverable"])
+    deliverable = pc.and_(pc.equal(table.column("_newest"), 1), pc.equal(table.column("_committed"), 0))
+    doubtful = np.flatnonzero(~table.column("_newest").to_numpy(zero_copy_only=False).astype(bool))
+    if len(doubtful):  # a later entry under the step's hash: is it the step's own?
+        keys = table.take(pa.array(doubtful)).select(["step_id", "version", "logged_at"])
+        newest = {row["step_id"]: (row["newest_version"], row["at_ms"]) for row in link.query(
+            NEWEST_SQL, {"c_start_ms": start[0], "c_steps": keys.column("step_id").to_pylist()}).to_pylist()}
+        mine = [newest.get(step_id) == (version, at) for step_id, version, at in zip(
+            keys.column("step_id").to_pylist(), keys.column("version").to_pylist(),
+            pc.cast(keys.column("logged_at"), pa.int64()).to_pylist(), strict=True)]
+        confirmed = np.zeros(table.num_rows, dtype=bool)
+        confirmed[doubtful[np.asarray(mine, dtype=bool)]] = True
+        deliverable = pc.or_(deliverable, pc.and_(pa.array(confirmed),
+                                                  pc.equal(table.column("_committed"), 0)))
+    table = table.drop_columns(["_committed", "_newest"])
     if not pc.all(deliverable).as_py():  # a filter copies every column: only when something goes
         table = table.filter(deliverable)
     ids = table.column("step_id")

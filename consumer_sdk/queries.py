@@ -137,12 +137,13 @@ def delivery_page_sql(
 ) -> tuple[str, dict[str, Any]]:
     """One page of a ready poll: the next ``scan`` delivery-log entries after ``start`` that pass the
     filters, the floor and the member split (``exclude``: step ids this consumer already holds), read by
-    primary key, in log order, each with ``logged_at``, ``has_payload`` and ``_deliverable``.
+    primary key, in log order, each with ``logged_at``, ``has_payload``, ``_committed`` and ``_newest``.
 
-    ``_deliverable`` is 0 for an entry that is no longer its step's newest (a later entry of the step,
-    ready or not, is in the log) and for a step the group's current epoch committed. The later entries are
-    looked for from ``start`` on, so the check costs what lies between the page and the log's end, not
-    the pool.
+    ``_committed``: the group's current epoch committed the step. ``_newest``: no later entry of the step,
+    ready or not, is in the log; judged on 64-bit hashes of the step ids (far cheaper to group and match
+    than the strings), so a 1 is certain and a 0 may be another step's entry under the same hash: the
+    caller checks those few with :data:`NEWEST_SQL`. Later entries are looked for from ``start`` on, so
+    the check costs what lies between the page and the log's end, not the pool.
     """
     selected = _and([
         _AFTER_START,
@@ -153,20 +154,28 @@ def delivery_page_sql(
     ])
     page = (f"SELECT logged_at, step_id, version FROM {DELIVERY_LOG} WHERE {selected} "
             f"ORDER BY {_LOG_ORDER} LIMIT {{c_scan:UInt64}}")
-    newest = (f"SELECT step_id, max((version, logged_at)) FROM {DELIVERY_LOG} "
-              f"WHERE logged_at >= {_START_AT} AND step_id IN (SELECT step_id FROM page) GROUP BY step_id")
+    newest = (f"SELECT cityHash64(step_id) AS h, max((version, logged_at)) FROM {DELIVERY_LOG} "
+              f"WHERE logged_at >= {_START_AT} AND h IN (SELECT cityHash64(step_id) FROM page) GROUP BY h")
     committed = (f"SELECT step_id FROM {COMMITS_TABLE} WHERE group_name = {{c_group:String}} "
                  "AND epoch = {c_epoch:String} AND step_id IN (SELECT step_id FROM page)")
     sql = (
         f"WITH page AS ({page}) "
-        f"SELECT {columns}, logged_at, has_payload, toUInt8((step_id, (version, logged_at)) IN ({newest}) "
-        f"AND step_id NOT IN ({committed})) AS _deliverable FROM {DELIVERY_LOG} "
+        f"SELECT {columns}, logged_at, has_payload, toUInt8(step_id IN ({committed})) AS _committed, "
+        f"toUInt8((cityHash64(step_id), (version, logged_at)) IN ({newest})) AS _newest FROM {DELIVERY_LOG} "
         f"WHERE logged_at >= {_START_AT} AND (logged_at, step_id, version) IN (SELECT * FROM page) "
         f"ORDER BY {_LOG_ORDER}"
     )
     params = {**scope.params(in_flight=False), "c_start_ms": start[0], "c_start_id": start[1],
               "c_start_version": start[2], "c_scan": scan, "c_exclude": exclude}
     return sql, params
+
+
+NEWEST_SQL = (
+    "SELECT step_id, newest.1 AS newest_version, toUnixTimestamp64Milli(newest.2) AS at_ms FROM ("
+    f"SELECT step_id, max((version, logged_at)) AS newest FROM {DELIVERY_LOG} "
+    f"WHERE logged_at >= {_START_AT} AND step_id IN {{c_steps:Array(String)}} GROUP BY step_id)"
+)
+"""The newest entry from a page's start on of each of the given steps, compared by step id itself."""
 
 
 def stored_versions_sql(columns: str) -> str:

@@ -13,7 +13,8 @@ import pytest
 
 from clawr1.consumer_sdk import PoolUnavailable
 from clawr1.consumer_sdk.commits import Committer, CursorRow
-from clawr1.consumer_sdk.delivery import Ledger, floor_start, just_before
+from clawr1.consumer_sdk.delivery import Ledger, _deliverable, floor_start, just_before
+from clawr1.consumer_sdk.queries import NEWEST_SQL
 from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE
 from tests.conftest import eventually
 
@@ -123,3 +124,39 @@ def test_close_drops_what_the_pool_keeps_refusing_and_raises() -> None:
     with pytest.raises(PoolUnavailable):
         committer.close()
     assert committer.unlanded() == set() and link.inserts == []
+
+
+class Newest:
+    """A transport that answers the exact newest-entry query with fixed rows."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        self.asked: list[Mapping[str, Any]] = []
+
+    def query(self, sql: str, parameters: Mapping[str, Any]) -> pa.Table:
+        assert sql == NEWEST_SQL
+        self.asked.append(parameters)
+        return pa.Table.from_pylist(self.rows)
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
+        raise AssertionError("no insert expected")
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_entry_doubted_by_its_hash_is_checked_by_its_step_id() -> None:
+    """``_newest`` 0 may be another step's later entry under the same 64-bit hash: the step id decides."""
+    page = pa.table({
+        "step_id": ["kept", "collided", "stale", "committed"],
+        "version": [1, 1, 1, 1],
+        "logged_at": pa.array([10, 11, 12, 13], pa.timestamp("ms", "UTC")),
+        "_committed": [0, 0, 0, 1],
+        "_newest": [1, 0, 0, 1],
+    })
+    link = Newest([{"step_id": "collided", "newest_version": 1, "at_ms": 11},
+                   {"step_id": "stale", "newest_version": 2, "at_ms": 40}])
+    delivered = _deliverable(link, page, (5, "", -1))
+    assert delivered.column("step_id").to_pylist() == ["kept", "collided"]
+    assert link.asked == [{"c_start_ms": 5, "c_steps": ["collided", "stale"]}]
+    assert "_newest" not in delivered.column_names and "_committed" not in delivered.column_names
