@@ -80,10 +80,6 @@ _FIRST_WAIT_S = 0.05
 _MAX_WAIT_S = 1.0
 READ_AHEAD_MAX_AGE_S = 5.0
 """How long steps read ahead (``read_ahead``) may wait in the consumer before they are read again."""
-_READ_AHEAD_MAX_ROWS = 65_536
-READ_AHEAD_MAX_TOKENS = 8_000_000
-"""A read-ahead page holds at most about this many tokens (judged on the steps read so far; the first page
-of a consumer reads one batch): about 50 MB of Arrow with logprobs on the responses."""
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -344,18 +340,10 @@ class PoolConsumer:
             return self._more or not read
         return self._more and not _fills(self._ahead, max_steps, max_tokens)
 
-    def _scan(self, max_steps: int) -> int:
-        """Log entries one ready read takes: ``read_ahead`` batches, as far as about
-        ``READ_AHEAD_MAX_TOKENS`` tokens of steps like those read so far hold (one batch before any)."""
-        if self._tokens_per_step is None:
-            return max_steps
-        by_tokens = int(READ_AHEAD_MAX_TOKENS / max(self._tokens_per_step, 1.0))
-        return max(max_steps, min(max_steps * self.read_ahead, by_tokens, _READ_AHEAD_MAX_ROWS))
-
     def _page_request(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> PageRequest:
         return PageRequest(self.group, self.member, self.members, self._filters_key, self._epoch, self._after,
-                           tuple(self._handed), self._scan(max_steps), self.with_text, clauses, params,
-                           self._committer.generation, self._policy_version)
+                           tuple(self._handed), max_steps, self.read_ahead, self._tokens_per_step,
+                           self.with_text, clauses, params, self._committer.generation, self._policy_version)
 
     def _next_page(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> Page:
         """The read running in the background when it continues from where this consumer stands, else a

@@ -28,6 +28,7 @@ from clawr1.consumer_sdk.queries import (
     CURSOR_SQL,
     NEWEST_SQL,
     POSITION_SQL,
+    SIZES_SQL,
     Position,
     Scope,
     delivery_columns,
@@ -37,9 +38,23 @@ from clawr1.consumer_sdk.queries import (
 )
 from clawr1.consumer_sdk.transport import Transport
 
+READ_AHEAD_MAX_TOKENS = 8_000_000
+"""A read holds at most about this many tokens (judged on the steps read so far, or on the sizes of the next
+entries for a member's first read): about 50 MB of Arrow with logprobs on the responses."""
+_READ_AHEAD_MAX_ROWS = 65_536
+
 LATE_ARRIVAL_MS = 5_000
 """How late an entry may become visible after its ``logged_at`` (an insert still running) and be
 read; also the allowance between the sink's clock (``ingested_at``, the floor) and the pool's."""
+
+
+def scan_for(batch_steps: int, read_ahead: int, tokens_per_step: float | None) -> int:
+    """Log entries one read takes: ``read_ahead`` batches, as far as about ``READ_AHEAD_MAX_TOKENS`` tokens
+    of steps of ``tokens_per_step`` hold, and never less than a batch (one batch when sizes are unknown)."""
+    if tokens_per_step is None:
+        return batch_steps
+    by_tokens = int(READ_AHEAD_MAX_TOKENS / max(tokens_per_step, 1.0))
+    return max(batch_steps, min(batch_steps * read_ahead, by_tokens, _READ_AHEAD_MAX_ROWS))
 
 
 def floor_start(floor_ms: int) -> Position:
@@ -100,7 +115,10 @@ class PageRequest:
     handed: tuple[tuple[Position, tuple[str, ...]], ...]
     """Batches this consumer handed out (the last position of each, its steps): left out when a read
     starts below them."""
-    scan: int
+    batch_steps: int
+    read_ahead: int
+    tokens_per_step: float | None
+    """Of the steps read so far (None: a member's first read, sized on the next entries' sizes)."""
     with_text: bool
     filter_clauses: list[str]
     filter_params: dict[str, Any]
@@ -135,13 +153,24 @@ def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     start = min(base, (now.now_ms - LATE_ARRIVAL_MS, "", -1))
     scope = Scope(request.group, now.epoch, now.floor_ms, (), request.member, request.members)
     exclude = [step_id for last, step_ids in handed if last > start for step_id in step_ids]
+    tokens = request.tokens_per_step
+    if tokens is None and request.read_ahead > 1:
+        tokens = _next_sizes(link, start, request.batch_steps)
+    scan = scan_for(request.batch_steps, request.read_ahead, tokens)
     sql, params = delivery_page_sql(delivery_columns(request.with_text), request.filter_clauses, scope,
-                                    start, request.scan, exclude)
+                                    start, scan, exclude)
     table = link.query(sql, {**request.filter_params, **params})
-    full = table.num_rows >= request.scan
+    full = table.num_rows >= scan
     end = position_at(table, table.num_rows - 1) if table.num_rows else start
     rows = _with_payload(link, _deliverable(link, table, start), request.with_text)
     return Page(request, now, start, rows, end if full else max(base, end), full, read_at)
+
+
+def _next_sizes(link: Transport, start: Position, sample: int) -> float | None:
+    """The mean tokens of the next ready entries after ``start`` that carry their payload (None: none)."""
+    params = {"c_start_ms": start[0], "c_start_id": start[1], "c_start_version": start[2], "c_sample": sample}
+    row = link.query(SIZES_SQL, params).to_pylist()[0]
+    return float(row["tokens"]) if int(row["entries"]) else None
 
 
 def _deliverable(link: Transport, table: pa.Table, start: Position) -> pa.Table:

@@ -170,6 +170,13 @@ def delivery_page_sql(
     return sql, params
 
 
+SIZES_SQL = (
+    "SELECT avg(tokens) AS tokens, count() AS entries FROM (SELECT length(prompt_token_ids) + "
+    f"length(response_token_ids) AS tokens FROM {DELIVERY_LOG} WHERE {_AFTER_START} AND ready = 1 "
+    f"AND has_payload = 1 ORDER BY {_LOG_ORDER} LIMIT {{c_sample:UInt64}})"
+)
+"""The mean tokens of the next ready entries after a position (their sizes only): sizes a first read."""
+
 NEWEST_SQL = (
     "SELECT step_id, newest.1 AS newest_version, toUnixTimestamp64Milli(newest.2) AS at_ms FROM ("
     f"SELECT step_id, max((version, logged_at)) AS newest FROM {DELIVERY_LOG} "
