@@ -6,12 +6,14 @@ Sections, each with a baseline measured in the same run:
   previous prompt + response + a new observation; ids Zipf-distributed over a 151,936-token vocabulary)
   for several column codecs and two sort orders, against the raw 4 bytes per token.
 * ``insert``: rows/s and tokens/s through ``PoolStore.insert`` into ``step_versions`` (the sink's path:
-  full schema, skip indexes, ZSTD), against the same token arrays inserted into a bare two-column
-  MergeTree (LZ4, no indexes).
+  full schema, skip indexes, ZSTD, the materialized views), against the same token arrays inserted into a
+  bare two-column MergeTree (LZ4, no indexes); then the same steps as ready versions, which the delivery
+  log also copies with their payload.
 * ``scale``: N steps generated in SQL (trajectories of 8 steps with growing, prefix-sharing prompts);
   id-lookup latency (step, prompt, response, trajectory ids) and curated-scan latency (ready, final,
   one policy version) through the ``steps`` view, against the same lookup with skip indexes disabled;
-  bytes on disk per token for the whole table.
+  bytes on disk per token for the whole table, and for the pool with and without the delivery log's
+  payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``).
 
 Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 1-2 minutes on 2 cores);
 ``--steps 1000000 10000000`` adds 10M steps (several minutes on 2 cores and ~1 GB of disk).
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from clawr1.pool.migrations import READY_QUEUE, STEP_LOOKUP, id_lookup_sql
+from clawr1.pool.migrations import DELIVERY_LOG, PAYLOAD_FIELDS, STEP_LOOKUP, id_lookup_sql
 from clawr1.pool.store import PoolStore, quote_identifier
 from clawr1.schemas.codec import current_schema
 from clawr1.sinks.rows import STEP_COLUMNS, Origin, step_row
@@ -132,20 +134,27 @@ def bench_codecs(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any
 def bench_insert(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]:
     tokens = token_count(steps)
     full_rows = [step_row(s, ORIGIN, 1_760_000_000_000) for s in steps]
+    # Ready versions are also copied, with their payload, into the delivery log (a materialized view).
+    ready_rows = [step_row({**s, "step_id": f"ready-{s['step_id']}", "ready": True}, ORIGIN,
+                           1_760_000_000_000) for s in steps]
     bare_rows = [(s["step_id"], s["prompt_token_ids"], s["response_token_ids"]) for s in steps]
     store.command("CREATE TABLE bare (step_id String, p Array(UInt32), r Array(UInt32)) "
                   "ENGINE = MergeTree ORDER BY tuple()")
     bare_s = timed(lambda: insert_batches(store, "bare", bare_rows, ("step_id", "p", "r")))
     full_s = timed(lambda: insert_batches(store, "step_versions", full_rows, STEP_COLUMNS))
+    ready_s = timed(lambda: insert_batches(store, "step_versions", ready_rows, STEP_COLUMNS))
     result = {
         "steps": len(steps), "tokens": tokens, "batch_rows": 2000,
         "rows_per_s": round(len(steps) / full_s), "tokens_per_s": round(tokens / full_s),
         "baseline_bare_rows_per_s": round(len(steps) / bare_s),
         "baseline_bare_tokens_per_s": round(tokens / bare_s),
         "full_schema_vs_bare": round(bare_s / full_s, 3),
+        "ready_rows_per_s": round(len(steps) / ready_s), "ready_tokens_per_s": round(tokens / ready_s),
+        "ready_vs_not_ready": round(full_s / ready_s, 3),
     }
     print(f"  insert: {result['rows_per_s']} rows/s, {result['tokens_per_s']} tokens/s "
-          f"({result['full_schema_vs_bare']}x the bare-table speed)")
+          f"({result['full_schema_vs_bare']}x the bare-table speed); ready versions (copied into the "
+          f"delivery log): {result['ready_rows_per_s']} rows/s ({result['ready_vs_not_ready']}x)")
     return result
 
 
@@ -209,12 +218,14 @@ def bench_scale(store: PoolStore, steps: int, rng: np.random.Generator) -> dict[
     scan_tokens = int(store.query("SELECT sum(length(prompt_token_ids) + length(response_token_ids)) AS n "
                                   f"FROM ({scan_sql})")[0]["n"])
     count_ms = median_ms(store, ["SELECT count() FROM steps WHERE ready = 1 AND policy_version = 2"] * 3)
-    store.command(f"OPTIMIZE TABLE {READY_QUEUE} FINAL")
+    store.command(f"OPTIMIZE TABLE {DELIVERY_LOG} FINAL")
     store.command(f"OPTIMIZE TABLE {STEP_LOOKUP} FINAL")
     disk = {row["table"]: int(row["b"]) for row in store.query(
         "SELECT table, sum(bytes_on_disk) AS b FROM system.parts WHERE database = currentDatabase() "
         "AND active GROUP BY table")}
     token_bytes = column_bytes(store, "step_versions", ("prompt_token_ids", "response_token_ids"))
+    # The delivery log's payload copy lasts DELIVERY_PAYLOAD_TTL_HOURS; the rest of it stays.
+    payload_bytes = column_bytes(store, DELIVERY_LOG, (*PAYLOAD_FIELDS, "has_payload"))
     result = {
         "steps": steps, "tokens": tokens, "generate_s": round(generate_s, 1),
         "generated_rows_per_s": round(steps / generate_s),
@@ -224,15 +235,18 @@ def bench_scale(store: PoolStore, steps: int, rng: np.random.Generator) -> dict[
         "curated_count_ms": count_ms,
         "token_column_bytes_per_token": round(token_bytes / tokens, 4),
         "table_bytes_per_token": round(disk["step_versions"] / tokens, 4),
-        "ready_queue_bytes_per_token": round(disk.get(READY_QUEUE, 0) / tokens, 4),
+        "delivery_log_bytes_per_token": round(disk.get(DELIVERY_LOG, 0) / tokens, 4),
+        "delivery_log_payload_bytes_per_token": round(payload_bytes / tokens, 4),
         "step_lookup_bytes_per_token": round(disk.get(STEP_LOOKUP, 0) / tokens, 4),
         "pool_bytes_per_token": round(sum(disk.values()) / tokens, 4),
+        "pool_bytes_per_token_after_payload_ttl": round((sum(disk.values()) - payload_bytes) / tokens, 4),
         "raw_bytes_per_token": 4.0,
     }
     print(f"  {steps:>9} steps: curated scan of 10k rows {scan_ms} ms, count {count_ms} ms; "
           f"{result['token_column_bytes_per_token']} B/token in token columns, "
           f"{result['table_bytes_per_token']} B/token for step_versions, "
-          f"{result['pool_bytes_per_token']} B/token with {READY_QUEUE} and {STEP_LOOKUP} (raw: 4)")
+          f"{result['pool_bytes_per_token']} B/token with {DELIVERY_LOG} and {STEP_LOOKUP} (raw: 4), "
+          f"{result['pool_bytes_per_token_after_payload_ttl']} once the log's payload copy expired")
     return result
 
 

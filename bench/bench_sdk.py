@@ -10,7 +10,12 @@ response tokens with logprobs). Then, in the same run and on the same rows:
 * ``select_direct`` / ``select_api``: the ``SELECT`` alone (the floor of reading those bytes at all, in
   Arrow, not yet training arrays);
 * ``sdk_direct`` / ``sdk_api``: a trainer loop over ``PoolConsumer``: ``poll(max_steps=B)``,
-  ``to_numpy()`` and ``commit()`` until the group is drained.
+  ``to_numpy()`` and ``commit()`` until the group is drained, then ``close()`` (which writes the last
+  commits);
+* ``plain_fetch_api`` / ``sdk_fetch_api`` (after the above, on groups added to the same pool):
+  ``fetch_batch`` of ``--fetch-groups`` whole prompt groups (default 128 groups x 16 trajectories x 4 steps
+  of 2,048 tokens: 8,192 steps), the time a trainer waits in the call, against one ``SELECT`` of the same
+  rows over the same API as Arrow (``--fetch-groups 0`` leaves this out).
 
 The headline ratio is ``sdk / plain`` (same transport, same rows, same columns, same arrays out): what
 offsets, curation and batching cost a trainer. ``sdk / select`` is also printed. (Until the read-ahead
@@ -25,7 +30,8 @@ The API is served by hypercorn in this
 process, as ``clawr1 up`` serves the embedded pool to other processes.
 
 Run: ``.venv/bin/python bench/bench_sdk.py [--steps N] [--batch B]``; the table is printed and the
-figures are written to ``bench/results/bench_sdk.json``.
+figures are written to ``bench/results/bench_sdk.json``. The script also runs on an older SDK (a checkout
+put first on ``PYTHONPATH``), for before/after figures on one machine.
 """
 
 from __future__ import annotations
@@ -129,8 +135,9 @@ def padded(table: pa.Table, batch_steps: int) -> tuple[int, int]:
 
 
 def trainer_loop(source: str, group: str, batch_steps: int, floor_ms: int,
-                 read_ahead: int | None = None, wait: bool = True) -> tuple[int, int]:
-    """What a trainer does per batch: poll, pad to arrays, commit. Returns steps and tokens received."""
+                 read_ahead: int | None = None, sync: bool = False) -> tuple[int, int]:
+    """What a trainer does per batch: poll, pad to arrays, commit; then close (which writes the last
+    commits). Returns steps and tokens received."""
     steps = tokens = 0
     options = {} if read_ahead is None else {"read_ahead": read_ahead}
     with PoolConsumer(source, group, **options) as consumer:
@@ -140,8 +147,103 @@ def trainer_loop(source: str, group: str, batch_steps: int, floor_ms: int,
             arrays = batch.to_numpy()
             steps += len(batch)
             tokens += int(arrays.attention_mask.sum())
-            consumer.commit(wait=wait)
+            if sync:
+                consumer.commit(sync=True)
+            else:
+                consumer.commit()  # (so the same bench also runs on the SDK before background commits)
     return steps, tokens
+
+
+def _lists(rows: int, width: int, values: np.ndarray) -> pa.ListArray:
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, rows * width + 1, width, dtype=np.int32)),
+                                    pa.array(values))
+
+
+def seed_groups(store: PoolStore, args: argparse.Namespace) -> list[list[str]]:
+    """``--fetch-batches`` sets of ``--fetch-groups`` ready GRPO groups (``--fetch-rollouts`` trajectories
+    of ``--fetch-turns`` steps each, ``--fetch-tokens`` tokens a step, a quarter of them response with
+    logprobs), written straight into the pool's step table as Arrow; returns each set's group ids, the
+    first set created first (what ``fetch_batch`` serves first)."""
+    rng = np.random.default_rng(2)
+    per_group = args.fetch_rollouts * args.fetch_turns
+    response = args.fetch_tokens // 4
+    prompt = args.fetch_tokens - response
+    sets: list[list[str]] = []
+    for b in range(args.fetch_batches):
+        sets.append([f"b{b}-g{g:05d}" for g in range(args.fetch_groups)])
+        for g0 in range(0, args.fetch_groups, max(1, 1024 // per_group)):
+            group_ids = range(g0, min(g0 + max(1, 1024 // per_group), args.fetch_groups))
+            n = len(group_ids) * per_group
+            i = np.arange(n)
+            group = np.repeat(np.asarray(group_ids), per_group)
+            trajectory = group * args.fetch_rollouts + (i % per_group) // args.fetch_turns
+            turn = i % args.fetch_turns
+            at_ms = np.full(n, 1_760_000_000_000 + b * 1_000_000, np.int64)
+            created = pa.array(at_ms).cast(pa.timestamp("ms", "UTC"))
+            table = pa.table({
+                "step_id": pa.array([f"b{b}-s{t}-{k}" for t, k in zip(trajectory, turn, strict=True)]),
+                "version": pa.array(np.ones(n, np.int64)),
+                "trajectory_id": pa.array([f"b{b}-t{t}" for t in trajectory]),
+                "step_index": pa.array(turn.astype(np.int32)),
+                "prompt_group_id": pa.array([f"b{b}-g{g:05d}" for g in group]),
+                "prompt_group_size": pa.array(np.full(n, args.fetch_rollouts, np.int32)),
+                "prompt_id": pa.array([f"p{b}-{g}" for g in group]),
+                "response_id": pa.array([f"r{b}-{t}-{k}" for t, k in zip(trajectory, turn, strict=True)]),
+                "source_kind": pa.array(["whitebox_agent"] * n), "token_provenance": pa.array(["engine"] * n),
+                "prompt_token_ids": _lists(n, prompt, rng.integers(0, VOCAB, n * prompt, np.uint32)),
+                "response_token_ids": _lists(n, response, rng.integers(0, VOCAB, n * response, np.uint32)),
+                "response_logprobs": _lists(n, response, -rng.random(n * response)),
+                "reward": pa.array(rng.random(n)), "reward_status": pa.array(["final"] * n),
+                "terminal": pa.array((turn == args.fetch_turns - 1).astype(np.uint8)),
+                "ready": pa.array(np.ones(n, np.uint8)), "created_at_ms": created, "updated_at_ms": created,
+            })
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            store.insert_raw("step_versions", sink.getvalue().to_pybytes(), "ArrowStream", table.column_names)
+    return sets
+
+
+FETCHED = ("SELECT * EXCEPT (prompt_messages, response_text, tool_calls_json) FROM steps "
+           "WHERE trajectory_id IN {trajectories:Array(String)} ORDER BY trajectory_id, step_index")
+"""The plain read of a batch: its trajectories by primary key, as a trainer that knows them would read."""
+
+
+def fetch_section(args: argparse.Namespace, url: str, groups: list[list[str]]) -> dict[str, Any]:
+    """``fetch_batch`` of the first set of groups over the API (the time the trainer waits in the call)
+    against one ``SELECT`` of the same rows over the same API as Arrow, by primary key; best of
+    ``--repeats`` each. Their ratios are times (SDK over plain; 2 or less is the goal), not rates."""
+    steps = args.fetch_groups * args.fetch_rollouts * args.fetch_turns
+    trajectories = [f"b0-t{t}" for t in range(args.fetch_groups * args.fetch_rollouts)]
+    plain: dict[str, float] = {}
+    sdk: dict[str, float] = {}
+    for run in range(args.repeats):
+        started, cpu = time.perf_counter(), time.process_time()
+        with httpx.Client(base_url=url, timeout=600) as client:
+            body = {"query": FETCHED, "format": "ArrowStream", "parameters": {"trajectories": trajectories}}
+            response = client.post("/v1/sql", json=body)
+            response.raise_for_status()
+        table = pa.ipc.open_stream(response.content).read_all()
+        figures = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu,
+                   "steps": table.num_rows, "tokens": tokens_of(table)}
+        if not plain or figures["seconds"] < plain["seconds"]:
+            plain = figures
+        with PoolConsumer(url, f"fetch-{run}") as consumer:
+            started, cpu = time.perf_counter(), time.process_time()
+            batch = consumer.fetch_batch(args.fetch_groups, n_rollouts=args.fetch_rollouts)
+            figures = {"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu,
+                       "steps": len(batch), "tokens": tokens_of(batch.to_arrow())}
+            if sorted({str(s.prompt_group_id) for s in batch}) != groups[0]:
+                raise RuntimeError("fetch_batch did not serve the first groups")
+            consumer.commit()
+        if not sdk or figures["seconds"] < sdk["seconds"]:
+            sdk = figures
+    for name, figures in (("plain", plain), ("sdk", sdk)):
+        if figures["steps"] != steps:
+            raise RuntimeError(f"fetch {name} read {figures['steps']} of {steps} steps")
+        figures.update(steps_per_s=figures["steps"] / figures["seconds"],
+                       tokens_per_s=figures["tokens"] / figures["seconds"])
+    return {"plain_fetch_api": plain, "sdk_fetch_api": sdk}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -169,7 +271,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
                 def loop(source: str) -> Callable[[], tuple[int, int]]:
                     return lambda: trainer_loop(source, f"bench-{next(groups)}", args.batch, floor_ms,
-                                                args.read_ahead, not args.background_commits)
+                                                args.read_ahead, args.sync_commits)
 
                 results = {
                     "select_direct": timed(lambda: read_only(select_direct(dsn, floor_ms)), args.repeats),
@@ -180,6 +282,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "sdk_direct": timed(loop(dsn), args.repeats),
                     "sdk_api": timed(loop(url), args.repeats),
                 }
+                fetch = fetch_section(args, url, seed_groups(store, args)) if args.fetch_groups else {}
         finally:
             api_store.close()
             store.close()
@@ -197,13 +300,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_sdk_direct_vs_plain_direct": cpu["plain_direct"] / cpu["sdk_direct"],
         "cpu_sdk_api_vs_plain_api": cpu["plain_api"] / cpu["sdk_api"],
     }
+    if fetch:
+        # A time, not a rate: how long the trainer waits in fetch_batch per plain read of the same rows.
+        sdk_fetch, plain_fetch = fetch["sdk_fetch_api"], fetch["plain_fetch_api"]
+        ratios["fetch_time_sdk_api_over_plain_api"] = sdk_fetch["seconds"] / plain_fetch["seconds"]
+        ratios["fetch_cpu_sdk_api_over_plain_api"] = sdk_fetch["cpu_seconds"] / plain_fetch["cpu_seconds"]
     return {
         "config": {"steps": args.steps, "history": args.history, "batch": args.batch,
-                   "read_ahead": args.read_ahead, "background_commits": args.background_commits,
+                   "read_ahead": args.read_ahead, "sync_commits": args.sync_commits,
                    "prompt_tokens": args.prompt_tokens,
-                   "response_tokens": args.response_tokens, "repeats": args.repeats, "seed_seconds": seed_s},
+                   "response_tokens": args.response_tokens, "repeats": args.repeats, "seed_seconds": seed_s,
+                   "fetch": {"batches": args.fetch_batches, "groups": args.fetch_groups,
+                             "rollouts": args.fetch_rollouts, "turns": args.fetch_turns,
+                             "tokens": args.fetch_tokens}},
         "machine": {"python": platform.python_version(), "platform": platform.platform()},
-        "results": results,
+        "results": {**results, **fetch},
         "ratios": ratios,
     }
 
@@ -214,18 +325,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=512, help="max_steps per poll")
     parser.add_argument("--read-ahead", type=int, default=None,
                         help="PoolConsumer(read_ahead=...); default: the SDK's default; 1: no read-ahead")
-    parser.add_argument("--background-commits", action="store_true",
-                        help="commit(wait=False): the commit insert runs while the loop goes on")
+    parser.add_argument("--sync-commits", action="store_true",
+                        help="commit(sync=True): every commit is written before the loop goes on")
     parser.add_argument("--history", type=int, default=0, help="older ready steps that every reader skips")
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--response-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2, help="best of this many runs per figure")
+    parser.add_argument("--fetch-groups", type=int, default=128,
+                        help="fetch_batch section: prompt groups per batch (0: no fetch section)")
+    parser.add_argument("--fetch-rollouts", type=int, default=16, help="trajectories per group")
+    parser.add_argument("--fetch-turns", type=int, default=4, help="steps per trajectory")
+    parser.add_argument("--fetch-tokens", type=int, default=2048, help="tokens per step (a quarter response)")
+    parser.add_argument("--fetch-batches", type=int, default=2, help="batches of groups in the pool")
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     report = run(args)
-    print(f"{'path':<14}{'seconds':>10}{'cpu s':>8}{'steps/s':>12}{'Mtokens/s':>12}")
+    print(f"{'path':<16}{'seconds':>10}{'cpu s':>8}{'steps/s':>12}{'Mtokens/s':>12}")
     for name, f in report["results"].items():
-        print(f"{name:<14}{f['seconds']:>10.3f}{f['cpu_seconds']:>8.2f}{f['steps_per_s']:>12.0f}"
+        print(f"{name:<16}{f['seconds']:>10.3f}{f['cpu_seconds']:>8.2f}{f['steps_per_s']:>12.0f}"
               f"{f['tokens_per_s'] / 1e6:>12.2f}")
     for name, value in report["ratios"].items():
         print(f"{name:<34}{value:>8.3f}")

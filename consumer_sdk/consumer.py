@@ -3,10 +3,13 @@
 Delivery contract, per group (groups are fully independent):
 
 * a ready step matching the group's filters is delivered once; ``commit()`` records what was
-  delivered in the pool, and a committed step is never delivered to the group again;
-* what was delivered but not committed (the consumer crashed, or closed without committing) is
-  delivered again to the next consumer of the group: at-least-once, so commit right after the
-  update a batch fed (a crash between the two replays just that batch);
+  delivered, and a committed step is never delivered to the group again;
+* ``commit()`` returns at once: the commits reach the pool in the background, every few commits or
+  seconds (``CLAWR1_SDK_COMMIT_BATCHES``, ``CLAWR1_SDK_COMMIT_SECONDS``), and on ``close()``;
+  ``commit(sync=True)`` waits for them;
+* what was delivered but not committed, or committed and not written yet (the consumer crashed), is
+  delivered again to the next consumer of the group: at-least-once, as a Kafka consumer with periodic
+  offset commits (a crash replays at most the commits not written yet and the batch in hand);
 * a step that becomes eligible later (a newer version turns it ready, or its reward final) is
   delivered when it does, in the version current at that time;
 * ``seek()`` moves the whole group: ``earliest`` replays everything, ``latest`` skips what the pool
@@ -24,9 +27,12 @@ A consumer is not thread-safe; give each thread its own.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
@@ -39,40 +45,43 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from clawr1.consumer_sdk.batch import StepBatch
+from clawr1.consumer_sdk.commits import Committer, CursorRow
+from clawr1.consumer_sdk.delivery import (
+    Ledger,
+    Page,
+    PageRequest,
+    just_before,
+    position_at,
+    read_page,
+    sort_by_position,
+    where,
+)
 from clawr1.consumer_sdk.errors import ConsumerClosed, UsageError
 from clawr1.consumer_sdk.export import ExportManifest, export_steps
 from clawr1.consumer_sdk.filters import Filters, filter_sql, to_epoch_ms
 from clawr1.consumer_sdk.presets import read_preset
 from clawr1.consumer_sdk.queries import (
     LATEST_FLOOR_SQL,
-    POSITION_SQL,
+    Position,
     Scope,
-    newest_matching,
-    queue_page_end_sql,
-    ready_steps_sql,
     rollout_groups_sql,
     select_list,
     steps_sql,
     trajectories_sql,
-    version_columns,
     whole_groups_sql,
 )
 from clawr1.consumer_sdk.source import TransportKind, parse_source
 from clawr1.consumer_sdk.transport import Transport, open_transport
-from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
+from clawr1.core.registry import SDK_COMMIT_BATCHES, SDK_COMMIT_SECONDS
+from clawr1.pool.consumer_tables import POSITIONS_TABLE
 
 __all__ = ["PoolConsumer"]
 
-_COMMIT_COLUMNS = ["group_name", "epoch", "step_id", "step_version", "consumer_id"]
 _POSITION_COLUMNS = ["group_name", "epoch", "floor_ms", "set_at_ns", "consumer_id"]
 _FIRST_WAIT_S = 0.05
 _MAX_WAIT_S = 1.0
 READ_AHEAD_MAX_AGE_S = 5.0
 """How long steps read ahead (``read_ahead``) may wait in the consumer before they are read again."""
-_READ_AHEAD_MAX_ROWS = 65_536
-READ_AHEAD_MAX_TOKENS = 8_000_000
-"""A read-ahead page holds at most about this many tokens (judged on the steps read so far; the first page
-of a consumer reads one batch): about 50 MB of Arrow with logprobs on the responses."""
 
 
 def _positive_int(name: str, value: Any, allow_none: bool = False) -> int | None:
@@ -97,15 +106,6 @@ def _within(table: pa.Table, max_steps: int, max_tokens: int | None) -> pa.Table
     return table.slice(0, max(1, int(np.searchsorted(running, max_tokens, side="right"))))
 
 
-def _write_commits(link: Transport, data: pa.Table) -> None:
-    """One insert of commit rows (on the commit thread): Arrow when the transport takes it."""
-    insert_arrow = getattr(link, "insert_arrow", None)
-    if insert_arrow is not None:
-        insert_arrow(COMMITS_TABLE, data)
-    else:
-        link.insert(COMMITS_TABLE, [list(row.values()) for row in data.to_pylist()], _COMMIT_COLUMNS)
-
-
 def _fills(table: pa.Table, max_steps: int, max_tokens: int | None) -> bool:
     """Whether ``table`` holds a whole batch: ``max_steps`` steps or ``max_tokens`` tokens."""
     if table.num_rows >= max_steps:
@@ -121,7 +121,7 @@ class PoolConsumer:
     ``clawr1.consumer_sdk.source``), or is an open ``Transport`` to read through (closed with the consumer).
     ``preset`` names saved filters; keyword ``filters`` (see :class:`Filters`) refine them.
     ``read_ahead``: how many batches one ready poll may read at once, the rest served to the next polls
-    (1: none; see ``_ready_batch``).
+    while the next read runs in the background (1: none; see ``_ready_batch``).
     """
 
     def __init__(
@@ -151,34 +151,44 @@ class PoolConsumer:
         self.member = member
         self.members = members
         self.whole_groups = bool(whole_groups)
+        self.with_text = bool(with_text)
         self.consumer_id = uuid.uuid4().hex
         self._select = select_list(with_text)
-        self._columns = version_columns(with_text)
         self._policy_version: int | None = None
         self._epoch: str | None = None
         self._in_flight: dict[str, tuple[str, int]] = {}
-        # Committed by commit() whose insert may not have landed yet: still left out of every poll; durable
-        # before the next poll, fetch_batch, seek or close returns (see commit()).
-        self._committing: dict[str, tuple[str, int]] = {}
-        self._pending: Future[None] | None = None
-        self._committer: ThreadPoolExecutor | None = None
+        self._ledger = Ledger()
         self.read_ahead = read_ahead
-        # Ready steps read ahead and not handed out yet (not in flight): the rest of the last page, and
-        # when it was read (time.monotonic()). A new epoch, a seek or a new policy version drops it.
+        # Where ready polls stand in the delivery log (see clawr1.consumer_sdk.delivery): the end of the last
+        # read in this epoch, whether the log went on past it, the steps read and not handed out yet (not
+        # in flight; in log order, with logged_at) with each read they came from (rows, when it began, the
+        # committer's landed writes then), the batches handed out (last position, steps), and the next read
+        # running in the background.
+        self._after: Position | None = None
+        self._more = True
         self._ahead: pa.Table | None = None
-        self._ahead_at = 0.0
+        self._reads: deque[tuple[int, float, int]] = deque()
+        self._handed: list[tuple[Position, tuple[str, ...]]] = []
+        self._prefetch: tuple[Future[Page], int, int] | None = None  # the read, resets, its generation
+        self._resets = 0
+        self._reader: ThreadPoolExecutor | None = None
+        self._empty: pa.Table | None = None
         self._tokens_per_step: float | None = None  # of the ready steps read so far: sizes read-ahead pages
         self._transport: Transport | None = (
             open_transport(parse_source(source, transport), api_key=api_key, request_timeout=request_timeout)
             if transport is None or isinstance(transport, str)
             else transport  # an open link (the dashboard's preview reads through its own pool store)
         )
+        self._committer = Committer(self._transport, group, self.consumer_id,
+                                    SDK_COMMIT_BATCHES.read(os.environ), SDK_COMMIT_SECONDS.read(os.environ))
         try:
             self.filters: Filters = (
                 read_preset(self._transport, preset).merged(**filters) if preset is not None else explicit
             )
             if self.whole_groups and self.filters.ready is not True:
                 raise UsageError("whole_groups delivers only ready groups: leave ready=True")
+            # A cursor is kept per set of filters: an entry one set passed over may qualify for another.
+            self._filters_key = hashlib.sha256(self.filters.to_json().encode()).hexdigest()[:16]
         except BaseException:
             self.close()
             raise
@@ -204,7 +214,7 @@ class PoolConsumer:
         if isinstance(version, bool) or not isinstance(version, int):
             raise UsageError(f"policy version must be an integer, got {version!r}")
         if version != self._policy_version:
-            self._ahead = None  # read under the old version's max_staleness
+            self._drop_read_ahead()  # read under the old version's max_staleness
         self._policy_version = version
 
     # -- fetching ------------------------------------------------------------------------------
@@ -265,87 +275,177 @@ class PoolConsumer:
             time.sleep(min(wait, remaining))
             wait = min(wait * 2, _MAX_WAIT_S)
 
-    def _scope(self) -> Scope:
-        """Where the group stands now (epoch, floor), forgetting deliveries of an older epoch."""
-        position = self._link().query(POSITION_SQL, {"group": self.group}).to_pylist()[0]
-        epoch, floor_ms = str(position["epoch"]), int(position["floor_ms"])
+    def _enter(self, epoch: str) -> None:
+        """Be in ``epoch``: one the group moved to elsewhere forgets what this consumer holds."""
         if epoch != self._epoch:
-            # The group was sought elsewhere: what this consumer holds belongs to a forgotten epoch.
-            self._in_flight.clear()
-            self._ahead = None
+            if self._epoch is not None:
+                self._forget_epoch()
             self._epoch = epoch
-        taken = (*self._in_flight, *self._committing)
-        return Scope(self.group, epoch, floor_ms, taken, self.member, self.members)
+
+    def _forget_epoch(self) -> None:
+        self._in_flight.clear()
+        self._ledger.clear()
+        self._handed.clear()
+        self._after = None
+        self._more = True
+        self._drop_read_ahead()
+
+    def _scope(self) -> Scope:
+        """Where the group stands now (epoch, floor), for the reads of the ``steps`` view."""
+        now = where(self._link(), self.group)
+        self._enter(now.epoch)
+        taken = (*self._in_flight, *self._committer.unlanded())
+        return Scope(self.group, now.epoch, now.floor_ms, taken, self.member, self.members)
 
     def _fetch(self, max_steps: int, max_tokens: int | None, max_groups: int | None) -> StepBatch:
-        scope = self._scope()
         clauses, params = filter_sql(self.filters, self._policy_version)
+        if self.filters.ready is True and not self.whole_groups:
+            return self._ready_batch(clauses, params, max_steps, max_tokens)
+        scope = self._scope()
         if self.whole_groups:
             sql, scope_params = whole_groups_sql(
                 self._select, clauses, scope, max_steps, max_tokens, max_groups
             )
-        elif self.filters.ready is True:
-            return self._deliver(StepBatch(self._ready_batch(clauses, params, scope, max_steps, max_tokens)),
-                                 scope.epoch)
         else:
             sql, scope_params = steps_sql(self._select, clauses, scope, max_steps, max_tokens)
         return self._deliver(StepBatch(self._link().query(sql, {**params, **scope_params})), scope.epoch)
 
-    def _ready_batch(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
-                     max_tokens: int | None) -> pa.Table:
-        """The next ready batch: from what was read ahead when it holds a full batch read under the same
-        epoch and policy version less than ``READ_AHEAD_MAX_AGE_S`` ago, else from a fresh read of up to
-        ``read_ahead`` batches (the rest is kept for the next polls).
+    def _ready_batch(self, clauses: list[str], params: dict[str, Any], max_steps: int,
+                     max_tokens: int | None) -> StepBatch:
+        """The next ready batch, from the delivery log after this member's position.
 
-        A read costs about the same for one batch as for several (its cost is the pool granules the
-        scattered steps sit in, and a query's fixed cost), so a fast loop reads each granule once per
-        ``read_ahead`` batches. Steps read ahead are not in flight: a crash or ``close()`` forgets them
-        and nothing is lost; a seek (here or by another member, seen by the position read every poll)
-        or a new policy version drops them."""
-        ahead, self._ahead = self._ahead, None
-        fresh = ahead is not None and time.monotonic() - self._ahead_at < READ_AHEAD_MAX_AGE_S
-        if not (fresh and ahead is not None and _fills(ahead, max_steps, max_tokens)):
-            ahead = self._ready_steps(clauses, params, scope, max_steps, max_tokens, self._scan(max_steps))
-            self._ahead_at = time.monotonic()
-            if ahead.num_rows:
-                self._tokens_per_step = int(pc.sum(_token_counts(ahead)).as_py() or 0) / ahead.num_rows
-        batch = _within(ahead, max_steps, max_tokens)
-        if batch.num_rows < ahead.num_rows:
-            self._ahead = ahead.slice(batch.num_rows)
+        A read takes up to ``read_ahead`` batches (its cost is a range of the log by primary key plus a
+        query's fixed cost, so a fast loop pays the fixed cost once per ``read_ahead`` batches); the next
+        read starts in the background as soon as one returns a full page. Batches served from what was
+        read ahead read nothing, not even the group's position: a seek by another member, or a step's newer
+        version, is seen by the next read, at most ``READ_AHEAD_MAX_AGE_S`` later. Steps read ahead are not
+        in flight: a crash or ``close()`` forgets them and nothing is lost; a seek here or a new policy
+        version drops them."""
+        self._expire_read_ahead()
+        read = False
+        while True:
+            if self._wants_read(read, max_steps, max_tokens):
+                self._accept(self._next_page(clauses, params, max_steps))
+                read = True
+                continue
+            batch = self._take(max_steps, max_tokens)
+            if len(batch) or (read and not self._more):
+                break
+        self._read_next(clauses, params, max_steps)
         return batch
 
-    def _scan(self, max_steps: int) -> int:
-        """Queue entries one ready page reads: ``read_ahead`` batches, as far as about
-        ``READ_AHEAD_MAX_TOKENS`` tokens of steps like those read so far hold (one batch before any)."""
-        if self._tokens_per_step is None:
-            return max_steps
-        by_tokens = int(READ_AHEAD_MAX_TOKENS / max(self._tokens_per_step, 1.0))
-        return max(max_steps, min(max_steps * self.read_ahead, by_tokens, _READ_AHEAD_MAX_ROWS))
+    def _wants_read(self, read: bool, max_steps: int, max_tokens: int | None) -> bool:
+        """Read when nothing is ahead (once per poll when the last read reached the log's end), or too
+        little for a batch while the log goes on past the last read. What a read that reached the end got
+        is handed out without reading again: the next poll reads."""
+        if self._ahead is None:
+            return self._more or not read
+        return self._more and not _fills(self._ahead, max_steps, max_tokens)
 
-    def _ready_steps(self, clauses: list[str], params: dict[str, Any], scope: Scope, max_steps: int,
-                     max_tokens: int | None, scan: int) -> pa.Table:
-        """Pages of ``scan`` ready-queue entries (see ``ready_steps_sql``) until a batch is full or the
-        queue ends; usually one page, one query."""
-        pages: list[pa.Table] = []
-        rows = tokens = 0
-        after: tuple[int, str] | None = None
+    def _page_request(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> PageRequest:
+        return PageRequest(self.group, self.member, self.members, self._filters_key, self._epoch, self._after,
+                           tuple(self._handed), max_steps, self.read_ahead, self._tokens_per_step,
+                           self.with_text, clauses, params, self._committer.generation, self._policy_version)
+
+    def _next_page(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> Page:
+        """The read running in the background when it continues from where this consumer stands, else a
+        read now."""
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None:
+            page = prefetch[0].result()
+            if prefetch[1] == self._resets and page.request.after == self._after \
+                    and page.request.epoch == self._epoch:
+                return page
+        return read_page(self._link(), self._page_request(clauses, params, max_steps), time.monotonic())
+
+    def _read_next(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> None:
+        """Start the next read in the background, when the log goes on and none runs."""
+        if self._prefetch is not None or not self._more or self._after is None or self.read_ahead == 1:
+            return
+        if self._reader is None:
+            self._reader = ThreadPoolExecutor(1, thread_name_prefix="clawr1-read-ahead")
+        link, request = self._link(), self._page_request(clauses, params, max_steps)
+        running = self._reader.submit(lambda: read_page(link, request, time.monotonic()))
+        self._prefetch = (running, self._resets, request.generation)
+
+    def _accept(self, page: Page) -> None:
+        """Take a read's steps into the read-ahead, in log order; the group may have moved meanwhile."""
+        self._enter(page.where.epoch)
+        self._after, self._more = page.end, page.full
+        self._handed = [(last, ids) for last, ids in self._handed if last > page.start]
+        rows = page.rows
+        self._empty = rows.slice(0, 0)
+        if self._ahead is not None and rows.num_rows:  # an entry that became visible late, read twice
+            seen = self._ahead.column("step_id")
+            rows = rows.filter(pc.invert(pc.is_in(rows.column("step_id"), value_set=seen)))
+        if rows.num_rows:
+            self._tokens_per_step = int(pc.sum(_token_counts(rows)).as_py() or 0) / rows.num_rows
+            self._reads.append((rows.num_rows, page.read_at, page.request.generation))
+            if self._ahead is None:
+                self._ahead = rows
+            elif position_at(rows, 0) > position_at(self._ahead, self._ahead.num_rows - 1):
+                self._ahead = pa.concat_tables([self._ahead, rows])
+            else:
+                self._ahead = sort_by_position(pa.concat_tables([self._ahead, rows]))
+                read_at, generation = min(r[1] for r in self._reads), min(r[2] for r in self._reads)
+                self._reads = deque([(self._ahead.num_rows, read_at, generation)])
+
+    def _take(self, max_steps: int, max_tokens: int | None) -> StepBatch:
+        """Hand out the next batch of what was read ahead, leaving out steps this consumer holds or
+        committed since the read (a newer version of them)."""
+        ahead = self._ahead
+        if ahead is None:
+            assert self._empty is not None  # a read came first
+            return StepBatch(self._empty.drop_columns(["logged_at"]))
+        generation = min(r[2] for r in self._reads)
+        window = max_steps
         while True:
-            sql, page_params = ready_steps_sql(self._columns, clauses, scope, scan, after)
-            page = newest_matching(self._link().query(sql, {**params, **page_params}))
-            if pages:  # a step with entries on two pages is delivered once
-                taken = pa.array([s for p in pages for s in p.column("step_id").to_pylist()], pa.string())
-                page = page.filter(pc.invert(pc.is_in(page.column("step_id"), value_set=taken)))
-            pages.append(page)
-            rows += page.num_rows
-            tokens += int(pc.sum(_token_counts(page)).as_py() or 0)
-            if rows >= max_steps or (max_tokens is not None and tokens >= max_tokens):
+            head = ahead.slice(0, window)
+            ids = head.column("step_id").to_pylist()
+            held = self._in_flight.keys() & ids | self._committer.holding(ids, generation)
+            kept = np.flatnonzero([s not in held for s in ids]) if held else np.arange(head.num_rows)
+            candidates = head.take(pa.array(kept)) if held else head
+            chosen = _within(candidates, max_steps, max_tokens)
+            if chosen.num_rows >= max_steps or chosen.num_rows < candidates.num_rows \
+                    or head.num_rows == ahead.num_rows:
                 break
-            sql, end_params = queue_page_end_sql(scope, scan, after)
-            end = self._link().query(sql, end_params).to_pylist()[0]
-            if int(end["entries"]) < scan:
+            window *= 2  # steps left out shortened the batch: look further
+        self._consume(int(kept[chosen.num_rows - 1]) + 1 if chosen.num_rows else head.num_rows)
+        if not chosen.num_rows:
+            return StepBatch(chosen.drop_columns(["logged_at"]))
+        batch = StepBatch(chosen.drop_columns(["logged_at"]))
+        self._handed.append((position_at(chosen, chosen.num_rows - 1), batch.step_ids))
+        return self._deliver(batch, self._epoch or "", just_before(position_at(chosen, 0)))
+
+    def _consume(self, rows: int) -> None:
+        """Drop the first ``rows`` of the read-ahead (handed out, or left out)."""
+        ahead = self._ahead
+        assert ahead is not None
+        self._ahead = ahead.slice(rows) if rows < ahead.num_rows else None
+        while rows and self._reads:
+            count, read_at, generation = self._reads[0]
+            if count > rows:
+                self._reads[0] = (count - rows, read_at, generation)
                 break
-            after = (int(end["at_ms"]), str(end["step_id"]))
-        return pa.concat_tables(pages)
+            rows -= count
+            self._reads.popleft()
+        # Writes that landed before every read still in use began are seen by those reads themselves.
+        since = [r[2] for r in self._reads] + ([self._prefetch[2]] if self._prefetch is not None else [])
+        self._committer.forget_landed(min(since, default=self._committer.generation))
+
+    def _expire_read_ahead(self) -> None:
+        if self._reads and time.monotonic() - min(r[1] for r in self._reads) >= READ_AHEAD_MAX_AGE_S:
+            self._drop_read_ahead()
+
+    def _drop_read_ahead(self) -> None:
+        """Forget what was read ahead (it is read again) and the read running in the background."""
+        if self._ahead is not None and self._after is not None:
+            self._after = min(self._after, just_before(position_at(self._ahead, 0)))
+            self._more = True
+        self._ahead = None
+        self._reads.clear()
+        self._prefetch = None
+        self._resets += 1
 
     def _fetch_groups(self, filters: Filters, batch_size: int, n_rollouts: int | None) -> StepBatch:
         scope = self._scope()
@@ -358,12 +458,13 @@ class PoolConsumer:
         table = self._link().query(trajectories_sql(self._select), {"c_trajectories": trajectories})
         return self._deliver(StepBatch(table), scope.epoch)
 
-    def _deliver(self, batch: StepBatch, epoch: str) -> StepBatch:
-        """Mark the batch's steps in flight (what ``commit()`` records), once the last commit landed."""
-        self._settle()
+    def _deliver(self, batch: StepBatch, epoch: str, hold: Position | None = None) -> StepBatch:
+        """Mark the batch's steps in flight (what ``commit()`` records); ``hold``: where the batch holds
+        the member's cursor (None: delivered outside the log's order)."""
         versions = batch.to_arrow().column("version").to_pylist()
         for step_id, version in zip(batch.step_ids, versions, strict=True):
             self._in_flight[step_id] = (epoch, int(version))
+        self._ledger.deliver(batch.step_ids, hold)
         return batch
 
     def export(self, out: str | Path, **options: Any) -> ExportManifest:
@@ -387,69 +488,64 @@ class PoolConsumer:
 
     # -- offsets -------------------------------------------------------------------------------
 
-    def commit(self, batch: StepBatch | None = None, *, wait: bool = True) -> int:
+    def _cursor_row(self) -> CursorRow | None:
+        """Where this member may resume in the log: the lowest of the end of its last read, just before
+        the first step read ahead, and what deliveries not committed yet hold (none while a delivery made
+        outside the log's order is uncommitted)."""
+        if self._epoch is None or self._after is None or self._ledger.frozen:
+            return None
+        holds = [self._after]
+        if self._ahead is not None:
+            holds.append(just_before(position_at(self._ahead, 0)))
+        if (held := self._ledger.hold()) is not None:
+            holds.append(held)
+        return CursorRow(self._epoch, self.member, self.members, self._filters_key, min(holds))
+
+    def commit(self, batch: StepBatch | None = None, *, sync: bool = False) -> int:
         """Record as consumed everything delivered so far (or just ``batch``); returns the step count.
 
         Steps of ``batch`` that are not in flight here (already committed, or forgotten by a seek)
-        are skipped.
+        are skipped. Committed steps are never handed out again by this consumer.
 
-        Returns once the commit is in the pool (and raises if the pool refused it). With ``wait=False``
-        the rows are written on a background thread while the trainer goes on: the next ``poll``,
-        ``fetch_batch``, ``seek``, ``commit`` or ``close`` (or ``flush()``) waits for them first and
-        raises the insert's error there if it failed (the steps are then in flight again); until they
-        land the steps are left out of every poll. A crash before that replays the batch, as a crash just
-        before a waiting ``commit()`` would: at-least-once either way.
+        Returns at once: the commit reaches the pool in the background, with the ones before it, after
+        ``CLAWR1_SDK_COMMIT_BATCHES`` commits or ``CLAWR1_SDK_COMMIT_SECONDS`` seconds, and on ``flush()``,
+        ``seek()`` and ``close()``. A crash before that delivers those steps again to the group's next
+        consumer (at-least-once); a background write the pool refused is tried again. ``sync=True`` writes
+        it, and everything recorded before, now, and raises if the pool refused them: those steps are then
+        in flight again (commit them again).
         """
-        link = self._link()
-        self._settle()
+        self._link()
         ids = list(self._in_flight) if batch is None else [s for s in batch.step_ids if s in self._in_flight]
-        if not ids:
-            return 0
         taken = {step_id: self._in_flight.pop(step_id) for step_id in ids}
-        self._committing.update(taken)
-        n = len(ids)
-        data = pa.table({
-            "group_name": pa.array([self.group] * n, pa.string()),
-            "epoch": pa.array([epoch for epoch, _ in taken.values()], pa.string()),
-            "step_id": pa.array(ids, pa.string()),
-            "step_version": pa.array([version for _, version in taken.values()], pa.int64()),
-            "consumer_id": pa.array([self.consumer_id] * n, pa.string()),
-        })
-        if self._committer is None:
-            # Not a daemon: an interpreter that exits waits for the commit being written.
-            self._committer = ThreadPoolExecutor(1, thread_name_prefix="clawr1-commit")
-        self._pending = self._committer.submit(_write_commits, link, data)
-        if wait:
-            self._settle()
-        return n
+        self._ledger.settle(taken)
+        if taken:
+            # The cursor is written with commits only: a consumer that never commits (the dashboard's
+            # preview) never moves its group.
+            self._committer.record(taken, self._cursor_row())
+        if sync:
+            try:
+                self._committer.flush()
+            except Exception:
+                returned = self._committer.take_back()  # in flight again: commit them again
+                self._in_flight.update(returned)
+                self._ledger.deliver(returned, None)
+                raise
+        return len(taken)
 
     def flush(self) -> None:
-        """Wait until what ``commit()`` recorded is in the pool (``poll``, ``fetch_batch``, ``seek`` and
-        ``close`` do this on their own); raises the commit's error if its insert failed."""
-        self._settle()
-
-    def _settle(self) -> None:
-        """Wait for the commit being written. If it failed, its steps are in flight again (a ``commit()``
-        sends them again) and its error is raised."""
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        try:
-            pending.result()
-        except BaseException:
-            self._in_flight.update(self._committing)
-            raise
-        finally:
-            self._committing.clear()
+        """Write what ``commit()`` recorded now and wait (``seek`` and ``close`` do this on their own);
+        raises the write's error if the pool refused it."""
+        self._link()
+        self._committer.flush()
 
     def seek(self, position: Literal["earliest", "latest"] | datetime | int) -> None:
         """Move the whole group to ``earliest``, ``latest``, or a time (aware datetime / epoch ms).
 
-        Uncommitted deliveries are dropped; every member of the group sees the new position on its
-        next poll.
+        Writes this consumer's commits first. Uncommitted deliveries are dropped; every member of the
+        group sees the new position on its next read of the pool.
         """
         link = self._link()
-        self._settle()
+        self._committer.flush()
         if position == "earliest":
             floor_ms = 0
         elif position == "latest":
@@ -461,24 +557,23 @@ class PoolConsumer:
         epoch = uuid.uuid4().hex
         link.insert(POSITIONS_TABLE, [[self.group, epoch, floor_ms, time.time_ns(), self.consumer_id]],
                     _POSITION_COLUMNS)
-        self._in_flight.clear()
-        self._ahead = None
-        self._epoch = epoch
+        self._enter(epoch)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the connection. Uncommitted deliveries are not committed: they will come again."""
-        self._ahead = None
-        if self._transport is not None:
-            try:
-                self._settle()
-            finally:
-                transport, self._transport = self._transport, None
-                if self._committer is not None:
-                    self._committer.shutdown(wait=True)
-                    self._committer = None
-                transport.close()
+        """Write what ``commit()`` recorded and release the connection. Uncommitted deliveries are not
+        committed: they will come again; so will commits the pool refused (close raises the error)."""
+        if self._transport is None:
+            return
+        try:
+            self._drop_read_ahead()
+            if self._reader is not None:
+                self._reader.shutdown(wait=True)  # the read in the background, if one runs
+            self._committer.close()
+        finally:
+            transport, self._transport = self._transport, None
+            transport.close()
 
     def __enter__(self) -> PoolConsumer:
         return self

@@ -1,11 +1,10 @@
 """The SQL a consumer runs, built as text with ``{name:Type}`` placeholders plus the values they bind.
 
-A poll of ready steps (the default ``ready=True``) reads the pool's ready queue (``ready_queue``,
-every ready step version keyed by readiness time) from the group's floor by primary key, skipping
-committed and in-flight steps, then the newest version of just those steps straight from
-``step_versions``: no ``FINAL`` over the pool. One query per page, usually one page per poll
-(see :func:`ready_steps_sql`). Other polls (``ready=False``/``None``), ``whole_groups`` and
-``fetch_batch`` read the ``steps`` view in one query each, a single snapshot:
+A poll of ready steps (the default ``ready=True``) reads the pool's delivery log (``delivery_log``, every
+step version in the order it landed, ready ones with their training payload) after the member's position,
+by primary key: one contiguous read per page, no ``FINAL`` over the pool (see :func:`delivery_page_sql`).
+Other polls (``ready=False``/``None``), ``whole_groups`` and ``fetch_batch`` read the ``steps`` view in
+one query each, a single snapshot:
 
 * a step is eligible when it matches the filters, its current version landed at or after the
   group's floor, it is not in the group's committed set for the current epoch, not in flight in
@@ -30,12 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-
-from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
-from clawr1.pool.migrations import READY_QUEUE, STEP_FIELDS
+from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE, POSITIONS_TABLE, PRESETS_TABLE
+from clawr1.pool.migrations import DELIVERY_FIELDS, DELIVERY_LOG, STEP_FIELDS
 
 STEPS_VIEW = "steps"
 
@@ -73,15 +68,12 @@ class Scope:
     member: int = 0
     members: int = 1
 
-    def params(self) -> dict[str, Any]:
-        """The values the scope's clauses bind (the member ones only when there are members to split:
-        the pool API refuses parameters a query does not use)."""
-        params: dict[str, Any] = {
-            "c_group": self.group,
-            "c_epoch": self.epoch,
-            "c_floor": self.floor_ms,
-            "c_in_flight": list(self.in_flight),
-        }
+    def params(self, in_flight: bool = True) -> dict[str, Any]:
+        """The values the scope's clauses bind (the member ones only when there are members to split, the
+        in-flight ids only when asked: the pool API refuses parameters a query does not use)."""
+        params: dict[str, Any] = {"c_group": self.group, "c_epoch": self.epoch, "c_floor": self.floor_ms}
+        if in_flight:
+            params["c_in_flight"] = list(self.in_flight)
         if self.members > 1:
             params.update(c_member=self.member, c_members=self.members)
         return params
@@ -135,81 +127,80 @@ def steps_sql(
     return sql, params
 
 
-def _queue_window(scope: Scope, after: bool) -> str:
-    """The next ``c_scan`` ready-queue entries of the group: read by primary key from the floor (or past
-    the previous page's last entry), committed, in-flight and other members' steps left out."""
-    clauses = [
-        f"ingested_at >= {_AFTER_FLOOR}",
-        _NOT_COMMITTED,
-        _NOT_IN_FLIGHT,
-        *_partition("step_id", scope),
-    ]
-    if after:
-        past = "fromUnixTimestamp64Milli({c_after_ms:Int64}, 'UTC')"
-        clauses += [f"ingested_at >= {past}", f"ingested_at > {past} OR step_id > {{c_after_id:String}}"]
-    return (f"SELECT ingested_at, step_id, trajectory_id FROM {READY_QUEUE} WHERE {_and(clauses)} "
-            f"ORDER BY {_ORDER} LIMIT {{c_scan:UInt64}}")
+Position = tuple[int, str, int]
+"""A point in the pool's delivery log: ``(logged_at ms, step_id, version)``, the log's sort key."""
+
+_LOG_ORDER = "logged_at, step_id, version"
+_START_AT = "fromUnixTimestamp64Milli({c_start_ms:Int64}, 'UTC')"
+_AFTER_START = (f"logged_at >= {_START_AT} AND (logged_at > {_START_AT} "
+                "OR (step_id, version) > ({c_start_id:String}, {c_start_version:Int64}))")
 
 
-def _page_params(scope: Scope, scan: int, after: tuple[int, str] | None) -> dict[str, Any]:
-    params = {**scope.params(), "c_scan": scan}
-    if after is not None:
-        params.update(c_after_ms=after[0], c_after_id=after[1])
-    return params
+def delivery_columns(with_text: bool) -> str:
+    """What a ready poll reads from the delivery log: its step columns, or (``with_text``, which the log
+    does not carry) just the keys, the rest then coming from ``step_versions``."""
+    names = ("step_id", "trajectory_id", "version") if with_text else (*DELIVERY_FIELDS, "ingested_at")
+    return ", ".join(names)
 
 
-def ready_steps_sql(
-    columns: str, filter_clauses: list[str], scope: Scope, scan: int, after: tuple[int, str] | None
+def delivery_page_sql(
+    columns: str, filter_clauses: list[str], scope: Scope, start: Position, scan: int, exclude: list[str]
 ) -> tuple[str, dict[str, Any]]:
-    """One page of a ready poll: every stored version of the steps in the next ``scan`` queue entries,
-    each with ``_match`` (it passes the filters and the floor).
+    """One page of a ready poll: the next ``scan`` delivery-log entries after ``start`` that pass the
+    filters, the floor and the member split (``exclude``: step ids this consumer already holds), read by
+    primary key, in log order, each with ``logged_at``, ``has_payload``, ``_committed`` and ``_newest``.
 
-    The queue holds every ready version, so a step may sit there several times; the caller keeps each
-    step's newest version (the one ``FINAL`` would keep: highest ``version``, then the latest written)
-    and delivers it, once, when it matches (:func:`newest_matching`). Steps are read by their primary key
-    ``(trajectory_id, step_id)``, so only their granules are touched, and the wide columns only for their
-    rows. A page can come back short (stale entries, filtered steps): :func:`queue_page_end_sql` says
-    whether the queue goes on.
+    ``_committed``: the group's current epoch committed the step. ``_newest``: no later entry of the step,
+    ready or not, is in the log; judged on 64-bit hashes of the step ids (far cheaper to group and match
+    than the strings), so a 1 is certain and a 0 may be another step's entry under the same hash: the
+    caller checks those few with :data:`NEWEST_SQL`. Later entries are looked for from ``start`` on, so
+    the check costs what lies between the page and the log's end, not the pool.
     """
-    window = _queue_window(scope, after is not None)
-    match = _and([*filter_clauses, f"ingested_at >= {_AFTER_FLOOR}"])
+    selected = _and([
+        _AFTER_START,
+        *filter_clauses,
+        f"ingested_at >= {_AFTER_FLOOR}",
+        *_partition("step_id", scope),
+        "step_id NOT IN {c_exclude:Array(String)}",
+    ])
+    page = (f"SELECT logged_at, step_id, version FROM {DELIVERY_LOG} WHERE {selected} "
+            f"ORDER BY {_LOG_ORDER} LIMIT {{c_scan:UInt64}}")
+    newest = (f"SELECT cityHash64(step_id) AS h, max((version, logged_at)) FROM {DELIVERY_LOG} "
+              f"WHERE logged_at >= {_START_AT} AND h IN (SELECT cityHash64(step_id) FROM page) GROUP BY h")
+    committed = (f"SELECT step_id FROM {COMMITS_TABLE} WHERE group_name = {{c_group:String}} "
+                 "AND epoch = {c_epoch:String} AND step_id IN (SELECT step_id FROM page)")
     sql = (
-        f"SELECT {columns}, toUInt8(ifNull({match}, 0)) AS _match FROM step_versions "
-        f"WHERE (trajectory_id, step_id) IN (SELECT trajectory_id, step_id FROM ({window}))"
+        f"WITH page AS ({page}) "
+        f"SELECT {columns}, logged_at, has_payload, toUInt8(step_id IN ({committed})) AS _committed, "
+        f"toUInt8((cityHash64(step_id), (version, logged_at)) IN ({newest})) AS _newest FROM {DELIVERY_LOG} "
+        f"WHERE logged_at >= {_START_AT} AND (logged_at, step_id, version) IN (SELECT * FROM page) "
+        f"ORDER BY {_LOG_ORDER}"
     )
-    return sql, _page_params(scope, scan, after)
+    params = {**scope.params(in_flight=False), "c_start_ms": start[0], "c_start_id": start[1],
+              "c_start_version": start[2], "c_scan": scan, "c_exclude": exclude}
+    return sql, params
 
 
-def newest_matching(page: pa.Table) -> pa.Table:
-    """The newest version of each step of a :func:`ready_steps_sql` page, where it matches, in readiness
-    order ``(ingested_at, step_id)``, without ``_match``. Ordered on the narrow key columns, then the
-    wide rows are taken once (not at all when the page is already just that), which is far cheaper than
-    sorting wide rows in the query."""
-    keys = page.select(["step_id", "version", "ingested_at"])
-    newest_first = pc.sort_indices(
-        keys, sort_keys=[("step_id", "ascending"), ("version", "descending"), ("ingested_at", "descending")]
-    ).to_numpy()
-    ids = keys.column("step_id").to_numpy(zero_copy_only=False)[newest_first]
-    first = np.ones(len(ids), dtype=bool)
-    first[1:] = ids[1:] != ids[:-1]
-    match = page.column("_match").to_numpy(zero_copy_only=False).astype(bool)[newest_first]
-    chosen = newest_first[first & match]
-    in_order = pc.sort_indices(keys.take(chosen), sort_keys=[("ingested_at", "ascending"),
-                                                             ("step_id", "ascending")]).to_numpy()
-    rows = chosen[in_order]
-    page = page.drop_columns(["_match"])
-    if len(rows) == page.num_rows and bool(np.all(rows == np.arange(len(rows)))):
-        return page
-    return page.take(pa.array(rows))
+SIZES_SQL = (
+    "SELECT avg(tokens) AS tokens, count() AS entries FROM (SELECT length(prompt_token_ids) + "
+    f"length(response_token_ids) AS tokens FROM {DELIVERY_LOG} WHERE {_AFTER_START} AND ready = 1 "
+    f"AND has_payload = 1 ORDER BY {_LOG_ORDER} LIMIT {{c_sample:UInt64}})"
+)
+"""The mean tokens of the next ready entries after a position (their sizes only): sizes a first read."""
+
+NEWEST_SQL = (
+    "SELECT step_id, newest.1 AS newest_version, toUnixTimestamp64Milli(newest.2) AS at_ms FROM ("
+    f"SELECT step_id, max((version, logged_at)) AS newest FROM {DELIVERY_LOG} "
+    f"WHERE logged_at >= {_START_AT} AND step_id IN {{c_steps:Array(String)}} GROUP BY step_id)"
+)
+"""The newest entry from a page's start on of each of the given steps, compared by step id itself."""
 
 
-def queue_page_end_sql(scope: Scope, scan: int, after: tuple[int, str] | None) -> tuple[str, dict[str, Any]]:
-    """How many entries the page's window held and its last one (``at_ms``, ``step_id``): where the next
-    page starts when this one held ``scan`` entries."""
-    window = _queue_window(scope, after is not None)
-    sql = (f"SELECT count() AS entries, toUnixTimestamp64Milli(max(ingested_at)) AS at_ms, "
-           f"argMax(step_id, ({_ORDER})) AS step_id FROM ({window})")
-    return sql, _page_params(scope, scan, after)
+def stored_versions_sql(columns: str) -> str:
+    """Every stored version of the given steps (by primary key): for entries whose payload the delivery log
+    no longer holds, or columns it never held."""
+    return (f"SELECT {columns} FROM step_versions WHERE trajectory_id IN {{c_trajectories:Array(String)}} "
+            "AND step_id IN {c_steps:Array(String)}")
 
 
 def whole_groups_sql(
@@ -321,10 +312,20 @@ def trajectories_sql(select: str) -> str:
 
 
 POSITION_SQL = (
-    "SELECT argMax(epoch, set_at_ns) AS epoch, argMax(floor_ms, set_at_ns) AS floor_ms "
-    f"FROM {POSITIONS_TABLE} WHERE group_name = {{group:String}}"
+    "SELECT argMax(epoch, set_at_ns) AS epoch, argMax(floor_ms, set_at_ns) AS floor_ms, "
+    f"toUnixTimestamp64Milli(now64(3)) AS now_ms FROM {POSITIONS_TABLE} WHERE group_name = {{group:String}}"
 )
-"""The group's current epoch and floor; a group never sought reads ('', 0): epoch zero, from the start."""
+"""The group's current epoch and floor (a group never sought reads ('', 0): epoch zero, from the start),
+and the pool's clock (the delivery log's positions are stamped by it)."""
+
+CURSOR_SQL = (
+    "SELECT count() AS cursors, argMax(logged_at_ms, set_at_ns) AS at_ms, "
+    "argMax(step_id, set_at_ns) AS step_id, argMax(step_version, set_at_ns) AS step_version "
+    f"FROM {CURSORS_TABLE} WHERE group_name = {{group:String}} "
+    "AND epoch = {epoch:String} AND member = {member:UInt32} AND members = {members:UInt32} "
+    "AND filters_key = {filters:String}"
+)
+"""A member's cursor in an epoch of its group, under its filters (``cursors`` 0: none yet)."""
 
 LATEST_FLOOR_SQL = f"SELECT toUnixTimestamp64Milli(max(ingested_at)) + 1 AS floor_ms FROM {STEPS_VIEW}"
 """Just past the newest step version in the pool: ``seek('latest')`` skips everything there now."""

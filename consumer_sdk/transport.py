@@ -22,6 +22,7 @@ from clawr1.consumer_sdk.errors import MissingDependency, PoolRequestError, Pool
 from clawr1.consumer_sdk.source import Source
 
 API_KEY_ENV = "CLAWR1_API_KEY"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
 class Transport(Protocol):
@@ -109,10 +110,14 @@ def _redact(url: str) -> str:
 _INSERT_CHUNK_ROWS = 5000
 
 
+_ARROW_INSERT_CHUNK_ROWS = 20_000
+"""Rows per Arrow insert: about 2 MB of commit rows, well below the API's request size limit."""
+
+
 class ApiTransport:
     """The Claw-R1 API's pool routes: ``POST /v1/sql`` (answered as an Arrow stream) and
-    ``POST /v1/pool/insert/{table}`` (JSON rows, only the SDK's own tables). The key is ``api_key``,
-    else ``CLAWR1_API_KEY``."""
+    ``POST /v1/pool/insert/{table}`` (only the SDK's own tables; rows as JSON, or as an Arrow stream).
+    The key is ``api_key``, else ``CLAWR1_API_KEY``."""
 
     def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 30.0) -> None:
         # The environment keeps the key out of argv, where ``ps`` shows it to every local user.
@@ -121,9 +126,12 @@ class ApiTransport:
         self._base_url = base_url
         self._http = httpx.Client(base_url=base_url, headers=headers, timeout=timeout)
 
-    def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+    def _post(self, path: str, body: dict[str, Any] | bytes) -> httpx.Response:
         try:
-            response = self._http.post(path, json=body)
+            if isinstance(body, bytes):
+                response = self._http.post(path, content=body, headers={"Content-Type": ARROW_STREAM})
+            else:
+                response = self._http.post(path, json=body)
         except httpx.TransportError as exc:
             where = _redact(self._base_url)
             raise PoolUnavailable(f"the pool API at {where} did not answer: {exc!r}") from exc
@@ -151,7 +159,14 @@ class ApiTransport:
             self._post(f"/v1/pool/insert/{table}", {"rows": records})
 
     def insert_arrow(self, table: str, data: pa.Table) -> None:
-        self.insert(table, [list(row.values()) for row in data.to_pylist()], data.column_names)
+        """``data`` as Arrow stream bodies; if a later chunk fails the caller repeats the whole insert, as
+        with ``insert``."""
+        for start in range(0, data.num_rows, _ARROW_INSERT_CHUNK_ROWS):
+            chunk = data.slice(start, _ARROW_INSERT_CHUNK_ROWS)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, chunk.schema) as writer:
+                writer.write_table(chunk)
+            self._post(f"/v1/pool/insert/{table}", sink.getvalue().to_pybytes())
 
     def close(self) -> None:
         self._http.close()

@@ -1,8 +1,10 @@
 """HTTP face of the pool, mounted into the gateway app by the process that owns the pool.
 
 - ``POST /v1/sql``: one read-only query, answered in the requested ClickHouse format.
-- ``POST /v1/pool/insert/{table}``: JSON rows into one of the consumer SDK's tables
-  (``clawr1.pool.consumer_tables.CONSUMER_WRITABLE_TABLES``); ClickHouse parses and type-checks them.
+- ``POST /v1/pool/insert/{table}``: rows into one of the consumer SDK's tables
+  (``clawr1.pool.consumer_tables.CONSUMER_WRITABLE_TABLES``), as JSON or as an Arrow IPC stream
+  (``Content-Type: application/vnd.apache.arrow.stream``, what the SDK sends); ClickHouse parses and
+  type-checks them.
 
 chDB allows one process per data path, so the SDK, dashboard and SQL CLI of other processes read and
 write the embedded pool through these two routes.
@@ -15,10 +17,13 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.concurrency import iterate_in_threadpool, run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
 from clawr1.pool.sql import (
@@ -40,6 +45,7 @@ from clawr1.pool.store import PoolError, PoolStore
 
 MAX_INSERT_ROWS = 100_000
 CLIENT_GONE = "the client went away"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 # A misspelled column must fail loudly, not vanish.
 _STRICT_JSON_INPUT = {"input_format_skip_unknown_fields": 0}
 
@@ -143,29 +149,59 @@ def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRoute
         return StreamingResponse(_chunks(result, admission), media_type=OUTPUT_FORMATS[request.format])
 
     @router.post("/v1/pool/insert/{table}", response_model=InsertReply, responses={
-        400: {"description": "rows that do not fit the table (ClickHouse's error text)"},
+        400: {"description": "rows that do not fit the table (ClickHouse's error text), or no Arrow stream"},
         403: {"description": "the table is not writable through the API, or a row is another key's group"},
-    })
-    async def insert(table: str, request: InsertRequest, http: Request) -> InsertReply:
+    }, openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": InsertRequest.model_json_schema()},
+        ARROW_STREAM: {"schema": {"type": "string", "format": "binary",
+                                  "description": f"at most {MAX_INSERT_ROWS} rows, no dedup token"}},
+    }}})
+    async def insert(table: str, http: Request) -> InsertReply:
+        """The rows as JSON (``InsertRequest``) or as one Arrow IPC stream, whose columns name the table's."""
         if table not in CONSUMER_WRITABLE_TABLES:
             raise HTTPException(403, f"table {table!r} is not writable; writable: "
                                      f"{', '.join(sorted(CONSUMER_WRITABLE_TABLES))}")
+        body = await http.body()
+        column = OWNER_COLUMNS[table]
+        if http.headers.get("content-type", "").split(";")[0].strip() == ARROW_STREAM:
+            arrow = _arrow_rows(body, column)
+            owners: list[Any] = pc.unique(arrow.column(column)).to_pylist()
+            rows, data, fmt, columns = arrow.num_rows, body, "ArrowStream", arrow.column_names
+            dedup_token, settings = None, None
+        else:
+            try:
+                request = InsertRequest.model_validate_json(body)
+            except ValidationError as exc:
+                raise RequestValidationError(exc.errors(include_url=False)) from exc
+            owners = [row.get(column) for row in request.rows]
+            rows, fmt, columns = len(request.rows), "JSONEachRow", None
+            data = "\n".join(json.dumps(row, separators=(",", ":")) for row in request.rows).encode()
+            dedup_token, settings = request.dedup_token, _STRICT_JSON_INPUT
         # Set by the gateway when API keys are configured: a consume key writes only its own groups.
         key = getattr(http.state, "api_key", None)
-        column = OWNER_COLUMNS[table]
-        if key is not None and (foreign := {str(row.get(column)) for row in request.rows
-                                            if not isinstance(row.get(column), str)
-                                            or not key.owns_group(row[column])}):
+        if key is not None and (foreign := {str(owner) for owner in owners
+                                            if not isinstance(owner, str) or not key.owns_group(owner)}):
             raise HTTPException(403, f"the API key of {key.name!r} may write only {column} {key.name!r} or "
                                      f"{key.name + ':...'!r}, not {', '.join(sorted(foreign)[:5])}")
-        if not request.rows:
+        if not rows:
             return InsertReply(table=table, rows=0)
-        data = "\n".join(json.dumps(row, separators=(",", ":")) for row in request.rows).encode()
         try:
-            await run_in_threadpool(store.insert_raw, table, data, "JSONEachRow", None, request.dedup_token,
-                                    _STRICT_JSON_INPUT)
+            await run_in_threadpool(store.insert_raw, table, data, fmt, columns, dedup_token, settings)
         except PoolError as exc:
             raise HTTPException(400, str(exc)) from exc
-        return InsertReply(table=table, rows=len(request.rows))
+        return InsertReply(table=table, rows=rows)
 
     return router
+
+
+def _arrow_rows(body: bytes, owner: str) -> pa.Table:
+    """The rows of an Arrow stream body; refused (400) when it is none, too long, or lacks the owner."""
+    try:
+        table = pa.ipc.open_stream(body).read_all()
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise HTTPException(400, f"the body is not an Arrow IPC stream: {exc}") from exc
+    if table.num_rows > MAX_INSERT_ROWS:
+        raise HTTPException(400, f"at most {MAX_INSERT_ROWS} rows per insert, got {table.num_rows}")
+    if owner not in table.column_names:
+        raise HTTPException(400, f"the rows need the column {owner!r}")
+    return table

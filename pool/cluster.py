@@ -38,10 +38,13 @@ SHARDING_KEYS: dict[str, str] = {
     "dead_letter_log": "cityHash64(dlq_id)",
     # Fed by materialized views on step_versions: sharded like it, so each shard feeds its own rows.
     "ready_queue": "cityHash64(trajectory_id)",
+    # Its sort key's identity; its feeds write beside their step_versions rows (local to local).
+    "delivery_log": "cityHash64(step_id)",
     "step_lookup": "cityHash64(trajectory_id)",
     "consumer_commits": "cityHash64(group_name)",
     "consumer_positions": "cityHash64(group_name)",
     "consumer_presets": "cityHash64(name)",
+    "consumer_cursors": "cityHash64(group_name)",
 }
 """Each pool table's sharding key: an expression of columns that never change between a row's versions."""
 
@@ -55,6 +58,7 @@ _CREATE_VIEW = re.compile(r"^(CREATE (?:OR REPLACE )?VIEW (?:IF NOT EXISTS )?)(\
 _CREATE_MV = re.compile(r"^(CREATE MATERIALIZED VIEW IF NOT EXISTS )(\w+) TO (\w+)( AS\b)", re.IGNORECASE)
 _ALTER = re.compile(r"^ALTER TABLE (\w+) ", re.IGNORECASE)
 _INSERT_SELECT = re.compile(r"^INSERT INTO \w+ .*\bSELECT\b", re.IGNORECASE | re.DOTALL)
+_DROP = re.compile(r"^DROP (VIEW|TABLE) IF EXISTS (\w+)$", re.IGNORECASE)
 # A bare name after FROM (not ``db.x``, not a table function): in the migrations, always the pool's own.
 _FROM = re.compile(r"\bFROM (\w+)\b(?!\s*[.(])")
 
@@ -110,6 +114,10 @@ def cluster_statements(statement: str, cluster: str, database: str) -> list[str]
         return [f"ALTER TABLE {db}.{name} {on} {change}" for name in (f"{table}{LOCAL_SUFFIX}", table)]
     if _INSERT_SELECT.match(statement):
         return [f"{statement}\nSETTINGS distributed_product_mode = 'local'"]
+    if match := _DROP.match(statement.strip()):
+        kind, name = match.group(1).upper(), match.group(2)
+        names = [name, f"{name}{LOCAL_SUFFIX}"] if kind == "TABLE" else [name]  # a table: both layers
+        return [f"DROP {kind} IF EXISTS {db}.{n} {on}" for n in names]
     raise ClusterDdlError(f"no cluster form for: {statement.splitlines()[0][:80]}")
 
 

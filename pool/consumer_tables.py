@@ -9,6 +9,11 @@ new row, so the tables work the same on chDB and on a ClickHouse server, and ove
 * ``consumer_positions``: one row per ``seek``: the group's epoch and its floor (steps whose current
   version landed in the pool before the floor are skipped). The newest row by ``set_at_ns`` wins.
 * ``consumer_presets``: named curation filter sets (JSON); the newest row per name by ``saved_at_ns``.
+* ``consumer_cursors``: where a member of a group stands in the delivery log (``pool/migrations.py``,
+  ``DELIVERY_LOG``) in the group's current epoch, for one set of curation filters (``filters_key``, a hash
+  of their JSON: an entry one set passed over may qualify for another): every entry up to the position
+  ``(logged_at_ms, step_id, step_version)`` was delivered and committed or did not qualify. The newest row
+  by ``set_at_ns`` wins.
 
 ``*_ns`` orderings are client clock nanoseconds: two saves in the same millisecond still order.
 """
@@ -16,10 +21,13 @@ new row, so the tables work the same on chDB and on a ClickHouse server, and ove
 COMMITS_TABLE = "consumer_commits"
 POSITIONS_TABLE = "consumer_positions"
 PRESETS_TABLE = "consumer_presets"
+CURSORS_TABLE = "consumer_cursors"
 
-CONSUMER_WRITABLE_TABLES: frozenset[str] = frozenset({COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE})
+CONSUMER_WRITABLE_TABLES: frozenset[str] = frozenset({COMMITS_TABLE, POSITIONS_TABLE, PRESETS_TABLE,
+                                                      CURSORS_TABLE})
 OWNER_COLUMNS: dict[str, str] = {
     COMMITS_TABLE: "group_name", POSITIONS_TABLE: "group_name", PRESETS_TABLE: "name",
+    CURSORS_TABLE: "group_name",
 }
 """The column naming whose row it is: a consume key may write only rows of its own groups and presets."""
 
@@ -60,6 +68,24 @@ CONSUMER_MIGRATIONS: list[tuple[str, str]] = [
             saved_at_ns Int64
         ) ENGINE = ReplacingMergeTree(saved_at_ns)
         ORDER BY name
+        """,
+    ),
+    (
+        "consumer_0004_cursors",
+        f"""
+        CREATE TABLE IF NOT EXISTS {CURSORS_TABLE} (
+            group_name String,
+            epoch String,
+            member UInt32,
+            members UInt32,
+            filters_key String,
+            logged_at_ms Int64,
+            step_id String,
+            step_version Int64,
+            set_at_ns Int64,
+            consumer_id String DEFAULT ''
+        ) ENGINE = ReplacingMergeTree(set_at_ns)
+        ORDER BY (group_name, epoch, member, members, filters_key)
         """,
     ),
 ]

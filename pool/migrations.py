@@ -49,7 +49,14 @@ TOKEN_CODEC = "CODEC(ZSTD(1))"
 TEXT_CODEC = "CODEC(ZSTD(1))"
 
 READY_QUEUE = "ready_queue"
-"""Keys of every ready step version, ordered by ``(ingested_at, step_id)``: what consumers poll."""
+"""Keys of every ready step version, ordered by ``(ingested_at, step_id)``: what consumers polled until the
+delivery log replaced it (migration 0011 drops it)."""
+
+DELIVERY_LOG = "delivery_log"
+"""Every step version in the order it landed, ready ones with their training payload: read by ready polls."""
+
+DELIVERY_PAYLOAD_TTL_HOURS = 24
+"""How long the delivery log keeps a ready version's payload copy (then it is read from ``step_versions``)."""
 
 STEP_LOOKUP = "step_lookup"
 """32-bit hashes of every step_id, prompt_id and response_id, each with the trajectory holding it."""
@@ -111,6 +118,63 @@ STEP_FIELDS: tuple[str, ...] = tuple(
     line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
 )
 """The ``steps`` view's columns before ``ingested_at``: exactly the fields of step.avsc, in order."""
+
+_COLUMN_TYPES: dict[str, str] = {
+    line.strip().split(" ", 1)[0]: line.strip().rstrip(",").split(" ", 1)[1]
+    for line in _STEP_COLUMNS.strip().splitlines()
+}
+DELIVERY_FIELDS: tuple[str, ...] = tuple(
+    name for name in STEP_FIELDS[: STEP_FIELDS.index("prompt_group_closes_at_ms") + 1]
+    if name not in ("prompt_messages", "response_text", "tool_calls_json")
+)
+"""The step columns the delivery log carries: every field of step.v3 but the wide text a trainer rarely
+reads. Fixed here, so a column added to the steps later reaches ready polls only once the log has it."""
+DELIVERY_KEYS: tuple[str, ...] = ("step_id", "version", "trajectory_id", "ready")
+"""What every entry keeps, ready or not: enough to tell that a step has a newer version."""
+DELIVERY_FILTER_FIELDS: tuple[str, ...] = (
+    "link_status", "quality_labels", "reward_status", "reward", "quality_score", "source_kind", "source_name",
+    "token_provenance", "channel", "created_at_ms", "policy_version",
+)
+"""The columns the consumer SDK's curation filters read (``clawr1.consumer_sdk.filters.filter_sql``): a
+ready entry keeps them as long as the pool, so a read picks its range in the log alone."""
+PAYLOAD_FIELDS: tuple[str, ...] = tuple(
+    name for name in DELIVERY_FIELDS if name not in (*DELIVERY_KEYS, *DELIVERY_FILTER_FIELDS)
+)
+"""The rest of a ready entry, token ids, logprobs and JSON among it: kept ``DELIVERY_PAYLOAD_TTL_HOURS``
+(then read from ``step_versions``)."""
+
+_PAYLOAD_KEPT_SINCE = f"now64(3) - INTERVAL {DELIVERY_PAYLOAD_TTL_HOURS} HOUR"
+
+
+def _delivery_feed(ready: bool) -> str:
+    """What a materialized view writes to the delivery log for the ready (or not ready) versions of an
+    insert: all of an entry, or its keys (the log's defaults stand for the rest)."""
+    columns = ", ".join([*DELIVERY_FIELDS, "toUInt8(1) AS has_payload"] if ready else DELIVERY_KEYS)
+    return (f"SELECT now64(3) AS logged_at, {columns}, ingested_at FROM step_versions "
+            f"WHERE ready = {int(ready)}")
+
+
+def _delivery_select(logged_at: str, with_payload: str) -> str:
+    """The delivery log's row of a ``step_versions`` row (the backfill's): the filter columns where it is
+    ready, the payload where ``with_payload`` holds, defaults elsewhere (as the feeds write them)."""
+    def value(name: str) -> str:
+        if name in DELIVERY_KEYS:
+            return name
+        when = "ready = 1" if name in DELIVERY_FILTER_FIELDS else with_payload
+        return f"if({when}, {name}, defaultValueOfArgumentType({name})) AS {name}"
+
+    values = ", ".join(value(name) for name in DELIVERY_FIELDS)
+    return (f"SELECT {logged_at} AS logged_at, {values}, toUInt8({with_payload}) AS has_payload, "
+            "ingested_at FROM step_versions")
+
+
+def _delivery_log_columns() -> str:
+    expires = f"TTL toDateTime(logged_at) + INTERVAL {DELIVERY_PAYLOAD_TTL_HOURS} HOUR"
+    columns = [f"{name} {_COLUMN_TYPES[name]}{' ' + expires if name in PAYLOAD_FIELDS else ''}"
+               for name in DELIVERY_FIELDS]
+    return ",\n    ".join(["logged_at DateTime64(3, 'UTC')", *columns, f"has_payload UInt8 {expires}",
+                            "ingested_at DateTime64(3, 'UTC')"])
+
 
 _SOURCE_COLUMNS = """
     ingested_at DateTime64(3, 'UTC') DEFAULT now64(3),
@@ -350,6 +414,32 @@ SELECT {', '.join(STEP_FIELDS)}, ingested_at
 FROM step_versions FINAL;
 {_prompt_groups_view("CREATE OR REPLACE VIEW", ("max(prompt_group_inferred) AS inferred",
                                                  "max(prompt_group_closes_at_ms) AS closes_at"))}"""),
+    # The delivery log (docs/consumer_sdk.md, "Delivery log"): every step version in the order it landed in
+    # the pool (`logged_at`, the pool's clock when the sink's insert ran), so a group's position is a point
+    # in it and a ready poll reads the next range by primary key. Ready versions carry the training payload
+    # (token ids, logprobs, JSON), so a batch is one contiguous read instead of a read of every granule of
+    # `step_versions` its steps sit in; the payload expires after DELIVERY_PAYLOAD_TTL_HOURS (then read from
+    # `step_versions`), the keys and the filters' columns stay. Versions that are not ready are kept as keys
+    # only: they tell a reader that an earlier ready version is no longer the step's newest. Fed by two
+    # materialized views, for ready versions and for the others (the sink is unchanged); the backfill copies
+    # older pools once, at their own ingest times. It replaces the ready queue (0009), whose view and table
+    # are dropped.
+    ("0012_delivery_log", f"""
+CREATE TABLE IF NOT EXISTS {DELIVERY_LOG} (
+    {_delivery_log_columns()}
+) ENGINE = MergeTree
+ORDER BY (logged_at, step_id, version)
+SETTINGS merge_with_ttl_timeout = 3600;
+CREATE MATERIALIZED VIEW IF NOT EXISTS {DELIVERY_LOG}_feed TO {DELIVERY_LOG} AS
+{_delivery_feed(ready=True)};
+CREATE MATERIALIZED VIEW IF NOT EXISTS {DELIVERY_LOG}_moves TO {DELIVERY_LOG} AS
+{_delivery_feed(ready=False)};
+INSERT INTO {DELIVERY_LOG} {_delivery_select("ingested_at",
+                                              f"ready = 1 AND ingested_at >= {_PAYLOAD_KEPT_SINCE}")}
+WHERE (step_id, version, ingested_at) NOT IN (SELECT step_id, version, ingested_at FROM {DELIVERY_LOG});
+DROP VIEW IF EXISTS {READY_QUEUE}_feed;
+DROP TABLE IF EXISTS {READY_QUEUE};
+"""),
 ]
 
 ID_COLUMNS: tuple[str, ...] = ("step_id", "prompt_id", "response_id")

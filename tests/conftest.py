@@ -9,7 +9,7 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -28,6 +28,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
+
+
+def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether ``check()`` comes true within ``seconds`` (asked every 50 ms): for work a thread does."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:

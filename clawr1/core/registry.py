@@ -463,6 +463,14 @@ KAFKA_LIB_DIR = option("KAFKA_LIB_DIR", str, "", "where the Kafka broker's jars 
                        ("kafka", "up"), default_text="`.cache/kafka/lib` in the repository")
 API_KEY = option("API_KEY", str, "", "the key `clawr1 sql --api` and the consumer SDK send",
                  ("sdk",), secret=True)
+SDK_COMMIT_BATCHES = option("SDK_COMMIT_BATCHES", int, 16,
+                            "the consumer SDK writes its group's commits and cursor in the background every "
+                            "this many `commit()` calls (a crash redelivers at most these)", ("sdk",),
+                            check=positive)
+SDK_COMMIT_SECONDS = option("SDK_COMMIT_SECONDS", float, 5.0,
+                            "the consumer SDK also writes them once the oldest unwritten `commit()` is "
+                            "this old (s)", ("sdk",),
+                            check=positive)
 TEST_KAFKA_BOOTSTRAP = option("TEST_KAFKA_BOOTSTRAP", str, "",
                               "tests: an already running broker instead of a private one", ("test",))
 TEST_POOL_DSN = option("TEST_POOL_DSN", str, "", "tests: a ClickHouse server instead of the embedded pool",

@@ -11,6 +11,7 @@ import pytest
 from clawr1.consumer_sdk.errors import InvalidFilter, UsageError
 from clawr1.consumer_sdk.filters import Filters, filter_sql
 from clawr1.consumer_sdk.queries import Scope, steps_sql, whole_groups_sql
+from clawr1.pool.migrations import DELIVERY_FILTER_FIELDS, DELIVERY_KEYS, STEP_FIELDS
 
 PLACEHOLDER = re.compile(r"\{(\w+):([^}]+)\}")
 
@@ -72,6 +73,18 @@ def test_every_filter_becomes_a_bound_clause() -> None:
     assert params["f_min_policy_version"] == 3
     assert params["f_fresh_policy_version"] == 8
     assert bound["f_since"] == "Int64" and bound["f_quality_labels"] == "Array(String)"
+
+
+def test_filters_read_only_columns_the_delivery_log_keeps() -> None:
+    """A ready read picks its range in the delivery log alone, whose payload columns expire."""
+    every = Filters(reward_status="final", min_reward=0.5, max_reward=1, quality_labels="good",
+                    exclude_quality_labels="toxic", min_quality_score=0.7, source_kind="whitebox_agent",
+                    source_name="a", token_provenance="engine", since=1, until=2, min_policy_version=3,
+                    max_staleness=2, channel="val")
+    clauses = filter_sql(every, current_policy_version=10)[0] + filter_sql(Filters(ready=None), 1)[0]
+    read = {name for name in STEP_FIELDS if re.search(rf"\b{name}\b", " AND ".join(clauses))}
+    kept = {*DELIVERY_KEYS, *DELIVERY_FILTER_FIELDS}
+    assert read and read <= kept, read - kept
 
 
 def test_user_values_never_reach_sql_text() -> None:

@@ -1,5 +1,5 @@
-"""How much a ready poll reads ahead: one batch before the consumer has seen any step, then
-``read_ahead`` batches as far as the token budget allows for steps of the size seen so far."""
+"""How much a ready read takes: ``read_ahead`` batches as far as the token budget allows for steps of the
+size seen so far (for a member's first read, the size of the next entries), never less than a batch."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from clawr1.consumer_sdk import PoolConsumer, UsageError
-from clawr1.consumer_sdk.consumer import READ_AHEAD_MAX_TOKENS
+from clawr1.consumer_sdk.delivery import READ_AHEAD_MAX_TOKENS, scan_for
 
 
 class NoPool:
@@ -26,28 +26,19 @@ class NoPool:
         pass
 
 
-def consumer(read_ahead: int = 32) -> PoolConsumer:
-    return PoolConsumer("http://pool.invalid", "g", transport=NoPool(), read_ahead=read_ahead)
+def test_a_read_of_unknown_sizes_is_one_batch() -> None:
+    assert scan_for(512, 32, None) == 512
 
 
-def test_the_first_read_is_one_batch() -> None:
-    assert consumer()._scan(512) == 512
-
-
-def test_later_reads_take_read_ahead_batches_within_the_token_budget() -> None:
-    c = consumer()
-    c._tokens_per_step = 384.0
-    assert c._scan(512) == 512 * 32
-    c._tokens_per_step = 4096.0
-    assert c._scan(512) == int(READ_AHEAD_MAX_TOKENS / 4096)
-    c._tokens_per_step = 65_536.0  # long steps: never less than one batch
-    assert c._scan(512) == 512
+def test_reads_take_read_ahead_batches_within_the_token_budget() -> None:
+    assert scan_for(512, 32, 384.0) == 512 * 32
+    assert scan_for(512, 32, 4096.0) == int(READ_AHEAD_MAX_TOKENS / 4096)
+    assert scan_for(512, 32, 65_536.0) == 512  # long steps: never less than one batch
+    assert scan_for(4096, 32, 10.0) == 65_536  # and never more rows than a read holds
 
 
 def test_read_ahead_one_reads_one_batch() -> None:
-    c = consumer(read_ahead=1)
-    c._tokens_per_step = 10.0
-    assert c._scan(256) == 256
+    assert scan_for(256, 1, 10.0) == 256
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, None])

@@ -173,7 +173,7 @@ def test_the_sdk_works_with_a_consume_key_from_the_argument_or_the_environment(
     pool.write(*(step(f"sdk-{i}") for i in range(3)))
     with PoolConsumer(api.url, "trainer:run-sdk", api_key="key-consume") as consumer:
         batch = consumer.poll(max_steps=2)
-        assert len(batch.step_ids) == 2 and consumer.commit(batch) == 2
+        assert len(batch.step_ids) == 2 and consumer.commit(batch, sync=True) == 2
         consumer.seek("earliest")
     save_preset(api.url, "trainer:good", api_key="key-consume", quality_labels=["good"])
     with pytest.raises(PoolRequestError) as refused:
@@ -182,11 +182,11 @@ def test_the_sdk_works_with_a_consume_key_from_the_argument_or_the_environment(
     with PoolConsumer(api.url, "someone-else", api_key="key-consume") as rival:
         taken = rival.poll(max_steps=1)
         with pytest.raises(PoolRequestError, match="may write only group_name"):
-            rival.commit(taken)
+            rival.commit(taken, sync=True)
     monkeypatch.setenv("CLAWR1_API_KEY", "key-consume")
     with PoolConsumer(api.url, "trainer:run-env") as from_env:
-        assert from_env.commit(from_env.poll(max_steps=1)) == 1
+        assert from_env.commit(from_env.poll(max_steps=1), sync=True) == 1
     monkeypatch.setenv("CLAWR1_API_KEY", "key-read")
     with PoolConsumer(api.url, "trainer:run-env") as reader, pytest.raises(PoolRequestError) as read_only:
-        reader.commit(reader.poll(max_steps=1))
+        reader.commit(reader.poll(max_steps=1), sync=True)
     assert read_only.value.status == 403

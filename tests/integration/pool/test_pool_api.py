@@ -144,6 +144,34 @@ def test_insert_only_into_consumer_tables(client: TestClient, pool_store: PoolSt
     wrong_type = client.post("/v1/pool/insert/consumer_presets",
                              json={"rows": [{**row, "saved_at_ns": "soon"}]})
     assert wrong_type.status_code == 400
+    assert client.post("/v1/pool/insert/consumer_presets", json={"rowz": []}).status_code == 422
+
+
+def arrow_body(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_insert_takes_an_arrow_stream(client: TestClient, pool_store: PoolStore) -> None:
+    arrow = {"Content-Type": "application/vnd.apache.arrow.stream"}
+    rows = pa.table({"group_name": ["g", "g"], "epoch": ["", ""], "step_id": ["a", "b"],
+                     "step_version": pa.array([1, 2], pa.int64())})
+    reply = client.post("/v1/pool/insert/consumer_commits", content=arrow_body(rows), headers=arrow)
+    assert reply.status_code == 200 and reply.json() == {"table": "consumer_commits", "rows": 2}
+    assert pool_store.query("SELECT step_id, step_version FROM consumer_commits ORDER BY step_id") == [
+        {"step_id": "a", "step_version": 1}, {"step_id": "b", "step_version": 2}]
+    garbage = client.post("/v1/pool/insert/consumer_commits", content=b"not arrow", headers=arrow)
+    assert garbage.status_code == 400 and "not an Arrow IPC stream" in garbage.json()["detail"]
+    ownerless = client.post("/v1/pool/insert/consumer_commits", headers=arrow,
+                            content=arrow_body(rows.drop_columns(["group_name"])))
+    assert ownerless.status_code == 400 and "group_name" in ownerless.json()["detail"]
+    misspelled = rows.rename_columns(["group_name", "epoch", "stepid", "step_version"])
+    typo = client.post("/v1/pool/insert/consumer_commits", headers=arrow, content=arrow_body(misspelled))
+    assert typo.status_code == 400 and "stepid" in typo.json()["detail"]
+    refused = client.post("/v1/pool/insert/step_versions", content=arrow_body(rows), headers=arrow)
+    assert refused.status_code == 403
 
 
 @pytest.fixture

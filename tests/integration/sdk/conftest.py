@@ -22,7 +22,7 @@ from fastapi import FastAPI
 
 from clawr1.pool.api import pool_router
 from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES
-from clawr1.pool.migrations import READY_QUEUE
+from clawr1.pool.migrations import DELIVERY_LOG
 from clawr1.pool.store import PoolStore, quote_identifier
 from clawr1.sinks.rows import STEPS_ROUTE, Origin
 from tests.conftest import fresh_pool_store
@@ -83,8 +83,8 @@ def module_pool(pool_dsn: str) -> Iterator[Pool]:
 
 @pytest.fixture
 def pool(module_pool: Pool) -> Pool:
-    """The module's pool, emptied of steps (and their ready queue), commits, positions and presets."""
-    for table in sorted({STEPS_ROUTE.table, READY_QUEUE, *CONSUMER_WRITABLE_TABLES}):
+    """The module's pool, emptied of steps (and their delivery log), commits, positions and presets."""
+    for table in sorted({STEPS_ROUTE.table, DELIVERY_LOG, *CONSUMER_WRITABLE_TABLES}):
         module_pool.store.command(f"TRUNCATE TABLE {quote_identifier(table)}")
     return module_pool
 

@@ -4,12 +4,16 @@ late-ready steps and seeks."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from clawr1.consumer_sdk import PoolConsumer
+from tests.conftest import eventually
 from tests.integration.sdk.conftest import Pool, step
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,33 +49,66 @@ def test_commit_and_redelivery(pool: Pool, source: str) -> None:
         assert drain(third) == []
 
 
-def test_crash_before_commit_redelivers_to_the_next_process(pool: Pool, api_url: str) -> None:
-    """A consumer process killed (SIGKILL) after polling: uncommitted steps come again, committed never."""
-    pool.write(*(step(s) for s in ids(6)))
-    child = (
-        "import json, sys, time\n"
-        "from clawr1.consumer_sdk import PoolConsumer\n"
-        "c = PoolConsumer(sys.argv[1], 'crashy')\n"
-        "done = c.poll(max_steps=2); c.commit()\n"
-        "held = c.poll(max_steps=2)\n"
-        "print(json.dumps([list(done.step_ids), list(held.step_ids)]), flush=True)\n"
-        "time.sleep(120)\n"
-    )
+def killed(trainer: str, group: str, api_url: str, env: dict[str, str] | None = None,
+           before_kill: Callable[[], bool] | None = None) -> Any:
+    """Run ``trainer`` (code using the consumer ``c`` of ``group``, ending with a JSON line printed) in a
+    process against the API; once it printed (and ``before_kill()`` came true), SIGKILL it. Returns what
+    it printed."""
+    child = ("import json, sys, time\nfrom clawr1.consumer_sdk import PoolConsumer\n"
+             f"c = PoolConsumer(sys.argv[1], {group!r})\n{trainer}time.sleep(120)\n")
     proc = subprocess.Popen([sys.executable, "-c", child, api_url], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env=env)
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.stderr else "child printed nothing"
-        committed, held = json.loads(line)
+        assert before_kill is None or eventually(before_kill, 30), "the child's state never came"
+        return json.loads(line)
     finally:
         proc.kill()
         proc.wait(timeout=10)
+
+
+def test_crash_before_commit_redelivers_to_the_next_process(pool: Pool, api_url: str) -> None:
+    """A consumer process killed (SIGKILL) after polling: uncommitted steps come again, committed never."""
+    pool.write(*(step(s) for s in ids(6)))
+    trainer = (
+        "done = c.poll(max_steps=2); c.commit(sync=True)\n"
+        "held = c.poll(max_steps=2)\n"
+        "print(json.dumps([list(done.step_ids), list(held.step_ids)]), flush=True)\n"
+    )
+    committed, held = killed(trainer, "crashy", api_url)
     assert committed == ids(6)[:2] and held == ids(6)[2:4]
     with PoolConsumer(pool.direct_source, "crashy") as resumed:
         again = drain(resumed)
     assert again == ids(6)[2:]
     assert not set(again) & set(committed)
+
+
+def test_a_trainer_killed_between_batches_gets_again_only_what_was_not_written(
+    pool: Pool, api_url: str
+) -> None:
+    """Commits written in the background every 2 commits; SIGKILL between batches: the group's next
+    consumer gets the batches whose commits were not written yet and the batch in hand, nothing written
+    before, and nothing is skipped."""
+    pool.write(*(step(s) for s in ids(12)))
+    trainer = (
+        "done = []\n"
+        "for _ in range(5):\n"
+        "    batch = c.poll(max_steps=2); c.commit(); done.extend(batch.step_ids)\n"
+        "held = c.poll(max_steps=2)\n"
+        "print(json.dumps([done, list(held.step_ids)]), flush=True)\n"
+    )
+    env = {**os.environ, "CLAWR1_SDK_COMMIT_BATCHES": "2", "CLAWR1_SDK_COMMIT_SECONDS": "600"}
+    written = "SELECT count() AS n FROM consumer_commits WHERE group_name = 'killed'"
+    # Killed once the writes after the 2nd and 4th commits, in the background, landed.
+    committed, held = killed(trainer, "killed", api_url, env, lambda: pool.store.query(written)[0]["n"] >= 8)
+    assert committed == ids(12)[:10] and held == ids(12)[10:]
+    landed = int(pool.store.query(written)[0]["n"])
+    assert landed in (8, 10)  # the 5th commit may have joined the 4th's write
+    with PoolConsumer(pool.direct_source, "killed") as resumed:
+        again = drain(resumed)
+    assert again == ids(12)[landed:]  # what was committed and not written, and the batch in hand
 
 
 def test_groups_are_independent(pool: Pool, source: str) -> None:

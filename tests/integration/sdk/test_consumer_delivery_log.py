@@ -1,0 +1,122 @@
+"""Ready polls read the pool's delivery log (every step version in the order it landed, ready ones with
+their payload): on both transports, each step comes once per group, in its newest version; a page of stale
+or filtered entries never hides the eligible steps behind it; an entry whose payload expired is read from
+``step_versions``; an entry that became visible late is still read; a member resumes from its cursor."""
+
+from __future__ import annotations
+
+from clawr1.consumer_sdk import PoolConsumer
+from clawr1.pool.consumer_tables import CURSORS_TABLE
+from clawr1.pool.migrations import DELIVERY_LOG, POOL_MIGRATIONS, split_statements
+from tests.integration.sdk.conftest import Pool, step
+
+T0 = 1_760_000_000_000
+
+
+def logged(pool: Pool) -> list[tuple[str, int, int]]:
+    """The log's entries in log order: step, version, whether it carries its payload."""
+    rows = pool.store.query(f"SELECT step_id, version, has_payload FROM {DELIVERY_LOG} "
+                            "ORDER BY logged_at, step_id, version")
+    return [(r["step_id"], int(r["version"]), int(r["has_payload"])) for r in rows]
+
+
+def test_every_version_is_logged_and_a_step_comes_once_in_its_newest(pool: Pool, source: str) -> None:
+    pool.write(step("a", reward=0.1), step("b", ready=False))
+    pool.write(step("a", version=2, reward=0.7), step("b", version=2))
+    # Versions that are not ready are logged without payload: they only tell that a step moved on. Each
+    # insert's entries come after the last insert's (the two feeds of one insert may stamp a millisecond
+    # apart, so their order within an insert is not fixed).
+    entries = logged(pool)
+    assert sorted(entries[:2]) == [("a", 1, 1), ("b", 1, 0)]
+    assert sorted(entries[2:]) == [("a", 2, 1), ("b", 2, 1)]
+    with PoolConsumer(source, "newest") as consumer:
+        batch = consumer.poll(max_steps=10)
+        assert list(batch.step_ids) == ["a", "b"]
+        assert [s.version for s in batch] == [2, 2]
+        assert [s.reward for s in batch] == [0.7, None]
+        assert not consumer.poll(max_steps=10)
+
+
+def test_a_step_whose_newest_version_is_not_ready_is_not_delivered(pool: Pool, source: str) -> None:
+    pool.write(step("gone"), step("kept"), ingested_at_ms=T0)
+    pool.write(step("gone", version=2, ready=False), ingested_at_ms=T0 + 1)
+    with PoolConsumer(source, "stale") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["kept"]
+
+
+def test_a_committed_step_is_not_delivered_again_when_a_newer_ready_version_lands(
+    pool: Pool, source: str
+) -> None:
+    pool.write(step("s"), ingested_at_ms=T0)
+    with PoolConsumer(source, "once") as consumer:
+        assert list(consumer.poll().step_ids) == ["s"]
+        consumer.commit()
+        pool.write(step("s", version=2, reward=1.0), ingested_at_ms=T0 + 5)
+        assert not consumer.poll()
+    with PoolConsumer(source, "once") as again:  # nor to the group's next consumer
+        assert not again.poll()
+
+
+def test_pages_of_filtered_and_stale_entries_do_not_hide_what_follows(pool: Pool, source: str) -> None:
+    """Polls of 2 steps over a log that starts with 5 entries that do not qualify (val channel, a
+    stale version): the poll pages on past them instead of coming back empty."""
+    pool.write(*(step(f"v{i}", channel="val") for i in range(4)), step("old"), ingested_at_ms=T0)
+    pool.write(step("old", version=2, ready=False), ingested_at_ms=T0 + 1)
+    pool.write(*(step(f"t{i}") for i in range(3)), ingested_at_ms=T0 + 2)
+    with PoolConsumer(source, "pages") as consumer:
+        assert list(consumer.poll(max_steps=2).step_ids) == ["t0", "t1"]
+        assert list(consumer.poll(max_steps=2).step_ids) == ["t2"]
+        assert not consumer.poll(max_steps=2)
+
+
+def test_an_entry_that_became_visible_late_is_still_read(pool: Pool, source: str) -> None:
+    """Two inserts running at once may become visible in the other order: an entry stamped before the
+    member's position, visible after its read, is read by the next one."""
+    pool.write(step("a"), step("b"))
+    with PoolConsumer(source, "late") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
+        consumer.commit()
+        pool.store.command(f"INSERT INTO {DELIVERY_LOG} SELECT * REPLACE ('late' AS step_id, 'traj-late' AS "
+                           f"trajectory_id) FROM (SELECT * FROM {DELIVERY_LOG} WHERE step_id = 'a')")
+        assert list(consumer.poll(max_steps=10).step_ids) == ["late"]
+        assert not consumer.poll(max_steps=10)
+
+
+def test_a_member_resumes_from_its_cursor_and_other_filters_keep_their_own(pool: Pool, source: str) -> None:
+    pool.write(*(step(f"s{i}") for i in range(4)), step("v0", channel="val"))
+    with PoolConsumer(source, "resume") as consumer:
+        assert list(consumer.poll(max_steps=3).step_ids) == ["s0", "s1", "s2"]
+        consumer.commit(sync=True)
+    cursors = pool.store.query(f"SELECT step_id, step_version FROM {CURSORS_TABLE} "
+                               "WHERE group_name = 'resume'")
+    # Just before s3 (version 1): read ahead, not handed out; everything before it is done.
+    assert [(r["step_id"], r["step_version"]) for r in cursors] == [("s3", 0)]
+    with PoolConsumer(source, "resume") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["s3"]
+    # The val entry was passed over by the train filters' cursor; a val consumer of the group still gets it.
+    with PoolConsumer(source, "resume", channel="val") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["v0"]
+
+
+def test_the_migration_backfills_older_pools_once_and_expired_payload_is_read_from_the_steps(
+    pool: Pool, source: str
+) -> None:
+    """Steps written before the log existed are copied in at their own ingest times, without payload when
+    that is older than the log keeps it; running the backfill again adds nothing; a poll reads such
+    steps' payload from step_versions."""
+    pool.write(step("early", prompt_token_ids=[1, 2], response_token_ids=[3], response_logprobs=[-0.5]),
+               step("never", ready=False), ingested_at_ms=T0)
+    pool.store.command(f"TRUNCATE TABLE {DELIVERY_LOG}")  # as in a pool made before the log
+    migration = dict(POOL_MIGRATIONS)["0012_delivery_log"]
+    backfill = [s for s in split_statements(migration) if s.startswith("INSERT")]
+    for _ in range(2):
+        for statement in backfill:
+            pool.store.command(statement)
+        assert logged(pool) == [("early", 1, 0), ("never", 1, 0)]
+    for with_text in (False, True):
+        with PoolConsumer(source, f"backfilled-{with_text}", with_text=with_text) as consumer:
+            (early,) = consumer.poll(max_steps=10)
+        assert early.step_id == "early"
+        assert early.prompt_token_ids.tolist() == [1, 2] and early.response_token_ids.tolist() == [3]
+        assert early.response_logprobs is not None and early.response_logprobs.tolist() == [-0.5]
+        assert ("prompt_messages" in early.metadata) is with_text
