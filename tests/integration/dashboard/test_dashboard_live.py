@@ -25,7 +25,8 @@ KEYS = {"ann": "sk-live-ann-0123456789", "ben": "sk-live-ben-0123456789"}
 def api(pool_store: PoolStore, kafka_bootstrap: str) -> Iterator[str]:
     settings = Settings(kafka_bootstrap=kafka_bootstrap,
                         api_keys=",".join(f"{name}:{key}:read" for name, key in KEYS.items()))
-    app = create_app(settings, routers=[dashboard_router(pool_store, live_limits=LiveLimits(per_key=3, max_streams=5))])
+    limits = LiveLimits(per_key=3, max_streams=5)
+    app = create_app(settings, routers=[dashboard_router(pool_store, live_limits=limits)])
     server = ServerThread(app, free_port()).start()
     try:
         server.wait_listening()
