@@ -174,20 +174,17 @@ def test_a_batch_takes_the_fast_path_whole_or_not_at_all(items: list[Any]) -> No
 
 
 def test_with_a_schema_registry_the_fast_path_frames_records_as_the_codec_does() -> None:
-    import httpx
-
     from clawr1.schemas.codec import AvroCodec
+    from tests.unit.schema_registry_stub import RegistryStub
 
-    def registry(request: httpx.Request) -> httpx.Response:
-        assert request.url.path == "/subjects/dev.clawr1.whitebox_step/versions"
-        return httpx.Response(200, json={"id": 258})
-
-    codec = AvroCodec("http://registry.test", transport=httpx.MockTransport(registry))
-    encoder = StepEncoder.for_codec(codec)
-    assert encoder is not None
-    encoded = encoder.encode(PLAIN, SOURCE, NOW)
-    assert encoded is not None
-    for item, (step_id, key, value) in zip(PLAIN, encoded[0], strict=True):
-        out = step_record(StepIn.model_validate(item), SOURCE, NOW)
-        assert (step_id, key, value) == (out.id, out.key, codec.encode("whitebox_step", out.record))
-        assert value[:5] == b"\x00" + (258).to_bytes(4, "big")
+    with RegistryStub(first_id=258) as registry:
+        codec = AvroCodec(registry.url)
+        encoder = StepEncoder.for_codec(codec)
+        assert encoder is not None
+        encoded = encoder.encode(PLAIN, SOURCE, NOW)
+        assert encoded is not None
+        for item, (step_id, key, value) in zip(PLAIN, encoded[0], strict=True):
+            out = step_record(StepIn.model_validate(item), SOURCE, NOW)
+            assert (step_id, key, value) == (out.id, out.key, codec.encode("whitebox_step", out.record))
+            assert value[:5] == b"\x00" + (258).to_bytes(4, "big")
+        assert registry.subjects == {"dev.clawr1.whitebox_step": [258]}
