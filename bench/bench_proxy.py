@@ -11,7 +11,10 @@ this shared machine's load hits every target alike:
 - throughput: ``--concurrency`` concurrent clients for ``--seconds`` per target (bounded loops);
   calls/s and the proxy process's CPU ms per call;
 - record building: the emitter thread's work for one of these calls (``build_record``, redaction
-  included, and Avro encoding), in this process: CPU the proxy spends beside its event loop.
+  included, and Avro encoding), in this process: CPU the proxy spends beside its event loop;
+- token-id stripping: the event-loop work of taking the injected fields out of the engine's replies to
+  this call, three ways in this process: the text edit the proxy runs (``proxy/fast_strip.py``), the
+  JSON path with the standard library, and the same JSON path with orjson.
 
 Finally every call sent through a Claw-R1 proxy must be on its Kafka topic (nothing dropped).
 
@@ -275,6 +278,99 @@ def record_cost_ms(calls: int = 300) -> dict[str, float]:
             "encode_ms": round(statistics.median(encode), 3)}
 
 
+def _orjson_stream(raw: bytes, injection: Any) -> bytes:
+    """The stream's JSON path with orjson: each one-line ``data:`` event (as engines send them) parsed,
+    stripped and written again; what the proxy would run if it parsed with orjson."""
+    import orjson
+
+    from clawr1.proxy.sse import split_events
+    from clawr1.proxy.token_ids import strip_chunk
+
+    events, rest = split_events(raw)
+    out = []
+    for event in events:
+        if not event.startswith(b"data: {"):
+            out.append(event)
+            continue
+        end = event.index(b"\n")
+        obj = orjson.loads(event[6:end])
+        changed = strip_chunk(obj, injection)
+        if changed is not None:
+            out.append(b"data: " + orjson.dumps(obj) + event[end:] if changed else event)
+    return b"".join(out) + rest
+
+
+def _orjson_body(body: bytes, injection: Any) -> bytes | None:
+    import orjson
+
+    from clawr1.proxy.token_ids import strip_json
+
+    obj = orjson.loads(body)
+    return orjson.dumps(obj) if strip_json(obj, injection) else None
+
+
+def strip_cost_us(upstream: str, loops: int = 100, repeats: int = 7) -> dict[str, Any]:
+    """Process CPU µs per reply (min of ``repeats``) of stripping the injected token-id fields, by the
+    text edit, the stdlib JSON path and an orjson JSON path, on the stand-in engine's replies to the
+    bench's call (and whether the three give the same bytes)."""
+    import functools
+    from dataclasses import replace
+
+    from clawr1.proxy.fast_strip import chunk_stripper, strip_reply
+    from clawr1.proxy.stream import SseRewriter
+    from clawr1.proxy.token_ids import inject_body, strip_body, strip_chunk
+
+    def stream_path(injection: Any, fast: bool) -> Any:
+        def run(raw: bytes) -> bytes:
+            rewriter = SseRewriter(functools.partial(strip_chunk, injection=injection),
+                                   chunk_stripper(injection) if fast else None)
+            return rewriter.feed(raw) + rewriter.flush()
+        return run
+
+    cases: dict[str, tuple[bytes, Any, Any, Any]] = {}
+    with httpx.Client(base_url=upstream, timeout=30) as client:
+        for api, path, request in (
+            ("openai.chat", "/v1/chat/completions", conversation(0)),
+            ("openai.completions", "/v1/completions",
+             {"model": "standin-1", "prompt": json.dumps(conversation(0)["messages"]), "max_tokens": 64}),
+        ):
+            for stream in (False, True) if api == "openai.chat" else (False,):
+                injected = inject_body(api, json.dumps({**request, "stream": stream}).encode())
+                assert injected is not None
+                body, injection = injected[0], replace(injected[1], sglext=True)  # as the proxy asks
+                reply = client.post(path, content=body, headers={"content-type": "application/json"})
+                reply.raise_for_status()
+                name = f"{api.split('.')[1]}_{'streamed' if stream else 'plain'}"
+                if stream:
+                    cases[name] = (reply.content, stream_path(injection, True), stream_path(injection, False),
+                                   functools.partial(_orjson_stream, injection=injection))
+                    first = reply.content.split(b"\n\n", 1)[0] + b"\n\n"
+                    cases[f"{name}_first_event"] = (first, *cases[name][1:])
+                else:
+                    cases[name] = (reply.content, functools.partial(strip_reply, injection=injection),
+                                   functools.partial(strip_body, injection=injection),
+                                   functools.partial(_orjson_body, injection=injection))
+
+    def cost(run: Any, data: bytes) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.process_time()
+            for _ in range(loops):
+                run(data)
+            best = min(best, time.process_time() - started)
+        return round(best / loops * 1e6, 1)
+
+    out: dict[str, Any] = {}
+    for name, (data, text_edit, stdlib_json, orjson_json) in cases.items():
+        results = {text_edit(data), stdlib_json(data), orjson_json(data)}
+        costs = {"text_edit": cost(text_edit, data), "stdlib_json": cost(stdlib_json, data),
+                 "orjson_json": cost(orjson_json, data)}
+        out[name] = {"bytes": len(data), **{f"{k}_us": v for k, v in costs.items()},
+                     "text_edit_vs_orjson": round(costs["orjson_json"] / costs["text_edit"], 2),
+                     "same_bytes": len(results) == 1}
+    return out
+
+
 def summary(target: Target, baselines: list[Target]) -> dict[str, Any]:
     p50, p99 = percentile(target.latency_ms, 50), percentile(target.latency_ms, 99)
     out: dict[str, Any] = {
@@ -392,6 +488,7 @@ def main() -> int:
         captured = {
             t.name: {"sent": t.sent, "on_topic": wait_captured(bootstrap, t)} for t in targets if t.topic
         }
+        stripping = strip_cost_us(upstream)
 
     by_name = {t.name: t for t in targets}
     direct, bare_target = by_name["direct"], by_name["bare_mitmdump"]
@@ -415,6 +512,7 @@ def main() -> int:
         "captured": captured,
         "latency_stdev_ms": {t.name: round(statistics.pstdev(t.latency_ms), 3) for t in targets},
         "record_building": record_cost_ms(),
+        "token_id_stripping": stripping,
     }
     out = REPO / "bench" / "results" / "bench_proxy.json"
     out.parent.mkdir(parents=True, exist_ok=True)
