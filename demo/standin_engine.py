@@ -402,22 +402,24 @@ class StandinEngine:
 
     async def start(self, host: str = "127.0.0.1", port: int = 0,
                     ssl_context: ssl.SSLContext | None = None) -> int:
-        """Listen and return the bound port (connections queue from here on, served once hypercorn runs)."""
+        """Listen and return the bound port (connections queue from here on, served once hypercorn runs).
+        A given TLS context is set to close connections without waiting for the client (``_OneWayClose``)."""
         listener = _listen(host, port)
         bound = int(listener.getsockname()[1])
         if ssl_context is not None:
             ssl_context.sslobject_class = _OneWayClose
         config = _Config(ssl_context)
         config.bind = [f"fd://{listener.detach()}"]
-        config.keep_alive_timeout = 75.0  # aiohttp's, which agents and proxies met before
+        config.keep_alive_timeout = 75.0  # idle agent and proxy connections stay open as they did before
         config.graceful_timeout = 5.0
         config.loglevel = "WARNING"
         started = asyncio.Event()
         self._shutdown = asyncio.Event()
         self._server = asyncio.create_task(hypercorn_serve(
             self.app(started), config, shutdown_trigger=self._shutdown.wait))  # type: ignore[arg-type]
-        await asyncio.wait([self._server, asyncio.create_task(started.wait())],
-                           return_when=asyncio.FIRST_COMPLETED)
+        waiting = asyncio.create_task(started.wait())
+        await asyncio.wait([self._server, waiting], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
         if self._server.done():
             self._server.result()  # raises why it could not start
         return bound
