@@ -21,7 +21,7 @@ from clawr1.proxy.fast_strip import (
 )
 from clawr1.proxy.redact import redact_record
 from clawr1.proxy.stream import SseRewriter
-from clawr1.proxy.token_ids import Injection, dump, strip_body, strip_chunk, strip_json
+from clawr1.proxy.token_ids import Injection, dump, load, strip_body, strip_chunk, strip_json
 
 ALL = Injection(token_ids=True, logprobs=True, sglext=True)
 VLLM = Injection(token_ids=True, logprobs=True)
@@ -220,6 +220,45 @@ def test_standard_shapes_take_the_fast_path() -> None:
     assert isinstance(strip_fast(dump(completions), ALL, chunk=True), bytes)
 
 
+# -- the JSON path reads what the standard library reads ------------------------------------------
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reply, st.sampled_from(sorted(LAYOUTS)))
+def test_load_reads_every_reply_as_the_standard_library_does(obj: dict[str, Any], layout: str) -> None:
+    data = LAYOUTS[layout](obj)
+    assert repr(load(data)) == repr(json.loads(data))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.integers(), st.floats(allow_nan=False), st.floats(allow_nan=True, allow_infinity=True)))
+def test_load_reads_every_number_as_the_standard_library_does(number: float) -> None:
+    data = json.dumps({"x": [number, -number if number == number else 0]}).encode()
+    assert repr(load(data)) == repr(json.loads(data))  # repr: int stays int, -0.0 and NaN compared too
+
+
+@pytest.mark.parametrize("data", [
+    b'{"x":NaN,"y":Infinity,"z":-Infinity}',  # the standard library's extensions
+    b'{"x":1e400}',  # infinite as a double
+    b'{"x":"\\ud800"}',  # a lone surrogate
+    b'\xef\xbb\xbf{"x":1}',  # a byte-order mark
+    b'{"x":123456789012345678901234567890}', b'{"x":18446744073709551616}',  # past 64 bits
+    b'{"x":-9223372036854775809}', b'{"x":18446744073709551615}', b'{"x":-9223372036854775808}',
+    b'{"x":1,"x":2}', b'{"x":-0.0,"y":5e-324,"z":1.7976931348623157e308}',
+    '{"x":"é😀"}'.encode("utf-16"),  # the standard library detects UTF-16
+])
+def test_load_reads_the_edge_cases_as_the_standard_library_does(data: bytes) -> None:
+    assert repr(load(data)) == repr(json.loads(data))
+
+
+@pytest.mark.parametrize("data", [b'{"x":', b'{"x":1,}', b"\xff", b'{"x":"\xff"}', b'{"x":"a\x01"}',
+                                  b'{"x":01}', b"[1] [2]", b""])
+def test_load_refuses_what_the_standard_library_refuses(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        json.loads(data)
+    with pytest.raises(ValueError):
+        load(data)
+
+
 # -- the live stream rewriter with the fast path ------------------------------------------------
 
 def rewrite(upstream: bytes, injection: Injection, fast: bool, size: int) -> bytes:
@@ -249,9 +288,9 @@ def test_stream_framing_is_kept_as_the_engine_sent_it() -> None:
     raw = b'data:{"prompt_token_ids":' + dump(PROMPT) + b',"choices":[]}\r\n\r\n'
     assert len(raw) >= FAST_FROM
     assert rewrite(raw, VLLM, True, 700) == b'data:{"choices":[]}\r\n\r\n'
-    # Small events take the JSON path (faster there), written as before.
+    # Small events take the JSON path (faster there), which keeps a one-line event's framing too.
     assert rewrite(b'data:{"prompt_token_ids":[1],"choices":[]}\r\n\r\n', VLLM, True, 7) == \
-        b'data: {"choices":[]}\r\n\r\n'
+        b'data:{"choices":[]}\r\n\r\n'
     # Two data lines: the JSON path joins them, as before.
     split = b'data: {"prompt_token_ids":[1],\ndata: "choices":[]}\n\n'
     assert rewrite(split, VLLM, True, 7) == b'data: {"choices":[]}\n\n'
