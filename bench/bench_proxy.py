@@ -13,8 +13,8 @@ this shared machine's load hits every target alike:
 - record building: the emitter thread's work for one of these calls (``build_record``, redaction
   included, and Avro encoding), in this process: CPU the proxy spends beside its event loop;
 - token-id stripping: the event-loop work of taking the injected fields out of the engine's replies to
-  this call, three ways in this process: the text edit (``proxy/fast_strip.py``), the JSON path (parsed
-  with orjson) and the JSON path parsing with the standard library.
+  this call, in this process: the proxy's JSON path (parsed with orjson, ``token_ids.load``) against
+  the same path parsing with the standard library.
 
 Finally every call sent through a Claw-R1 proxy must be on its Kafka topic (nothing dropped).
 
@@ -307,24 +307,22 @@ def _stdlib_body(body: bytes, injection: Any) -> bytes | None:
 
 def strip_cost_us(upstream: str, loops: int = 100, repeats: int = 7) -> dict[str, Any]:
     """Process CPU µs per reply (min of ``repeats``) of stripping the injected token-id fields on the
-    stand-in engine's replies to the bench's call: the text edit (``proxy/fast_strip.py``), the proxy's
-    JSON path (orjson parse, ``token_ids.load``) and that path parsing with the standard library (and
-    whether the three give the same bytes)."""
+    stand-in engine's replies to the bench's call: the proxy's JSON path (``strip_body``,
+    ``SseRewriter``) against that path parsing with the standard library (and whether both give the
+    same bytes)."""
     import functools
     from dataclasses import replace
 
-    from clawr1.proxy.fast_strip import chunk_stripper, strip_reply
     from clawr1.proxy.stream import SseRewriter
     from clawr1.proxy.token_ids import inject_body, strip_body, strip_chunk
 
-    def stream_path(injection: Any, fast: bool) -> Any:
+    def stream_path(injection: Any) -> Any:
         def run(raw: bytes) -> bytes:
-            rewriter = SseRewriter(functools.partial(strip_chunk, injection=injection),
-                                   chunk_stripper(injection) if fast else None)
+            rewriter = SseRewriter(functools.partial(strip_chunk, injection=injection))
             return rewriter.feed(raw) + rewriter.flush()
         return run
 
-    cases: dict[str, tuple[bytes, Any, Any, Any]] = {}
+    cases: dict[str, tuple[bytes, Any, Any]] = {}
     with httpx.Client(base_url=upstream, timeout=30) as client:
         for api, path, request in (
             ("openai.chat", "/v1/chat/completions", conversation(0)),
@@ -339,13 +337,12 @@ def strip_cost_us(upstream: str, loops: int = 100, repeats: int = 7) -> dict[str
                 reply.raise_for_status()
                 name = f"{api.split('.')[1]}_{'streamed' if stream else 'plain'}"
                 if stream:
-                    cases[name] = (reply.content, stream_path(injection, True), stream_path(injection, False),
+                    cases[name] = (reply.content, stream_path(injection),
                                    functools.partial(_stdlib_stream, injection=injection))
                     first = reply.content.split(b"\n\n", 1)[0] + b"\n\n"
                     cases[f"{name}_first_event"] = (first, *cases[name][1:])
                 else:
-                    cases[name] = (reply.content, functools.partial(strip_reply, injection=injection),
-                                   functools.partial(strip_body, injection=injection),
+                    cases[name] = (reply.content, functools.partial(strip_body, injection=injection),
                                    functools.partial(_stdlib_body, injection=injection))
 
     def cost(run: Any, data: bytes) -> float:
@@ -358,14 +355,11 @@ def strip_cost_us(upstream: str, loops: int = 100, repeats: int = 7) -> dict[str
         return round(best / loops * 1e6, 1)
 
     out: dict[str, Any] = {}
-    for name, (data, text_edit, json_path, stdlib_json) in cases.items():
-        results = {text_edit(data), json_path(data), stdlib_json(data)}
-        costs = {"text_edit": cost(text_edit, data), "json_path": cost(json_path, data),
-                 "stdlib_json": cost(stdlib_json, data)}
+    for name, (data, json_path, stdlib_json) in cases.items():
+        costs = {"json_path": cost(json_path, data), "stdlib_json": cost(stdlib_json, data)}
         out[name] = {"bytes": len(data), **{f"{k}_us": v for k, v in costs.items()},
-                     "json_path_vs_text_edit": round(costs["text_edit"] / costs["json_path"], 2),
                      "json_path_vs_stdlib": round(costs["stdlib_json"] / costs["json_path"], 2),
-                     "same_bytes": len(results) == 1}
+                     "same_bytes": json_path(data) == stdlib_json(data)}
     return out
 
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from clawr1.proxy.fast_strip import DROP, FAST_FROM, UNCHANGED, UNSURE, Outcome
 from clawr1.proxy.sse import event_lines, split_events
 from clawr1.proxy.token_ids import dump, load
 
@@ -24,17 +23,13 @@ class SseRewriter:
     """Applies ``transform`` to the JSON data of each complete event; other bytes pass unchanged.
 
     ``transform`` edits the object in place and says whether it changed it, or None to drop the event.
-    ``fast``, when given, is tried first on the data of an event that is one ``data:`` line (and at
-    least ``FAST_FROM`` bytes: smaller ones parse faster than they are searched): it
-    returns the new data, UNCHANGED, DROP, or UNSURE to fall back to ``transform`` (see
-    ``proxy.fast_strip``). An event neither can handle passes unchanged: the agent's stream never
-    breaks because of the rewrite.
+    The data is parsed with ``token_ids.load`` (orjson where it reads exactly what the standard library
+    would). An event that cannot be rewritten passes unchanged: the agent's stream never breaks because
+    of the rewrite.
     """
 
-    def __init__(self, transform: Callable[[Json], bool | None],
-                 fast: Callable[[bytes], bytes | Outcome] | None = None) -> None:
+    def __init__(self, transform: Callable[[Json], bool | None]) -> None:
         self._transform = transform
-        self._fast = fast
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -46,18 +41,6 @@ class SseRewriter:
         return self._rewrite(rest, terminated=False) if rest else b""
 
     def _rewrite(self, raw: bytes, terminated: bool) -> bytes:
-        if self._fast is not None and len(raw) >= FAST_FROM:
-            line = _one_data_line(raw)
-            if line is not None:
-                start, end = line
-                result = self._fast(raw[start:end])
-                if isinstance(result, bytes):
-                    return raw[:start] + result + raw[end:]
-                if result is UNCHANGED:
-                    return raw
-                if result is DROP:
-                    return b""
-                assert result is UNSURE
         try:
             return self._rewrite_json(raw, terminated)
         except Exception:  # noqa: BLE001 - the agent gets the event as the engine sent it

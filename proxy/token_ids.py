@@ -151,8 +151,7 @@ def choice_list(obj: Json) -> list[Json]:
 
 
 def strip_json(obj: Json, injection: Injection) -> bool:
-    """Remove injected fields from one response object or stream chunk in place; True if it changed.
-    ``proxy.fast_strip`` makes the same edits on the text; change both together."""
+    """Remove injected fields from one response object or stream chunk in place; True if it changed."""
     keep_null = _keeps_nulls(obj)
     changed = False
     choices = choice_list(obj)
