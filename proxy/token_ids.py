@@ -208,9 +208,9 @@ _LONG_NUMBER = b"0" * 19
 
 def load(data: bytes) -> Any:
     """The values ``json.loads`` gives, read by orjson where it reads them exactly (a reply's thousands of
-    token ids parse about 5x faster): text orjson refuses (NaN, lone surrogates, a byte-order mark) or
-    may read as a float (a run of 19 or more digits: an integer past 64 bits) takes the standard library.
-    Raises ValueError."""
+    token ids parse several times faster): text orjson refuses (NaN, lone surrogates, a byte-order mark)
+    or may read as a float (a run of 19 or more digits: an integer past 64 bits) takes the standard
+    library. Raises ValueError."""
     if _LONG_NUMBER not in data.translate(_DIGITS_AS_ZEROS):
         try:
             return orjson.loads(data)
