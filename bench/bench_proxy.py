@@ -11,7 +11,10 @@ this shared machine's load hits every target alike:
 - throughput: ``--concurrency`` concurrent clients for ``--seconds`` per target (bounded loops);
   calls/s and the proxy process's CPU ms per call;
 - record building: the emitter thread's work for one of these calls (``build_record``, redaction
-  included, and Avro encoding), in this process: CPU the proxy spends beside its event loop.
+  included, and Avro encoding), in this process: CPU the proxy spends beside its event loop;
+- token-id stripping: the event-loop work of taking the injected fields out of the engine's replies to
+  this call, in this process: the proxy's JSON path (parsed with orjson, ``token_ids.load``) against
+  the same path parsing with the standard library.
 
 Finally every call sent through a Claw-R1 proxy must be on its Kafka topic (nothing dropped).
 
@@ -264,6 +267,91 @@ def record_cost_ms(calls: int = 300) -> dict[str, float]:
             "encode_ms": round(statistics.median(encode), 3)}
 
 
+def _stdlib_stream(raw: bytes, injection: Any) -> bytes:
+    """The baseline: the stream's JSON path parsing with the standard library (each one-line ``data:``
+    event, as engines send them, parsed, stripped and written again)."""
+    from clawr1.proxy.sse import split_events
+    from clawr1.proxy.token_ids import dump, strip_chunk
+
+    events, rest = split_events(raw)
+    out = []
+    for event in events:
+        if not event.startswith(b"data: {"):
+            out.append(event)
+            continue
+        end = event.index(b"\n")
+        obj = json.loads(event[6:end])
+        changed = strip_chunk(obj, injection)
+        if changed is not None:
+            out.append(b"data: " + dump(obj) + event[end:] if changed else event)
+    return b"".join(out) + rest
+
+
+def _stdlib_body(body: bytes, injection: Any) -> bytes | None:
+    from clawr1.proxy.token_ids import dump, strip_json
+
+    obj = json.loads(body)
+    return dump(obj) if strip_json(obj, injection) else None
+
+
+def strip_cost_us(upstream: str, loops: int = 100, repeats: int = 7) -> dict[str, Any]:
+    """Process CPU µs per reply (min of ``repeats``) of stripping the injected token-id fields on the
+    stand-in engine's replies to the bench's call: the proxy's JSON path (``strip_body``,
+    ``SseRewriter``) against that path parsing with the standard library (and whether both give the
+    same bytes)."""
+    import functools
+    from dataclasses import replace
+
+    from clawr1.proxy.stream import SseRewriter
+    from clawr1.proxy.token_ids import inject_body, strip_body, strip_chunk
+
+    def stream_path(injection: Any) -> Any:
+        def run(raw: bytes) -> bytes:
+            rewriter = SseRewriter(functools.partial(strip_chunk, injection=injection))
+            return rewriter.feed(raw) + rewriter.flush()
+        return run
+
+    cases: dict[str, tuple[bytes, Any, Any]] = {}
+    with httpx.Client(base_url=upstream, timeout=30) as client:
+        for api, path, request in (
+            ("openai.chat", "/v1/chat/completions", conversation(0)),
+            ("openai.completions", "/v1/completions",
+             {"model": "standin-1", "prompt": json.dumps(conversation(0)["messages"]), "max_tokens": 64}),
+        ):
+            for stream in (False, True) if api == "openai.chat" else (False,):
+                injected = inject_body(api, json.dumps({**request, "stream": stream}).encode())
+                assert injected is not None
+                body, injection = injected[0], replace(injected[1], sglext=True)  # as the proxy asks
+                reply = client.post(path, content=body, headers={"content-type": "application/json"})
+                reply.raise_for_status()
+                name = f"{api.split('.')[1]}_{'streamed' if stream else 'plain'}"
+                if stream:
+                    cases[name] = (reply.content, stream_path(injection),
+                                   functools.partial(_stdlib_stream, injection=injection))
+                    first = reply.content.split(b"\n\n", 1)[0] + b"\n\n"
+                    cases[f"{name}_first_event"] = (first, *cases[name][1:])
+                else:
+                    cases[name] = (reply.content, functools.partial(strip_body, injection=injection),
+                                   functools.partial(_stdlib_body, injection=injection))
+
+    def cost(run: Any, data: bytes) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            started = time.process_time()
+            for _ in range(loops):
+                run(data)
+            best = min(best, time.process_time() - started)
+        return round(best / loops * 1e6, 1)
+
+    out: dict[str, Any] = {}
+    for name, (data, json_path, stdlib_json) in cases.items():
+        costs = {"json_path": cost(json_path, data), "stdlib_json": cost(stdlib_json, data)}
+        out[name] = {"bytes": len(data), **{f"{k}_us": v for k, v in costs.items()},
+                     "json_path_vs_stdlib": round(costs["stdlib_json"] / costs["json_path"], 2),
+                     "same_bytes": json_path(data) == stdlib_json(data)}
+    return out
+
+
 def summary(target: Target, baselines: list[Target]) -> dict[str, Any]:
     p50, p99 = percentile(target.latency_ms, 50), percentile(target.latency_ms, 99)
     out: dict[str, Any] = {
@@ -381,6 +469,7 @@ def main() -> int:
         captured = {
             t.name: {"sent": t.sent, "on_topic": wait_captured(bootstrap, t)} for t in targets if t.topic
         }
+        stripping = strip_cost_us(upstream)
 
     by_name = {t.name: t for t in targets}
     direct, bare_target = by_name["direct"], by_name["bare_mitmdump"]
@@ -404,6 +493,7 @@ def main() -> int:
         "captured": captured,
         "latency_stdev_ms": {t.name: round(statistics.pstdev(t.latency_ms), 3) for t in targets},
         "record_building": record_cost_ms(),
+        "token_id_stripping": stripping,
     }
     out = REPO / "bench" / "results" / "bench_proxy.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -30,15 +30,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
+import socket
 import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
+from hypercorn.asyncio import serve as hypercorn_serve
+from hypercorn.config import Config
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from clawr1.core.signals import stop_loop_on_signals
 
@@ -283,57 +292,172 @@ def _interleave(streams: Sequence[Sequence[bytes]]) -> Iterator[bytes]:
                 yield stream[position]
 
 
+def _json_response(text: str, status: int = 200) -> Response:
+    """A JSON answer, with the content type the engine has always sent."""
+    return Response(text, status, media_type="application/json; charset=utf-8")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Unknown routes and methods: a plain ``404: Not Found`` / ``405: Method Not Allowed``."""
+    assert isinstance(exc, HTTPException)
+    return PlainTextResponse(f"{exc.status_code}: {exc.detail}", exc.status_code, exc.headers)
+
+
+class _EventStream(Response):
+    """An SSE answer sent event by event, with the stream test hooks (``_Options``) applied."""
+
+    def __init__(self, events: Iterator[bytes], options: _Options) -> None:
+        super().__init__(media_type="text/event-stream; charset=utf-8", headers={"cache-control": "no-cache"})
+        # No length: the server sends the events as chunks, each the moment it is written.
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self._events = events
+        self._options = options
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sending = asyncio.create_task(self._send(send))
+        watching = asyncio.create_task(_disconnected(receive))
+        done, _ = await asyncio.wait([sending, watching], return_when=asyncio.FIRST_COMPLETED)
+        for task in (sending, watching):
+            task.cancel()
+        await asyncio.gather(sending, watching, return_exceptions=True)
+        if sending in done:
+            sending.result()
+
+    async def _send(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        options = self._options
+        for sent, event in enumerate(self._events):
+            if options.abort_after is not None and sent >= options.abort_after:
+                return  # the body is left unfinished: the server drops the connection mid-stream
+            if options.end_after is not None and sent >= options.end_after:
+                break
+            if sent and options.delay:
+                await asyncio.sleep(options.delay)
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Returns when the client has gone: the stream stops there, as a write to a closed socket would."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _OneWayClose(ssl.SSLObject):
+    """A TLS connection that closes once its own ``close_notify`` is sent, without waiting for the
+    client's (as HTTP servers do): otherwise every idle keep-alive client holds the server's shutdown
+    for asyncio's 30 s TLS shutdown timeout."""
+
+    def unwrap(self) -> None:
+        with contextlib.suppress(ssl.SSLWantReadError):
+            super().unwrap()
+
+
+class _Config(Config):
+    """hypercorn's settings with the caller's own TLS context (HTTP/1.1 only, as before: no ALPN h2)."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None) -> None:
+        super().__init__()
+        self._ssl_context = ssl_context
+
+    @property
+    def ssl_enabled(self) -> bool:
+        return self._ssl_context is not None
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        return self._ssl_context
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host.strip("[]"), port), family=family)
+
+
 @dataclass
 class StandinEngine:
-    """The aiohttp application; ``start``/``stop`` run it on the current event loop."""
+    """The ASGI application (Starlette), served by hypercorn as the product's API is; ``start``/``stop``
+    run it on the current event loop."""
 
     model: str = DEFAULT_MODEL
     chunk_delay: float = 0.0
     received: deque[Received] = field(default_factory=lambda: deque(maxlen=256))
-    _runner: web.AppRunner | None = None
+    _server: asyncio.Task[None] | None = None
+    _shutdown: asyncio.Event | None = None
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._chat)
-        app.router.add_post("/v1/completions", self._completions)
-        app.router.add_post("/v1/responses", self._responses)
-        app.router.add_post("/v1/messages", self._messages)
-        app.router.add_get("/v1/models", self._models)
+    def app(self, started: asyncio.Event | None = None) -> Starlette:
+        """The routes; ``started`` is set once the server runs the app."""
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_: Starlette) -> AsyncIterator[None]:
+            if started is not None:
+                started.set()
+            yield
+
+        app = Starlette(routes=[
+            Route("/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+            Route("/v1/responses", self._responses, methods=["POST"]),
+            Route("/v1/messages", self._messages, methods=["POST"]),
+            Route("/v1/models", self._models, methods=["GET"]),
+        ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
+        app.router.redirect_slashes = False  # a path with a trailing slash is unknown, not redirected
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0,
                     ssl_context: ssl.SSLContext | None = None) -> int:
-        """Listen and return the bound port."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_context)
-        await site.start()
-        return int(self._runner.addresses[0][1])
+        """Listen and return the bound port (connections queue from here on, served once hypercorn runs).
+        A given TLS context is set to close connections without waiting for the client (``_OneWayClose``)."""
+        listener = _listen(host, port)
+        bound = int(listener.getsockname()[1])
+        if ssl_context is not None:
+            ssl_context.sslobject_class = _OneWayClose
+        config = _Config(ssl_context)
+        config.bind = [f"fd://{listener.detach()}"]
+        config.keep_alive_timeout = 75.0  # idle agent and proxy connections stay open as they did before
+        config.graceful_timeout = 5.0
+        config.loglevel = "WARNING"
+        started = asyncio.Event()
+        self._shutdown = asyncio.Event()
+        self._server = asyncio.create_task(hypercorn_serve(
+            self.app(started), config, shutdown_trigger=self._shutdown.wait))  # type: ignore[arg-type]
+        waiting = asyncio.create_task(started.wait())
+        await asyncio.wait([self._server, waiting], return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if self._server.done():
+            self._server.result()  # raises why it could not start
+        return bound
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._server is not None and self._shutdown is not None:
+            self._shutdown.set()
+            await self._server
+            self._server = self._shutdown = None
 
     # -- endpoint plumbing --
 
-    async def _read(self, request: web.Request) -> tuple[Json, _Options] | web.Response:
-        raw = await request.read()
-        self.received.append(Received(request.path, {k.lower(): v for k, v in request.headers.items()}, raw))
+    def _receive(self, request: Request, body: bytes) -> str:
+        """Keep the request for tests to inspect; its path."""
+        path = request.url.path
+        self.received.append(Received(path, {k.lower(): v for k, v in request.headers.items()}, body))
+        return path
+
+    async def _read(self, request: Request) -> tuple[Json, _Options] | Response:
+        raw = await request.body()
+        path = self._receive(request, raw)
         status = request.headers.get("x-standin-status")
         if status:
-            return self._error(request.path, int(status), "stand-in failure on request")
+            return self._error(path, int(status), "stand-in failure on request")
         try:
             body = json.loads(raw)
         except ValueError:
-            return self._error(request.path, 400, "request body is not JSON")
+            return self._error(path, 400, "request body is not JSON")
         if not isinstance(body, dict):
-            return self._error(request.path, 400, "request body must be a JSON object")
+            return self._error(path, 400, "request body must be a JSON object")
         unknown = [f for f in EXTENSION_FIELDS if f in body]
         if str(body.get("model", "")).startswith("strict") and unknown:
-            return web.json_response({"error": {
+            return _json_response(json.dumps({"error": {
                 "message": f"Unrecognized request argument supplied: {unknown[0]}",
-                "type": "invalid_request_error", "param": None, "code": None}}, status=400)
+                "type": "invalid_request_error", "param": None, "code": None}}), 400)
         abort_after = request.headers.get("x-standin-abort-after")
         end_after = request.headers.get("x-standin-end-after")
         delay = float(request.headers.get("x-standin-chunk-delay", self.chunk_delay))
@@ -341,45 +465,26 @@ class StandinEngine:
                               int(end_after) if end_after else None, _sglext_asked(body, request.headers))
 
     @staticmethod
-    def _error(path: str, status: int, message: str) -> web.Response:
+    def _error(path: str, status: int, message: str) -> Response:
         if path.endswith("/messages"):
             body: Json = {"type": "error", "error": {"type": "api_error", "message": message}}
         else:
             body = {"error": {"message": message, "type": "server_error", "code": status}}
-        return web.json_response(body, status=status)
-
-    async def _stream(self, request: web.Request, events: Iterator[bytes] | AsyncIterator[bytes],
-                      options: _Options) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"content-type": "text/event-stream; charset=utf-8",
-                                               "cache-control": "no-cache"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
-        for sent, event in enumerate(events):  # type: ignore[arg-type]
-            if options.abort_after is not None and sent >= options.abort_after:
-                assert request.transport is not None
-                request.transport.abort()
-                return response
-            if options.end_after is not None and sent >= options.end_after:
-                break
-            if sent and options.delay:
-                await asyncio.sleep(options.delay)
-            await response.write(event)
-        await response.write_eof()
-        return response
+        return _json_response(json.dumps(body), status)
 
     def _model(self, body: Json) -> str:
         return str(body.get("model") or self.model)
 
     # -- OpenAI chat completions --
 
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    async def _chat(self, request: Request) -> Response:
         parsed = await self._read(request)
-        if isinstance(parsed, web.Response):
+        if isinstance(parsed, Response):
             return parsed
         body, options = parsed
         messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
         if not messages:
-            return self._error(request.path, 400, "messages must be a non-empty list")
+            return self._error(request.url.path, 400, "messages must be a non-empty list")
         model = self._model(body)
         # A request's `seed` varies the reply as sampling would, so GRPO rollouts of one prompt differ.
         conversation = [model, messages, *([body["seed"]] if body.get("seed") is not None else [])]
@@ -409,7 +514,7 @@ class StandinEngine:
             if (body.get("stream_options") or {}).get("include_usage"):
                 events.append(_sse({**head, "choices": [], "usage": usage}))
             events.append(_sse("[DONE]"))
-            return await self._stream(request, iter(events), options)
+            return _EventStream(iter(events), options)
         choices = []
         for i, reply in enumerate(replies):
             ids = reply.token_ids()
@@ -437,7 +542,7 @@ class StandinEngine:
         }
         if sglext_in:
             plain["sglext"] = _sglext(prompt_ids, None)
-        return web.Response(text=_dump(plain), content_type="application/json")
+        return _json_response(_dump(plain))
 
     @staticmethod
     def _chat_logprobs(ids: Sequence[int], start: int) -> list[Json]:
@@ -482,14 +587,15 @@ class StandinEngine:
 
     # -- OpenAI completions --
 
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
+    async def _completions(self, request: Request) -> Response:
         parsed = await self._read(request)
-        if isinstance(parsed, web.Response):
+        if isinstance(parsed, Response):
             return parsed
         body, options = parsed
         prompts = completion_prompts(body.get("prompt"))
         if prompts is None:
-            return self._error(request.path, 400, "prompt must be a string, token ids, or a list of either")
+            return self._error(request.url.path, 400,
+                               "prompt must be a string, token ids, or a list of either")
         model = self._model(body)
         n = int(body.get("n") or 1)
         want_ids = bool(body.get("return_token_ids"))
@@ -512,7 +618,7 @@ class StandinEngine:
             if (body.get("stream_options") or {}).get("include_usage"):
                 events.append(_sse({**head, "choices": [], "usage": usage}))
             events.append(_sse("[DONE]"))
-            return await self._stream(request, iter(events), options)
+            return _EventStream(iter(events), options)
         out = []
         for index, prompt_ids, reply in choices:
             ids = reply.token_ids()
@@ -521,11 +627,11 @@ class StandinEngine:
                         "finish_reason": reply.finish_reason, "stop_reason": None, "prompt_logprobs": None,
                         "prompt_token_ids": prompt_ids if want_ids else None,
                         "token_ids": ids if want_ids else None})
-        return web.Response(text=_dump({
+        return _json_response(_dump({
             "id": response_id, "object": "text_completion", "created": CREATED, "model": model,
             "choices": out, "service_tier": None, "system_fingerprint": None, "usage": usage,
             "kv_transfer_params": None,
-        }), content_type="application/json")
+        }))
 
     @staticmethod
     def _completion_logprobs(ids: Sequence[int], start: int) -> Json:
@@ -555,14 +661,14 @@ class StandinEngine:
 
     # -- OpenAI Responses API --
 
-    async def _responses(self, request: web.Request) -> web.StreamResponse:
+    async def _responses(self, request: Request) -> Response:
         parsed = await self._read(request)
-        if isinstance(parsed, web.Response):
+        if isinstance(parsed, Response):
             return parsed
         body, options = parsed
         messages = _responses_messages(body)
         if not messages:
-            return self._error(request.path, 400, "input must not be empty")
+            return self._error(request.url.path, 400, "input must not be empty")
         model = self._model(body)
         conversation = [model, messages]
         if body.get("previous_response_id"):  # a continuation answers (and is named) apart from a new input
@@ -590,8 +696,8 @@ class StandinEngine:
                            "output_tokens_details": {"reasoning_tokens": 0},
                            "total_tokens": prompt_len + len(reply.token_ids())}}
         if not body.get("stream"):
-            return web.Response(text=_dump(final), content_type="application/json")
-        return await self._stream(request, self._response_events(final, reply), options)
+            return _json_response(_dump(final))
+        return _EventStream(self._response_events(final, reply), options)
 
     @staticmethod
     def _response_events(final: Json, reply: Reply) -> Iterator[bytes]:
@@ -634,16 +740,16 @@ class StandinEngine:
 
     # -- Anthropic messages --
 
-    async def _messages(self, request: web.Request) -> web.StreamResponse:
+    async def _messages(self, request: Request) -> Response:
         parsed = await self._read(request)
-        if isinstance(parsed, web.Response):
+        if isinstance(parsed, Response):
             return parsed
         body, options = parsed
         messages = _anthropic_messages(body)
         if not body.get("messages"):
-            return self._error(request.path, 400, "messages: field required")
+            return self._error(request.url.path, 400, "messages: field required")
         if not isinstance(body.get("max_tokens"), int):
-            return self._error(request.path, 400, "max_tokens: field required")
+            return self._error(request.url.path, 400, "max_tokens: field required")
         model = self._model(body)
         conversation = [model, messages]
         reply = make_reply(conversation, 0, _tool_names(body.get("tools")),
@@ -659,8 +765,8 @@ class StandinEngine:
         final = {"id": f"msg_{tag}", "type": "message", "role": "assistant", "model": model,
                  "content": content, "stop_reason": stop, "stop_sequence": None, "usage": usage}
         if not body.get("stream"):
-            return web.Response(text=_dump(final), content_type="application/json")
-        return await self._stream(request, self._message_events(final, reply), options)
+            return _json_response(_dump(final))
+        return _EventStream(self._message_events(final, reply), options)
 
     @staticmethod
     def _message_events(final: Json, reply: Reply) -> Iterator[bytes]:
@@ -691,10 +797,10 @@ class StandinEngine:
         yield _sse({"type": "message_delta", "delta": stop, "usage": output}, "message_delta")
         yield _sse({"type": "message_stop"}, "message_stop")
 
-    async def _models(self, request: web.Request) -> web.Response:
-        self.received.append(Received(request.path, {k.lower(): v for k, v in request.headers.items()}, b""))
-        return web.json_response({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": CREATED, "owned_by": "clawr1-standin"}]})
+    async def _models(self, request: Request) -> Response:
+        self._receive(request, b"")
+        return _json_response(json.dumps({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": CREATED, "owned_by": "clawr1-standin"}]}))
 
 
 def _ssl_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:

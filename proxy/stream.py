@@ -7,15 +7,13 @@ fly (an event is held back only until its own terminating blank line arrives).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from clawr1.proxy.fast_strip import DROP, FAST_FROM, UNCHANGED, UNSURE, Outcome
 from clawr1.proxy.sse import event_lines, split_events
-from clawr1.proxy.token_ids import dump
+from clawr1.proxy.token_ids import dump, load
 
 Json = dict[str, Any]
 logger = logging.getLogger("clawr1.proxy")
@@ -25,17 +23,13 @@ class SseRewriter:
     """Applies ``transform`` to the JSON data of each complete event; other bytes pass unchanged.
 
     ``transform`` edits the object in place and says whether it changed it, or None to drop the event.
-    ``fast``, when given, is tried first on the data of an event that is one ``data:`` line (and at
-    least ``FAST_FROM`` bytes: smaller ones parse faster than they are searched): it
-    returns the new data, UNCHANGED, DROP, or UNSURE to fall back to ``transform`` (see
-    ``proxy.fast_strip``). An event neither can handle passes unchanged: the agent's stream never
-    breaks because of the rewrite.
+    The data is parsed with ``token_ids.load`` (orjson where it reads exactly what the standard library
+    would). An event that cannot be rewritten passes unchanged: the agent's stream never breaks because
+    of the rewrite.
     """
 
-    def __init__(self, transform: Callable[[Json], bool | None],
-                 fast: Callable[[bytes], bytes | Outcome] | None = None) -> None:
+    def __init__(self, transform: Callable[[Json], bool | None]) -> None:
         self._transform = transform
-        self._fast = fast
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -47,20 +41,6 @@ class SseRewriter:
         return self._rewrite(rest, terminated=False) if rest else b""
 
     def _rewrite(self, raw: bytes, terminated: bool) -> bytes:
-        if self._fast is not None and len(raw) >= FAST_FROM and raw.startswith(b"data:"):
-            # One data line and its terminator: only the data changes, the framing stays as it came.
-            cr, lf = raw.find(b"\r"), raw.find(b"\n")
-            line_end = len(raw) if cr < 0 and lf < 0 else min(i for i in (cr, lf) if i >= 0)
-            if not raw[line_end:].strip(b"\r\n"):
-                start = 6 if raw.startswith(b"data: ") else 5
-                result = self._fast(raw[start:line_end])
-                if isinstance(result, bytes):
-                    return raw[:start] + result + raw[line_end:]
-                if result is UNCHANGED:
-                    return raw
-                if result is DROP:
-                    return b""
-                assert result is UNSURE
         try:
             return self._rewrite_json(raw, terminated)
         except Exception:  # noqa: BLE001 - the agent gets the event as the engine sent it
@@ -68,12 +48,34 @@ class SseRewriter:
             return raw
 
     def _rewrite_json(self, raw: bytes, terminated: bool) -> bytes:
+        line = _one_data_line(raw)
+        if line is not None:  # as engines send events: only the data changes, the framing stays as it came
+            start, end = line
+            return self._rewrite_data(raw, raw[start:end], lambda data: raw[:start] + data + raw[end:])
         lines = event_lines(raw)
         data = [line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:")]
         if not data:
             return raw
+
+        def framed(new: bytes) -> bytes:
+            out: list[bytes] = []
+            written = False
+            for line in lines:
+                if not line.startswith(b"data:"):
+                    out.append(line)
+                elif not written:
+                    out.append(b"data: " + new)
+                    written = True
+            eol = b"\r\n" if b"\r\n" in raw else b"\n"
+            return eol.join(out) + (eol + eol if terminated else b"")
+
+        return self._rewrite_data(raw, b"\n".join(data), framed)
+
+    def _rewrite_data(self, raw: bytes, data: bytes, framed: Callable[[bytes], bytes]) -> bytes:
+        """The event with its data stripped (``framed`` puts new data in place), as it came when nothing
+        changed or the data is not a JSON object, nothing when the transform drops it."""
         try:
-            obj = json.loads(b"\n".join(data))
+            obj = load(data)
         except ValueError:
             return raw
         if not isinstance(obj, dict):
@@ -81,17 +83,18 @@ class SseRewriter:
         changed = self._transform(obj)
         if changed is None:
             return b""
-        if not changed:
-            return raw
-        out: list[bytes] = []
-        for line in lines:
-            if not line.startswith(b"data:"):
-                out.append(line)
-            elif data:
-                out.append(b"data: " + dump(obj))
-                data = []
-        eol = b"\r\n" if b"\r\n" in raw else b"\n"
-        return eol.join(out) + (eol + eol if terminated else b"")
+        return framed(dump(obj)) if changed else raw
+
+
+def _one_data_line(raw: bytes) -> tuple[int, int] | None:
+    """Where the data of an event that is one ``data:`` line and its terminator starts and ends."""
+    if not raw.startswith(b"data:"):
+        return None
+    cr, lf = raw.find(b"\r"), raw.find(b"\n")
+    end = len(raw) if cr < 0 and lf < 0 else min(i for i in (cr, lf) if i >= 0)
+    if raw[end:].strip(b"\r\n"):
+        return None
+    return (6 if raw.startswith(b"data: ") else 5), end
 
 
 class StreamTee:

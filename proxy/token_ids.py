@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from clawr1.proxy.apis import openai_chat, openai_completions
 
 Json = dict[str, Any]
@@ -149,8 +151,7 @@ def choice_list(obj: Json) -> list[Json]:
 
 
 def strip_json(obj: Json, injection: Injection) -> bool:
-    """Remove injected fields from one response object or stream chunk in place; True if it changed.
-    ``proxy.fast_strip`` makes the same edits on the text; change both together."""
+    """Remove injected fields from one response object or stream chunk in place; True if it changed."""
     keep_null = _keeps_nulls(obj)
     changed = False
     choices = choice_list(obj)
@@ -199,12 +200,32 @@ def dump(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+# Text with every digit as "0" and every other byte as a space: a run of 19 zeros there is a number
+# orjson may not read exactly (an integer past 64 bits becomes a float).
+_DIGITS_AS_ZEROS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_NUMBER = b"0" * 19
+
+
+def load(data: bytes) -> Any:
+    """The values ``json.loads`` gives, read by orjson where it reads them exactly (a reply's thousands of
+    token ids parse several times faster): text orjson refuses (NaN, lone surrogates, a byte-order mark)
+    or may read as a float (a run of 19 or more digits: an integer past 64 bits) takes the standard
+    library. Raises ValueError."""
+    if _LONG_NUMBER not in data.translate(_DIGITS_AS_ZEROS):
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(data)
+
+
 def strip_body(body: bytes, injection: Injection) -> bytes | None:
-    """The plain response body without the injected fields; None when there was nothing to remove."""
+    """The plain response body without the injected fields; None when there was nothing to remove, or
+    when it cannot be read or written back (the agent then gets the engine's body)."""
     try:
-        obj = json.loads(body)
-    except ValueError:
+        obj = load(body)
+        if not isinstance(obj, dict) or not strip_json(obj, injection):
+            return None
+        return dump(obj)
+    except ValueError:  # not JSON, or text the encoder cannot write back (a lone surrogate)
         return None
-    if not isinstance(obj, dict) or not strip_json(obj, injection):
-        return None
-    return dump(obj)

@@ -4,7 +4,8 @@ Two framings, both standard:
 - Avro single-object encoding (default, no registry needed): ``C3 01`` + the writer schema's
   CRC-64-AVRO fingerprint (8 bytes, little-endian) + the Avro body.
 - Confluent wire format when ``CLAWR1_SCHEMA_REGISTRY_URL`` is set: ``00`` + 4-byte big-endian
-  schema id from the registry + the Avro body.
+  schema id from the registry + the Avro body; schemas are registered under ``dev.clawr1.<name>``
+  with confluent-kafka's Schema Registry client (basic auth from the URL, TLS files from settings).
 Readers look the writer schema up by fingerprint (or registry id) and resolve it to the current
 reader schema, so consumers keep reading events written by older producers.
 """
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import ssl
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -22,12 +26,14 @@ from typing import Any
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
+from clawr1.core.registry import SCHEMA_REGISTRY_CA_FILE, SCHEMA_REGISTRY_CERT_FILE, SCHEMA_REGISTRY_KEY_FILE
 from clawr1.schemas.batch import batch_name, batch_schema, pack, plan_of, record_name_of, unpack
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 HISTORY_DIR = SCHEMA_DIR / "history"
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
+REGISTRY_TIMEOUT_S = 10.0
 
 
 class CodecError(ValueError):
@@ -123,36 +129,63 @@ def _name_of_record(record_name: str) -> str | None:
     return _record_names().get(record_name.rsplit(".", 1)[-1])
 
 
-class SchemaRegistryClient:
-    """The few Confluent Schema Registry REST calls the codec needs, cached per process."""
+_TLS_FILES = ((SCHEMA_REGISTRY_CA_FILE, "ssl.ca.location"),
+              (SCHEMA_REGISTRY_CERT_FILE, "ssl.certificate.location"),
+              (SCHEMA_REGISTRY_KEY_FILE, "ssl.key.location"))
 
-    def __init__(self, url: str, timeout: float = 10.0, transport: Any = None) -> None:
-        import httpx
 
-        self._http = httpx.Client(base_url=url.rstrip("/"), timeout=timeout, transport=transport)
+def registry_config(url: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """confluent-kafka's ``SchemaRegistryClient`` configuration: basic auth from the URL's user info (the
+    client reads it there), TLS files from ``CLAWR1_SCHEMA_REGISTRY_{CA,CERT,KEY}_FILE``."""
+    env = os.environ if environ is None else environ
+    config: dict[str, Any] = {"url": url, "timeout": REGISTRY_TIMEOUT_S}
+    for option, key in _TLS_FILES:
+        value = option.read(env)
+        if value and not Path(value).is_file():
+            raise CodecError(f"{option.name}: no such file {value!r}")
+        if value:
+            config[key] = value
+    return config
+
+
+class SchemaRegistry:
+    """The codec's view of a Confluent Schema Registry: ids of our schemas and our schemas of ids.
+
+    HTTP, auth, TLS, retries and the id cache are confluent-kafka's ``SchemaRegistryClient``; this keeps
+    the parsed writer schema per id, so a message costs no registry call and no schema parse after the
+    first of its id."""
+
+    def __init__(self, url: str, environ: Mapping[str, str] | None = None) -> None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        try:
+            self._client = SchemaRegistryClient(registry_config(url, environ))
+        except (OSError, ssl.SSLError) as exc:
+            names = ", ".join(option.name for option, _ in _TLS_FILES)
+            raise CodecError(f"the schema registry's TLS files ({names}) cannot be loaded: {exc}") from exc
         self._ids: dict[tuple[str, bytes], int] = {}
         self._schemas: dict[int, SchemaVersion] = {}
 
     def register(self, subject: str, version: SchemaVersion) -> int:
         key = (subject, version.fingerprint)
         if key not in self._ids:
-            reply = self._http.post(
-                f"/subjects/{subject}/versions",
-                json={"schema": json.dumps(version.raw)},
-                headers={"Content-Type": "application/vnd.schemaregistry.v1+json"},
-            )
-            reply.raise_for_status()
-            self._ids[key] = int(reply.json()["id"])
-            self._schemas[self._ids[key]] = version
+            from confluent_kafka.schema_registry import Schema
+
+            schema_id = int(self._client.register_schema(subject, Schema(json.dumps(version.raw), "AVRO")))
+            self._ids[key] = schema_id
+            self._schemas[schema_id] = version
         return self._ids[key]
 
     def schema(self, schema_id: int) -> SchemaVersion:
         if schema_id not in self._schemas:
-            reply = self._http.get(f"/schemas/ids/{schema_id}")
-            if reply.status_code == 404:
-                raise DecodeError(f"schema id {schema_id} is not in the registry")
-            reply.raise_for_status()
-            raw = json.loads(reply.json()["schema"])
+            from confluent_kafka.schema_registry import SchemaRegistryError
+
+            try:
+                raw = json.loads(self._client.get_schema(schema_id).schema_str)
+            except SchemaRegistryError as exc:
+                if exc.http_status_code == 404:
+                    raise DecodeError(f"schema id {schema_id} is not in the registry") from exc
+                raise
             name = _name_of_record(str(raw.get("name", "")))
             if name is None:
                 raise DecodeError(f"schema id {schema_id} is {raw.get('name')!r}, not a Claw-R1 schema")
@@ -163,8 +196,8 @@ class SchemaRegistryClient:
 class AvroCodec:
     """Encode records of a named schema; decode any known writer version into the current schema."""
 
-    def __init__(self, registry_url: str = "", transport: Any = None) -> None:
-        self.registry = SchemaRegistryClient(registry_url, transport=transport) if registry_url else None
+    def __init__(self, registry_url: str = "", environ: Mapping[str, str] | None = None) -> None:
+        self.registry = SchemaRegistry(registry_url, environ) if registry_url else None
 
     def encode(self, name: str, record: dict[str, Any]) -> bytes:
         version = current_schema(name)

@@ -188,8 +188,8 @@ SQL_DSN = option("SQL_DSN", str, "",
                  "analyst SQL as a server's read-only user (`pool/server/`); empty = the pool DSN",
                  secret=True)
 SCHEMA_REGISTRY_URL = option("SCHEMA_REGISTRY_URL", str, "",
-                             "Confluent wire format + Schema Registry; empty = Avro single-object encoding",
-                             secret=True)
+                             "Confluent wire format + Schema Registry (`https://user:pass@host:8081` for "
+                             "basic auth); empty = Avro single-object encoding", secret=True)
 API_HOST = option("API_HOST", str, "127.0.0.1", "host of the HTTP API (gateway, SQL, health)")
 API_PORT = option("API_PORT", int, 8000, "port of the HTTP API (gateway, SQL, health)")
 COMPAT_PORT = option("COMPAT_PORT", int, 8100,
@@ -228,6 +228,18 @@ SINK_METRICS_PORT = option("SINK_METRICS_PORT", int, 0,
                            "always serves `GET /metrics`)")
 REWARDER_METRICS_PORT = option("REWARDER_METRICS_PORT", int, 0,
                                "Prometheus metrics of the rewarder; `0` = off")
+
+# -- the Schema Registry client of every role that writes or reads Kafka -----------------------------
+
+_KAFKA_ROLES = ("api", "worker", "sink", "rewarder", "proxy")
+SCHEMA_REGISTRY_CA_FILE = option("SCHEMA_REGISTRY_CA_FILE", str, "",
+                                 "PEM bundle trusted for the Schema Registry's TLS; empty = "
+                                 "`SSL_CERT_FILE`, else certifi's bundle", _KAFKA_ROLES)
+SCHEMA_REGISTRY_CERT_FILE = option("SCHEMA_REGISTRY_CERT_FILE", str, "",
+                                   "client certificate (PEM) for a Schema Registry that asks for mutual TLS",
+                                   _KAFKA_ROLES)
+SCHEMA_REGISTRY_KEY_FILE = option("SCHEMA_REGISTRY_KEY_FILE", str, "",
+                                  "private key (PEM) of `CLAWR1_SCHEMA_REGISTRY_CERT_FILE`", _KAFKA_ROLES)
 
 # -- api: gateway, idempotency store, compat protocol, analyst SQL -----------------------------------
 

@@ -17,7 +17,6 @@ import httpx
 from mitmproxy import http
 
 from clawr1.proxy.addons.state import CallState, call_state, is_encoded, is_event_stream
-from clawr1.proxy.fast_strip import chunk_stripper, strip_reply
 from clawr1.proxy.stream import SseRewriter
 from clawr1.proxy.token_ids import (
     SGLEXT_HEADERS,
@@ -26,6 +25,7 @@ from clawr1.proxy.token_ids import (
     TokenIdPolicy,
     inject_body,
     refused_field,
+    strip_body,
     strip_chunk,
     wants_sglext,
 )
@@ -36,8 +36,7 @@ _HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connec
 
 
 def _rewriter(injection: Injection) -> SseRewriter:
-    """Strips each event's data by editing its text, or by the JSON path where that is unsure."""
-    return SseRewriter(functools.partial(strip_chunk, injection=injection), chunk_stripper(injection))
+    return SseRewriter(functools.partial(strip_chunk, injection=injection))
 
 
 class TokenIdCapture:
@@ -85,7 +84,7 @@ class TokenIdCapture:
             rewriter = _rewriter(state.injection)
             stripped: bytes | None = rewriter.feed(body) + rewriter.flush()
         else:
-            stripped = strip_reply(body, state.injection)
+            stripped = strip_body(body, state.injection)
         if stripped is not None and stripped != body:
             state.engine_body = body
             flow.response.content = stripped

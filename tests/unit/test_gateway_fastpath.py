@@ -188,3 +188,18 @@ def test_minted_step_ids_are_routable_to_their_trajectory() -> None:
     assert fast is not None
     assert id_tag(fast[0][0]) == key_hash("t")
     assert fast[1][0] == "given-id"  # a client's own step id stays as given
+
+
+def test_with_a_schema_registry_a_fast_path_envelope_is_framed_by_the_registry() -> None:
+    from clawr1.schemas.codec import AvroCodec
+    from tests.unit.schema_registry_stub import RegistryStub
+
+    with RegistryStub(first_id=258) as registry:
+        codec = AvroCodec(registry.url)
+        steps = pack_steps(PLAIN, SOURCE, NOW)
+        assert steps is not None
+        value = codec.encode_batch("whitebox_step", [s.record for s in steps])
+        assert value[:5] == b"\x00" + (258).to_bytes(4, "big")
+        decoded = codec.decode_records(value, "whitebox_step")
+        assert [r["step_id"] for r in decoded] == [s.step_id for s in steps]
+        assert registry.subjects == {"dev.clawr1.whitebox_step_batch": [258]}

@@ -10,19 +10,25 @@ from pathlib import Path
 from typing import Any
 
 import fastavro
-import httpx
 import pytest
+from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibilityType
+from avro.schema import parse as parse_avro
+from confluent_kafka.schema_registry import SchemaRegistryError
 
+from clawr1.schemas.batch import batch_schema, record_name_of
 from clawr1.schemas.codec import (
     SCHEMA_DIR,
     AvroCodec,
+    CodecError,
     DecodeError,
     EncodeError,
+    all_schema_names,
     current_schema,
     history_versions,
+    registry_config,
     schema_names,
 )
-from clawr1.schemas.compat import incompatibilities
+from tests.unit.schema_registry_stub import RegistryStub
 
 EXPECTED = {
     "raw_llm_call",
@@ -110,7 +116,11 @@ def test_decode_checks_the_expected_kind() -> None:
 
 
 def _committed_versions(name: str) -> list[dict[str, Any]]:
-    """The schema as committed at HEAD (when this is a git checkout) and every released history version."""
+    """The schema as committed at HEAD (when this is a git checkout) and every released history version;
+    an envelope's are derived from its record's, as the codec derives them."""
+    record = record_name_of(name)
+    if record is not None:
+        return [batch_schema(raw) for raw in _committed_versions(record)]
     versions = [v.raw for v in history_versions(name)]
     path = Path("schemas") / f"{name}.avsc"
     shown = subprocess.run(
@@ -121,7 +131,18 @@ def _committed_versions(name: str) -> list[dict[str, Any]]:
     return versions
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
+def incompatibilities(writer: dict[str, Any], reader: dict[str, Any]) -> list[str]:
+    """Why data written with ``writer`` cannot be read with ``reader``, by Apache Avro's own schema
+    resolution check (as Karapace runs it); empty when it can."""
+    result = ReaderWriterCompatibilityChecker().get_compatibility(
+        parse_avro(json.dumps(reader)), parse_avro(json.dumps(writer))
+    )
+    if result.compatibility is SchemaCompatibilityType.compatible:
+        return []
+    return [f"at {', '.join(sorted(result.locations))}: {message}" for message in sorted(result.messages)]
+
+
+@pytest.mark.parametrize("name", all_schema_names())
 def test_current_schema_reads_every_committed_version(name: str) -> None:
     current = current_schema(name).raw
     for old in _committed_versions(name):
@@ -140,13 +161,17 @@ def test_compatibility_check_catches_a_deliberately_incompatible_change() -> Non
     broken = copy.deepcopy(old)
     broken["fields"].append({"name": "new_required", "type": "string"})  # no default: old data can't fill it
     retyped = copy.deepcopy(old)
-    next(f for f in retyped["fields"] if f["name"] == "step_index")["type"] = "string"
+    position = next(i for i, f in enumerate(retyped["fields"]) if f["name"] == "step_index")
+    retyped["fields"][position]["type"] = "string"
     assert any("new_required" in e for e in incompatibilities(old, broken))
-    assert any("step_index" in e for e in incompatibilities(old, retyped))
+    assert any(f"/fields/{position}/type" in e and "string" in e for e in incompatibilities(old, retyped))
     widened = copy.deepcopy(old)
     widened["fields"].append({"name": "optional", "type": ["null", "string"], "default": None})
-    next(f for f in widened["fields"] if f["name"] == "step_index")["type"] = "long"  # int -> long promotes
+    widened["fields"][position]["type"] = "long"  # int -> long promotes
     assert incompatibilities(old, widened) == []
+    # The same holds for the derived envelope: a record change reaches it.
+    assert incompatibilities(batch_schema(old), batch_schema(broken))
+    assert incompatibilities(batch_schema(old), batch_schema(widened)) == []
 
 
 def test_old_writer_versions_decode_into_the_current_schema(
@@ -186,37 +211,66 @@ def test_every_current_schema_is_a_released_version(name: str) -> None:
     )
 
 
-class _Registry:
-    """The Schema Registry REST calls the codec makes, answered in memory (a unit test may isolate)."""
-
-    def __init__(self) -> None:
-        self.by_id: dict[int, str] = {}
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        if request.method == "POST" and request.url.path.startswith("/subjects/"):
-            schema = json.loads(request.content)["schema"]
-            ids = {text: i for i, text in self.by_id.items()}
-            schema_id = ids.get(schema, len(self.by_id) + 1)
-            self.by_id[schema_id] = schema
-            return httpx.Response(200, json={"id": schema_id})
-        if request.method == "GET" and request.url.path.startswith("/schemas/ids/"):
-            schema_id = int(request.url.path.rsplit("/", 1)[1])
-            if schema_id not in self.by_id:
-                return httpx.Response(404, json={"error_code": 40403, "message": "Schema not found"})
-            return httpx.Response(200, json={"schema": self.by_id[schema_id]})
-        return httpx.Response(404)
-
-
 def test_registry_mode_uses_the_confluent_wire_format_and_resolves_ids() -> None:
-    registry = _Registry()
-    writer = AvroCodec("http://registry.test", transport=httpx.MockTransport(registry))
-    record = _example(current_schema("step").raw, {})
-    data = writer.encode("step", record)
-    assert data[0] == 0 and int.from_bytes(data[1:5], "big") == 1
-    # A fresh reader knows nothing yet: it looks the id up in the registry.
-    reader = AvroCodec("http://registry.test", transport=httpx.MockTransport(registry))
-    assert reader.decode(data) == ("step", record)
-    with pytest.raises(DecodeError, match="not in the registry"):
-        reader.decode(b"\x00\x00\x00\x00\x09" + data[5:])
+    with RegistryStub() as registry:
+        writer = AvroCodec(registry.url)
+        record = _example(current_schema("step").raw, {})
+        data = writer.encode("step", record)
+        assert writer.encode("step", record) == data
+        assert data[0] == 0 and int.from_bytes(data[1:5], "big") == 1
+        assert registry.subjects == {"dev.clawr1.step": [1]}  # registered once, under the codec's subject
+        # A fresh reader knows nothing yet: it looks the id up in the registry, once.
+        reader = AvroCodec(registry.url)
+        assert reader.decode(data) == ("step", record)
+        assert reader.decode(data) == ("step", record)
+        assert registry.requests.count(("GET", "/schemas/ids/1")) == 1
+        with pytest.raises(DecodeError, match="not in the registry"):
+            reader.decode(b"\x00\x00\x00\x00\x09" + data[5:])
     with pytest.raises(DecodeError, match="no schema registry"):
         AvroCodec().decode(data)
+
+
+def test_registry_mode_reads_ids_other_producers_registered() -> None:
+    """An older version registered by another producer resolves to the current schema; a schema that is
+    not one of ours is refused by name."""
+    old = history_versions("feedback")[0]
+    record = _example(old.raw, {})
+    body = io.BytesIO()
+    fastavro.schemaless_writer(body, old.parsed, record)
+    with RegistryStub(first_id=100) as registry:
+        old_id = registry.add(old.raw)
+        invoice = {"type": "record", "name": "Invoice", "fields": [{"name": "n", "type": "int"}]}
+        other_id = registry.add(invoice)
+        reader = AvroCodec(registry.url)
+        name, decoded = reader.decode(b"\x00" + old_id.to_bytes(4, "big") + body.getvalue())
+        assert name == "feedback" and decoded["target_id"] == record["target_id"]
+        assert set(decoded) == {f["name"] for f in current_schema("feedback").raw["fields"]}
+        with pytest.raises(DecodeError, match="'Invoice', not a Claw-R1 schema"):
+            reader.decode(b"\x00" + other_id.to_bytes(4, "big") + body.getvalue())
+
+
+def test_registry_basic_auth_comes_from_the_url() -> None:
+    with RegistryStub(credentials=("clawr1", "s3cret")) as registry:
+        data = AvroCodec(registry.url_with_credentials()).encode("feedback", _example(
+            current_schema("feedback").raw, {}))
+        assert data[0] == 0 and registry.subjects == {"dev.clawr1.feedback": [1]}
+        with pytest.raises(SchemaRegistryError, match="Unauthorized"):
+            AvroCodec(registry.url).decode(data)
+
+
+def test_registry_tls_files_come_from_settings(tmp_path: Path) -> None:
+    files = {name: tmp_path / name for name in ("ca.pem", "client.pem", "client.key")}
+    for path in files.values():
+        path.write_text("not a PEM")
+    env = {"CLAWR1_SCHEMA_REGISTRY_CA_FILE": str(files["ca.pem"]),
+           "CLAWR1_SCHEMA_REGISTRY_CERT_FILE": str(files["client.pem"]),
+           "CLAWR1_SCHEMA_REGISTRY_KEY_FILE": str(files["client.key"])}
+    assert registry_config("https://registry:8081", env) == {
+        "url": "https://registry:8081", "timeout": 10.0, "ssl.ca.location": str(files["ca.pem"]),
+        "ssl.certificate.location": str(files["client.pem"]), "ssl.key.location": str(files["client.key"])}
+    assert registry_config("https://registry:8081", {}) == {"url": "https://registry:8081", "timeout": 10.0}
+    # The client loads them at once: a bad file stops the role at start, not at its first message.
+    with pytest.raises(CodecError, match="cannot be loaded"):
+        AvroCodec("https://registry:8081", env)
+    with pytest.raises(CodecError, match="CLAWR1_SCHEMA_REGISTRY_CA_FILE: no such file .*absent.pem"):
+        AvroCodec("https://registry:8081", {"CLAWR1_SCHEMA_REGISTRY_CA_FILE": str(tmp_path / "absent.pem")})
