@@ -94,6 +94,7 @@ class Stack:
         self.reverse_port, self.engine_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.bootstrap = ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(kafka_nodes))
+        workdir.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "CLAWR1_DATA_DIR": str(workdir / "data")}
         env.pop("CLAWR1_KAFKA_BOOTSTRAP", None)
         clawr1 = [sys.executable, "-m", "clawr1.cli"]
