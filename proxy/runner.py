@@ -26,20 +26,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from mitmproxy import ctx, options
-from mitmproxy.addons import (
-    core,
-    disable_h2c,
-    dns_resolver,
-    next_layer,
-    proxyserver,
-    strip_dns_https_records,
-    tlsconfig,
-    update_alt_svc,
-)
-from mitmproxy.certs import CertStore
 from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
-from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
 from clawr1.core.registry import (
     PROXY_ALLOW,
@@ -54,8 +42,8 @@ from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
 from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
+from clawr1.proxy import mitm_compat
 from clawr1.proxy.addons import build_addons
-from clawr1.proxy.addons.auth import ProxyAuthHeader
 from clawr1.proxy.addons.destinations import DestinationGuard
 from clawr1.proxy.destinations import (
     DestinationError,
@@ -119,7 +107,7 @@ def confdir(settings: Settings) -> Path:
 def ca_cert_path(settings: Settings) -> Path:
     """The CA agents must trust for HTTPS interception (created on first use, one per data dir)."""
     directory = confdir(settings)
-    CertStore.from_store(directory, CA_BASENAME, CA_KEY_SIZE)
+    mitm_compat.ca_store(directory, CA_BASENAME, CA_KEY_SIZE)
     return directory / f"{CA_BASENAME}-ca-cert.pem"
 
 
@@ -239,9 +227,7 @@ class _Readiness:
         self._result = result
 
     def running(self) -> None:
-        servers = ctx.master.addons.get("proxyserver").servers
-        failures = [f"{s.mode.full_spec}: {s.last_exception or 'not listening'}" for s in servers
-                    if not s.is_running]
+        failures = mitm_compat.listen_failures(ctx.master)
         if not self._result.done():
             self._result.set_result(failures)
 
@@ -254,22 +240,10 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         ssl_insecure=config.upstream_insecure,
         ssl_verify_upstream_trusted_ca=config.upstream_ca,
     )
-    master = Master(opts)
     token_ids = TokenIdPolicy.parse(config.token_id_hosts) if config.capture_token_ids else None
-    master.addons.add(
-        core.Core(),
-        strip_dns_https_records.StripDnsHttpsRecords(),
-        disable_h2c.DisableH2C(),
-        ProxyAuthHeader(),
-        DestinationGuard(config.destinations),
-        proxyserver.Proxyserver(),
-        dns_resolver.DnsResolver(),
-        next_layer.NextLayer(),
-        tlsconfig.TlsConfig(),
-        update_alt_svc.UpdateAltSvc(),
-        *build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret),
-        _Readiness(readiness),
-    )
+    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret)
+    master = mitm_compat.capture_master(opts, [DestinationGuard(config.destinations)],
+                                        [*ours, _Readiness(readiness)])
     # Addon options exist only once their addon is loaded.
     opts.update(proxyauth=config.proxyauth)
     return master
@@ -309,7 +283,7 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     try:
         if processes > 1:
             ca_cert_path(settings)  # one CA, made before the processes that share it start
-            _listen_with_reuse_port()
+            mitm_compat.listen_with_reuse_port()
             # A front's end of this pipe reads end of file once this process is gone: it then stops too.
             alive, alive_writer = SPAWN.Pipe(duplex=False)
             fronts = await asyncio.to_thread(_start_fronts, settings, emitter.writers[1:], alive)
@@ -332,16 +306,6 @@ def _stop_processes(sender: CallSender, fronts: list[BaseProcess], emitter: Emit
         if front.is_alive():
             front.kill()
     emitter.join(drain_s + 10.0)
-
-
-def _listen_with_reuse_port() -> None:
-    """mitmproxy 11 has no option for SO_REUSEPORT: its TCP listener is replaced by one that sets it,
-    in this process only (never with one process, so a second proxy on a taken port still fails)."""
-
-    async def listen(self: AsyncioServerInstance[Any], host: str, port: int) -> list[asyncio.Server]:
-        return [await asyncio.start_server(self.handle_stream, host, port, reuse_port=True)]
-
-    AsyncioServerInstance.listen = listen  # type: ignore[method-assign,assignment]
 
 
 def _start_fronts(settings: Settings, writers: list[Connection], alive: Connection) -> list[BaseProcess]:
@@ -374,7 +338,7 @@ def _front_main(settings: Settings, writer: Connection, status: Connection, aliv
     stops with the first process (``alive`` ends)."""
     config = proxy_config(settings)
     _quiet_mitmproxy()
-    _listen_with_reuse_port()
+    mitm_compat.listen_with_reuse_port()
     sender = CallSender(writer)
 
     async def main() -> None:
@@ -424,7 +388,7 @@ async def _run_master(config: ProxyConfig, submit: Callable[[CapturedCall], None
             loop.remove_reader(sentinel)
         stopped.cancel()
         lost.cancel()
-        await master.addons.get("proxyserver").servers.update([])
+        await mitm_compat.stop_listening(master)
         master.shutdown()
         await asyncio.gather(run, return_exceptions=True)
         # Stopping cancels the agents' idle keep-alive connections after mitmproxy has put its own
