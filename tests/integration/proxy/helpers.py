@@ -31,7 +31,8 @@ from clawr1.core.kafka_io import make_consumer
 from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings, env_names
 from clawr1.demo.standin_engine import StandinEngine
-from clawr1.proxy.runner import ca_cert_path, serve_proxy
+from clawr1.proxy.config import ca_cert_path
+from clawr1.proxy.runner import serve_proxy
 from clawr1.schemas.codec import CodecError, codec_for
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

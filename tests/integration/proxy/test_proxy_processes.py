@@ -14,7 +14,7 @@ import httpx
 from bench.common import free_port
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL
-from clawr1.proxy.runner import PROCESSES_ENV
+from clawr1.proxy.config import PROCESSES_ENV
 from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, marked
 
 
