@@ -18,7 +18,7 @@ more, and takes it only here:
 The master this module assembles is run and shut down by ``clawr1.proxy.runner`` (``Master.run``,
 ``Master.shutdown``, pinned here too).
 
-``tests/unit/test_proxy_mitm_compat.py`` checks that every name in ``PINNED`` exists in the
+``tests/unit/proxy/test_proxy_mitm_compat.py`` checks that every name in ``PINNED`` exists in the
 installed mitmproxy and that the replaced or overridden callables in ``SIGNATURES`` keep their parameters,
 so an upgrade that renames or reshapes one fails there, naming it; and that no other module of the
 project imports mitmproxy beyond its documented modules.

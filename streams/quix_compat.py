@@ -12,8 +12,8 @@ and sinks use:
 - the application's transactional producer (``processing_context.producer``), called from a sink's
   ``flush`` (which Quix runs before the changelogs are produced and the transaction commits).
 
-``tests/unit/streams/test_quix_compat.py`` checks that every name in ``PINNED`` exists on the installed
-version, so an upgrade that renames one fails there with this module named, not in production.
+``tests/unit/streams/test_streams_quix_compat.py`` checks that every name in ``PINNED`` exists on the
+installed version, so an upgrade that renames one fails there with this module named, not in production.
 """
 
 from __future__ import annotations

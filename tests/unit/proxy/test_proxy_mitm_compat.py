@@ -15,7 +15,7 @@ import pytest
 from clawr1.core import pins
 from clawr1.proxy import mitm_compat
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 COMPAT = ROOT / "proxy" / "mitm_compat.py"
 # mitmproxy's documented modules (its API reference, the addon hooks' objects, options and ctx);
 # ``mitmproxy.test`` gives the unit tests their flows.
