@@ -32,8 +32,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.bench_gateway import wait_healthy  # noqa: E402
-from bench.common import free_port, percentile  # noqa: E402
+from bench.common import percentile  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 KEYS = {"viewer": "sk-bench-viewer-0123456789", "trainer": "sk-bench-trainer-0123456789"}
 TRAINER_SQL = ("SELECT step_id, trajectory_id, reward FROM steps WHERE ready = 1 AND policy_version >= 0 "

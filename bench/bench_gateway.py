@@ -51,7 +51,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile, process_cpu_s, records_on_topic  # noqa: E402
+from bench.common import percentile, process_cpu_s, records_on_topic  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_producer  # noqa: E402
 from clawr1.core.settings import Settings  # noqa: E402
@@ -60,9 +60,10 @@ from clawr1.gateway.config import GatewayTopics  # noqa: E402
 from clawr1.gateway.models import StepIn  # noqa: E402
 from clawr1.gateway.records import step_record  # noqa: E402
 from clawr1.schemas.codec import codec_for  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
+from tests.support.steps import PROMPT_TOKENS, RESPONSE_TOKENS, make_step  # noqa: E402
 
 PARTITIONS = 4
-PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
 # name, steps per request, concurrent requests
 PHASES = (("batch_1", 1, 16), ("batch_10", 10, 8), ("batch_100", 100, 4), ("batch_500", 500, 2))
 STAGES = ("parse", "validate", "encode", "produce")
@@ -87,17 +88,6 @@ class Phase:
     # Of the gateway's event-loop thread alone (HTTP, the framework, produce calls); the rest of its CPU
     # is its worker threads (bodies over 64 KiB are parsed and encoded there) and librdkafka's.
     loop_cpu_us_per_step: float | None = None
-
-
-def make_step(n: int) -> dict[str, Any]:
-    """A realistic step: a 512-token prompt, a 128-token response with logprobs."""
-    return {
-        "trajectory_id": f"bench-{n // 8}", "step_index": n % 8, "prompt_group_id": f"g-{n // 64}",
-        "prompt_group_size": 8, "prompt_token_ids": [(n * 7 + i) % 32_000 for i in range(PROMPT_TOKENS)],
-        "response_token_ids": [(n * 13 + i) % 32_000 for i in range(RESPONSE_TOKENS)],
-        "response_logprobs": [-0.01 * (i % 50) for i in range(RESPONSE_TOKENS)],
-        "reward": 1.0, "policy_version": 3, "model": "bench-model", "metadata": {"n": n},
-    }
 
 
 def request_bodies(per_request: int, steps: int = 2000) -> list[bytes]:

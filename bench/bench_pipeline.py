@@ -62,8 +62,6 @@ sys.path.insert(0, str(REPO))
 
 from bench.common import (  # noqa: E402
     cpu_by_role,
-    free_port,
-    free_ports,
     percentile,
     process_cpu_s,
     settled_message_counts,
@@ -71,6 +69,7 @@ from bench.common import (  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.gateway.client import GatewayClient  # noqa: E402
 from clawr1.schemas.codec import codec_for  # noqa: E402
+from tests.support.ports import free_port, free_ports  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
 RESULTS = REPO / "bench" / "results" / "bench_pipeline.json"

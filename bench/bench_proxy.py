@@ -49,9 +49,10 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import cpu_by_role, free_port, process_cpu_s, records_on_topic  # noqa: E402
+from bench.common import cpu_by_role, process_cpu_s, records_on_topic  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 PARTITIONS = 4
 PROXY_MAIN = (

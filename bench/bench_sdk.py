@@ -57,7 +57,7 @@ from clawr1.consumer_sdk import PoolConsumer, StepBatch  # noqa: E402
 from clawr1.pool.api import pool_router  # noqa: E402
 from clawr1.pool.sql import AnalystSql, SqlLimits  # noqa: E402
 from clawr1.pool.store import PoolStore  # noqa: E402
-from tests.integration.sdk.serving import served  # noqa: E402
+from tests.support.asgi import serve_asgi  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_sdk.json"
 VOCAB = 151_936
@@ -266,7 +266,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                max_result_rows=max(100_000, args.steps + args.history + 1),
                                max_result_bytes=8 * 1024**3)
             app.include_router(pool_router(api_store, AnalystSql(dsn, api_store.database, limits)))
-            with served(app) as url:
+            with serve_asgi(app) as server:
+                url = server.url
                 groups = iter(range(1_000_000))  # a fresh consumer group per run: each run drains all
 
                 def loop(source: str) -> Callable[[], tuple[int, int]]:

@@ -52,7 +52,7 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import free_port, percentile, process_cpu_s, settled_message_counts  # noqa: E402
+from bench.common import percentile, process_cpu_s, settled_message_counts  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.conversation import conversation_key  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
@@ -60,6 +60,7 @@ from clawr1.core.routing import partition_of, routable_id  # noqa: E402
 from clawr1.schemas.codec import codec_for, pack_record  # noqa: E402
 from clawr1.streams.config import StreamTopics  # noqa: E402
 from clawr1.streams.worker import READY_LINE  # noqa: E402
+from tests.support.ports import free_port  # noqa: E402
 
 PARTITIONS = 4
 TURNS, FIRST_PROMPT, TURN_TOKENS, REPLY_TOKENS = 8, 256, 32, 32

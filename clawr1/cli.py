@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         run_sink_process(settings)  # its SinkStats are for tests and benchmarks, not an exit status
         return 0
     if args.command == "ca":
-        from clawr1.proxy.runner import ca_cert_path
+        from clawr1.proxy.config import ca_cert_path
 
         print(ca_cert_path(settings))
         return 0

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from clawr1.core import registry
+from clawr1.core.backoff import Backoff
 from clawr1.core.settings import Settings
 
 TAIL_LINES = 20
@@ -52,7 +53,9 @@ class RestartPolicy:
         recent = sum(1 for t in exits if now - t < self.window_s)
         if recent > self.max_restarts:
             return Decision(False, 0.0, recent)
-        delay = min(self.max_backoff_s, self.backoff_s * 2 ** max(0, recent - 1))
+        # The ceiling, not a draw under it: a restart is one process, not a crowd of clients to spread, and
+        # a jittered delay near zero would restart a crash at once.
+        delay = Backoff(self.backoff_s, self.max_backoff_s).ceiling(max(1, recent))
         return Decision(True, delay, recent)
 
     @classmethod

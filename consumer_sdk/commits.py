@@ -20,10 +20,14 @@ import pyarrow as pa
 
 from clawr1.consumer_sdk.queries import Position
 from clawr1.consumer_sdk.transport import Transport
+from clawr1.core.backoff import Backoff
 from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE
 
 __all__ = ["Committer", "CursorRow"]
 
+# After a refused write, the next waits from 0.1 s doubling per refusal in a row, at most 1 s (or the
+# age limit of a commit, when shorter), with full jitter.
+_RETRY_FIRST_S = 0.1
 _RETRY_PAUSE_S = 1.0
 
 
@@ -72,6 +76,9 @@ class Committer:
         self._requested = self._served = 0
         self._error: BaseException | None = None
         self._retry_at = 0.0
+        pause = min(_RETRY_PAUSE_S, every_s)
+        self._backoff = Backoff(min(_RETRY_FIRST_S, pause), pause)
+        self._refusals = 0  # writes refused in a row
         self._closing = False
         self._thread: threading.Thread | None = None
 
@@ -196,6 +203,7 @@ class Committer:
             with self._cond:
                 self._in_transit = {}
                 if error is None:
+                    self._refusals = 0
                     self.generation += 1
                     self._landed.append((self.generation, frozenset(rows)))
                     if cursor is not None:
@@ -203,7 +211,8 @@ class Committer:
                 else:
                     self._pending = {**rows, **self._pending}
                     self._records += records
-                    self._retry_at = time.monotonic() + min(_RETRY_PAUSE_S, self._every_s)
+                    self._refusals += 1
+                    self._retry_at = time.monotonic() + self._backoff.delay(self._refusals)
                     if self._has_work():
                         self._since = self._since or time.monotonic()
                 self._error = error

@@ -72,14 +72,15 @@ from clawr1.consumer_sdk.queries import (
 )
 from clawr1.consumer_sdk.source import TransportKind, parse_source
 from clawr1.consumer_sdk.transport import Transport, open_transport
+from clawr1.core.backoff import Backoff
 from clawr1.core.registry import SDK_COMMIT_BATCHES, SDK_COMMIT_SECONDS
 from clawr1.pool.consumer_tables import POSITIONS_TABLE
 
 __all__ = ["PoolConsumer"]
 
 _POSITION_COLUMNS = ["group_name", "epoch", "floor_ms", "set_at_ns", "consumer_id"]
-_FIRST_WAIT_S = 0.05
-_MAX_WAIT_S = 1.0
+# Between the fetches of a call that waits for steps: from 0.05 s doubling, at most 1 s (full jitter).
+_WAITS = Backoff(0.05, 1.0)
 READ_AHEAD_MAX_AGE_S = 5.0
 """How long steps read ahead (``read_ahead``) may wait in the consumer before they are read again."""
 
@@ -266,14 +267,13 @@ class PoolConsumer:
         if timeout is not None and (not isinstance(timeout, int | float) or timeout < 0):
             raise UsageError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         deadline = math.inf if timeout is None else time.monotonic() + timeout
-        wait = _FIRST_WAIT_S
+        waits = _WAITS.delays()
         while True:
             batch = fetch()
             remaining = deadline - time.monotonic()
             if len(batch) or remaining <= 0:
                 return batch
-            time.sleep(min(wait, remaining))
-            wait = min(wait * 2, _MAX_WAIT_S)
+            time.sleep(min(next(waits), remaining))
 
     def _enter(self, epoch: str) -> None:
         """Be in ``epoch``: one the group moved to elsewhere forgets what this consumer holds."""

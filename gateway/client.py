@@ -1,11 +1,12 @@
 """A small client for white-box agents: submit steps, feedback and events to the Claw-R1 gateway.
 
-Depends only on httpx, so an agent or trainer process can vendor it. Each batch gets one
-Idempotency-Key that every retry of that batch reuses, so a retry after a timeout or a 503 never
-produces a batch twice (within the gateway's idempotency window; beyond it, deterministic step ids
-still let the pipeline drop the duplicate). Connection errors and 409/429/5xx answers are retried
-with backoff for up to ``retry_for_s`` in total, long enough to ride out a restart of the API
-process under ``clawr1 up``'s supervisor; a batch the client gave up on may or may not have been
+Depends only on httpx and ``clawr1.core.backoff`` (standard library only), so an agent or trainer
+process can vendor it. Each batch gets one Idempotency-Key that every retry of that batch reuses, so a
+retry after a timeout or a 503 never produces a batch twice (within the gateway's idempotency window;
+beyond it, deterministic step ids still let the pipeline drop the duplicate). Connection errors and
+409/429/5xx answers are retried with backoff (full jitter, at least the gateway's Retry-After) for up
+to ``retry_for_s`` in total, long enough to ride out a restart of the API process under ``clawr1 up``'s
+supervisor; a batch the client gave up on may or may not have been
 produced, and sending it again later is safe.
 
     with GatewayClient("http://127.0.0.1:8000", api_key="...") as client:
@@ -21,6 +22,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
+
+from clawr1.core.backoff import Backoff, retry_after_s
 
 RETRY_STATUSES = frozenset({409, 429, 502, 503, 504})
 
@@ -50,16 +53,12 @@ class ClientPolicy:
         self.batch_size = batch_size
         self.max_retries = max_retries
         self.retry_for_s = retry_for_s
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
+        self.backoff = Backoff(backoff_s, max_backoff_s)
 
     def retry_delay(self, attempt: int, retry_after: str) -> float:
-        """Exponential backoff, or longer when the gateway asked for it, never over max_backoff_s."""
-        backoff = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-        try:
-            return min(self.max_backoff_s, max(backoff, float(retry_after)))
-        except ValueError:
-            return backoff
+        """Exponential backoff with full jitter, or longer when the gateway asked for it (Retry-After),
+        never over max_backoff_s."""
+        return self.backoff.delay(attempt, retry_after_s(retry_after))
 
 
 class GatewayClient(ClientPolicy):

@@ -6,7 +6,7 @@ missing prompt, a too-long id, a bad channel, anything unusual) makes ``pack_ste
 and the request goes the model path (``StepIn`` + ``check_step`` + ``step_record`` + ``pack_record``),
 which gives the one answer and the same reasons as always. What it accepts, the model path accepts
 too, with the same ids and the same packed records, hence the same Avro: both are encoded by the one
-codec (``AvroCodec.encode_batch``); ``tests/unit/test_gateway_fastpath.py`` checks it differentially
+codec (``AvroCodec.encode_batch``); ``tests/unit/gateway/test_gateway_fastpath.py`` checks it differentially
 with hypothesis. Token arrays stay packed arrays from the JSON lists on: the checks over their values
 run once per request over all of them (NumPy), and the packed bytes are what the envelope carries.
 

@@ -33,13 +33,15 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
+from clawr1.core.backoff import Backoff
 from clawr1.core.kafka_io import Fatal, RebuildingProducer, Undeliverable, classify, ensure_topics
 
 log = logging.getLogger(__name__)
 
 _HEALTH_CACHE_S = 1.0
 _METADATA_TIMEOUT_S = 2.0
-_TOPIC_RETRY_S = 1.0
+# Between the tries to make the topics: from 0.1 s doubling, at most 1 s (full jitter).
+_TOPIC_BACKOFF = Backoff(0.1, 1.0)
 
 
 class KafkaUnavailable(Exception):
@@ -196,13 +198,14 @@ class KafkaPublisher:
         """Create the topics with the stack's partition count before the first produce; otherwise the
         broker would auto-create them with its default count and break co-partitioning. Their counts as
         the broker has them (a topic made earlier may differ) are what envelopes are hashed into."""
+        waits = _TOPIC_BACKOFF.delays()
         while True:
             try:
                 counts = await asyncio.to_thread(ensure_topics, self.bootstrap, self.topics,
                                                  self.partitions, 3.0)
             except (KafkaException, RuntimeError) as exc:
                 log.warning("Kafka topics not ready, retrying: %s", exc)
-                await asyncio.sleep(_TOPIC_RETRY_S)
+                await asyncio.sleep(next(waits))
                 continue
             self._partitions = counts
             self._topics_ready = True

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from clawr1.core.backoff import Backoff
 from clawr1.core.envelopes import fit, halved
 from clawr1.core.kafka_io import (
     Fatal,
@@ -45,7 +46,9 @@ from clawr1.proxy.spool import Spool, SpoolRecord, encode_frame
 logger = logging.getLogger("clawr1.proxy.emitter")
 T = TypeVar("T")
 
-_TOPIC_RETRY_S = 2.0
+# Between the starts of the tries to reach Kafka and make the topic: from 0.25 s doubling, at most 2 s
+# (full jitter).
+_TOPIC_BACKOFF = Backoff(0.25, 2.0)
 _WARN_EVERY_S = 30.0
 
 
@@ -93,6 +96,7 @@ class Emitter(Generic[T]):
         self._thread = threading.Thread(target=self._run, name="clawr1-proxy-emitter", daemon=True)
         self._topic_ready = False
         self._next_topic_try = 0.0
+        self._topic_waits = _TOPIC_BACKOFF.delays()
         self._last_warning = 0.0
         self._pending = 0
         # Built records the spool could not take yet (disk full); written before any newer ones.
@@ -191,7 +195,7 @@ class Emitter(Generic[T]):
     def _ensure_topic(self) -> None:
         if self._topic_ready or time.monotonic() < self._next_topic_try:
             return
-        self._next_topic_try = time.monotonic() + _TOPIC_RETRY_S
+        self._next_topic_try = time.monotonic() + next(self._topic_waits)
         try:
             counts = ensure_topics(self.bootstrap, [self.topic], self.partitions, timeout=1.0)
         except KafkaException as exc:

@@ -11,8 +11,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from mitmproxy.net import encoding as content_encoding
-
 from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import routable_id
 from clawr1.core.topics import RAW_LLM
@@ -21,6 +19,7 @@ from clawr1.proxy.apis.base import error_text
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
 from clawr1.proxy.chains import ResponseChains
 from clawr1.proxy.hints import Hints
+from clawr1.proxy.mitm_compat import decode_content
 from clawr1.proxy.redact import redact_headers, redact_id, redact_record, redact_url
 from clawr1.proxy.sse import parse_stream
 from clawr1.proxy.token_ids import Injection, dump, strip_json
@@ -85,14 +84,10 @@ def _decoded(call: CapturedCall, notes: list[str]) -> bytes:
     if not call.response_encoding or call.response_encoding == "identity":
         return call.response_body
     try:
-        decoded = content_encoding.decode(call.response_body, call.response_encoding)
+        return decode_content(call.response_body, call.response_encoding)
     except ValueError:
-        decoded = None
-    # A byte-to-text codec named as the encoding (e.g. "utf-8") decodes to str: not a content encoding.
-    if not isinstance(decoded, bytes):
         notes.append(f"response body not decodable as {call.response_encoding}")
         return call.response_body
-    return decoded
 
 
 def _json_object(data: bytes) -> dict[str, Any] | None:

@@ -5,216 +5,44 @@
 - reverse proxy on ``proxy_host:reverse_port`` to ``upstream`` (agents set ``OPENAI_BASE_URL``).
 
 mitmproxy runs embedded with only the addons these modes need, quiet, and its confdir (and CA)
-under the data dir. It refuses to be an open proxy: a non-loopback address needs proxy auth.
+under the data dir. What it reads from the settings, and the checks that keep it from being an open
+proxy, are ``clawr1.proxy.config``; this module assembles mitmproxy, starts the processes and runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import ipaddress
 import logging
-import socket
 import ssl
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from mitmproxy import ctx, options
-from mitmproxy.addons import (
-    core,
-    disable_h2c,
-    dns_resolver,
-    next_layer,
-    proxyserver,
-    strip_dns_https_records,
-    tlsconfig,
-    update_alt_svc,
-)
-from mitmproxy.certs import CertStore
 from mitmproxy.exceptions import OptionsError
 from mitmproxy.master import Master
-from mitmproxy.proxy.mode_servers import AsyncioServerInstance
 
-from clawr1.core.registry import (
-    PROXY_ALLOW,
-    PROXY_BATCH_CALLS,
-    PROXY_BATCH_MS,
-    PROXY_INSTANCE,
-    PROXY_PROCESSES,
-    UPSTREAM_CA_FILE,
-    UPSTREAM_INSECURE,
-)
-from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
 from clawr1.core.signals import stop_loop_on_signals
 from clawr1.core.topics import RAW_LLM
+from clawr1.proxy import mitm_compat
 from clawr1.proxy.addons import build_addons
-from clawr1.proxy.addons.auth import ProxyAuthHeader
 from clawr1.proxy.addons.destinations import DestinationGuard
-from clawr1.proxy.destinations import (
-    DestinationError,
-    Destinations,
-    parse_allow,
-    service_hosts,
-    url_endpoint,
-)
+from clawr1.proxy.config import ProxyConfig, ProxyStartError, ca_cert_path, proxy_config
 from clawr1.proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
 from clawr1.proxy.record import CapturedCall
 from clawr1.proxy.token_ids import TokenIdPolicy
 
 logger = logging.getLogger("clawr1.proxy")
-CA_BASENAME = "mitmproxy"
-CA_KEY_SIZE = 2048
-# Role-specific settings (clawr1/core/registry.py), read with Settings.role_setting (see docs/proxy.md).
-UPSTREAM_CA_ENV = UPSTREAM_CA_FILE.name
-UPSTREAM_INSECURE_ENV = UPSTREAM_INSECURE.name
-INSTANCE_ENV = PROXY_INSTANCE.name
-PROCESSES_ENV = PROXY_PROCESSES.name
 DRAIN_S = 10.0
 SWITCH_INTERVAL_S = 0.001
 
 
-class ProxyStartError(RuntimeError):
-    """The proxy cannot start as configured; the message says what to change."""
-
-
 class ProxyFailedError(RuntimeError):
     """One of the proxy's processes died while serving: the whole proxy stops, to be restarted."""
-
-
-@dataclass(frozen=True)
-class ProxyConfig:
-    modes: tuple[str, ...]
-    confdir: Path
-    spool_dir: Path
-    proxyauth: str | None
-    upstream_ca: str | None
-    upstream_insecure: bool
-    capture_token_ids: bool
-    # Upstreams that get token-id fields (``TokenIdPolicy.parse``), when capture_token_ids is on.
-    token_id_hosts: str
-    bootstrap: str
-    partitions: int
-    registry_url: str
-    instance: str
-    # Where the explicit proxy may connect (never the stack's own machines but for its upstreams).
-    destinations: Destinations = field(default_factory=Destinations)
-    # Checks the compat port's seal on the calling key's name (clawr1.core.relay_source).
-    relay_secret: bytes = field(default=b"", repr=False)
-    # The proxy's Prometheus metrics, served by its emitter process; 0 = off.
-    metrics_port: int = 0
-    metrics_host: str = "127.0.0.1"
-
-
-def confdir(settings: Settings) -> Path:
-    return (settings.data_dir / "mitmproxy").resolve()
-
-
-def ca_cert_path(settings: Settings) -> Path:
-    """The CA agents must trust for HTTPS interception (created on first use, one per data dir)."""
-    directory = confdir(settings)
-    CertStore.from_store(directory, CA_BASENAME, CA_KEY_SIZE)
-    return directory / f"{CA_BASENAME}-ca-cert.pem"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _upstream_origin(upstream: str) -> str:
-    parts = urlsplit(upstream)
-    if parts.scheme not in {"http", "https"} or not parts.hostname:
-        raise ProxyStartError(f"upstream must be http(s)://host[:port], got {upstream!r}")
-    if parts.path not in {"", "/"} or parts.query:
-        raise ProxyStartError(
-            f"upstream must be an origin without a path, got {upstream!r}: the agent's base URL carries "
-            "the path (e.g. OPENAI_BASE_URL=http://127.0.0.1:8081/v1)"
-        )
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def reverse_upstream(settings: Settings) -> str:
-    """The reverse port's one origin: ``CLAWR1_UPSTREAM``'s first engine when it lists several (the
-    compat port's ``/generate`` round-robins over all of them; agent calls go to the first)."""
-    engines = [part.strip() for part in settings.upstream.split(",") if part.strip()]
-    if len(engines) > 1:
-        logger.info("CLAWR1_UPSTREAM lists %d engines: the reverse port relays to the first, %s",
-                    len(engines), engines[0])
-    return engines[0] if engines else ""
-
-
-def proxy_config(settings: Settings) -> ProxyConfig:
-    """Validate the settings into mitmproxy modes; raises ProxyStartError with the fix."""
-    host = settings.proxy_host
-    modes: list[str] = []
-    if settings.proxy_port:
-        modes.append(f"regular@{host}:{settings.proxy_port}")
-    upstream = reverse_upstream(settings) if settings.reverse_port else ""
-    if settings.reverse_port:
-        if not upstream:
-            raise ProxyStartError("reverse_port is set but upstream is not: set CLAWR1_UPSTREAM (--upstream)")
-        modes.append(f"reverse:{_upstream_origin(upstream)}@{host}:{settings.reverse_port}")
-    if not modes:
-        raise ProxyStartError("neither proxy_port nor reverse_port is set: nothing to listen on")
-    auth = settings.proxy_auth or None
-    if auth == "any":
-        raise ProxyStartError("proxy_auth 'any' accepts every client: use user:pass or @htpasswd-file")
-    if auth is not None and ":" not in auth and not auth.startswith("@"):
-        raise ProxyStartError("proxy_auth must be user:pass (or @htpasswd-file)")
-    if not is_loopback(host) and auth is None:
-        raise ProxyStartError(
-            f"refusing to listen on {host or 'all interfaces'} without proxy authentication (an open proxy): "
-            "set CLAWR1_PROXY_AUTH=user:pass or bind to 127.0.0.1"
-        )
-    return ProxyConfig(
-        modes=tuple(modes),
-        confdir=confdir(settings),
-        spool_dir=(settings.data_dir / "proxy-spool").resolve(),
-        proxyauth=auth,
-        upstream_ca=settings.role_setting(UPSTREAM_CA_FILE) or None,
-        upstream_insecure=settings.role_setting(UPSTREAM_INSECURE),
-        capture_token_ids=settings.capture_token_ids,
-        token_id_hosts=settings.token_id_hosts or _upstream_address(upstream),
-        bootstrap=settings.bootstrap_servers,
-        partitions=settings.topic_partitions,
-        registry_url=settings.schema_registry_url,
-        instance=settings.role_setting(PROXY_INSTANCE) or _default_instance(settings),
-        destinations=proxy_destinations(settings),
-        relay_secret=relay_secret(settings),
-        metrics_port=settings.proxy_metrics_port,
-        metrics_host=settings.metrics_host,
-    )
-
-
-def proxy_destinations(settings: Settings) -> Destinations:
-    """``CLAWR1_PROXY_ALLOW`` over the stack's service hosts, with ``CLAWR1_UPSTREAM``'s engines allowed."""
-    try:
-        entries = parse_allow(settings.role_setting(PROXY_ALLOW))
-    except DestinationError as exc:
-        raise ProxyStartError(str(exc)) from exc
-    engines = [url_endpoint(part.strip()) for part in settings.upstream.split(",") if part.strip()]
-    services = [*settings.bootstrap_servers.split(","), settings.clickhouse_dsn, settings.sql_dsn,
-                settings.schema_registry_url]
-    return Destinations(entries, tuple(e for e in engines if e is not None), service_hosts(services))
-
-
-def _upstream_address(upstream: str) -> str:
-    """``host:port`` of the reverse-mode upstream (the default token-id host), empty without one."""
-    if not upstream:
-        return ""
-    parts = urlsplit(upstream)
-    return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 
 
 def _upstream_verify(config: ProxyConfig) -> ssl.SSLContext | bool:
@@ -222,10 +50,6 @@ def _upstream_verify(config: ProxyConfig) -> ssl.SSLContext | bool:
     if config.upstream_insecure:
         return False
     return ssl.create_default_context(cafile=config.upstream_ca) if config.upstream_ca else True
-
-
-def _default_instance(settings: Settings) -> str:
-    return f"{socket.gethostname()}:{settings.proxy_port or settings.reverse_port}"
 
 
 def _quiet_mitmproxy() -> None:
@@ -239,9 +63,7 @@ class _Readiness:
         self._result = result
 
     def running(self) -> None:
-        servers = ctx.master.addons.get("proxyserver").servers
-        failures = [f"{s.mode.full_spec}: {s.last_exception or 'not listening'}" for s in servers
-                    if not s.is_running]
+        failures = mitm_compat.listen_failures(ctx.master)
         if not self._result.done():
             self._result.set_result(failures)
 
@@ -254,22 +76,10 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         ssl_insecure=config.upstream_insecure,
         ssl_verify_upstream_trusted_ca=config.upstream_ca,
     )
-    master = Master(opts)
     token_ids = TokenIdPolicy.parse(config.token_id_hosts) if config.capture_token_ids else None
-    master.addons.add(
-        core.Core(),
-        strip_dns_https_records.StripDnsHttpsRecords(),
-        disable_h2c.DisableH2C(),
-        ProxyAuthHeader(),
-        DestinationGuard(config.destinations),
-        proxyserver.Proxyserver(),
-        dns_resolver.DnsResolver(),
-        next_layer.NextLayer(),
-        tlsconfig.TlsConfig(),
-        update_alt_svc.UpdateAltSvc(),
-        *build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret),
-        _Readiness(readiness),
-    )
+    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret)
+    master = mitm_compat.capture_master(opts, [DestinationGuard(config.destinations)],
+                                        [*ours, _Readiness(readiness)])
     # Addon options exist only once their addon is loaded.
     opts.update(proxyauth=config.proxyauth)
     return master
@@ -290,15 +100,12 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     config = proxy_config(settings)
     _quiet_mitmproxy()
     config.confdir.mkdir(parents=True, exist_ok=True)
-    processes = settings.role_setting(PROXY_PROCESSES)
-    if processes < 1:
-        raise ProxyStartError(f"{PROCESSES_ENV} must be at least 1, got {processes}")
+    processes = config.processes
     emitter = EmitterProcess(EmitterConfig(
         bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, partitions=config.partitions,
         registry_url=config.registry_url, instance=config.instance, drain_s=drain_s,
         metrics_port=config.metrics_port, metrics_host=config.metrics_host,
-        batch_s=settings.role_setting(PROXY_BATCH_MS) / 1000,
-        batch_calls=settings.role_setting(PROXY_BATCH_CALLS)), senders=processes)
+        batch_s=config.batch_s, batch_calls=config.batch_calls), senders=processes)
     try:
         await asyncio.to_thread(emitter.start)
     except EmitterStartError as exc:
@@ -309,7 +116,7 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
     try:
         if processes > 1:
             ca_cert_path(settings)  # one CA, made before the processes that share it start
-            _listen_with_reuse_port()
+            mitm_compat.listen_with_reuse_port()
             # A front's end of this pipe reads end of file once this process is gone: it then stops too.
             alive, alive_writer = SPAWN.Pipe(duplex=False)
             fronts = await asyncio.to_thread(_start_fronts, settings, emitter.writers[1:], alive)
@@ -332,16 +139,6 @@ def _stop_processes(sender: CallSender, fronts: list[BaseProcess], emitter: Emit
         if front.is_alive():
             front.kill()
     emitter.join(drain_s + 10.0)
-
-
-def _listen_with_reuse_port() -> None:
-    """mitmproxy 11 has no option for SO_REUSEPORT: its TCP listener is replaced by one that sets it,
-    in this process only (never with one process, so a second proxy on a taken port still fails)."""
-
-    async def listen(self: AsyncioServerInstance[Any], host: str, port: int) -> list[asyncio.Server]:
-        return [await asyncio.start_server(self.handle_stream, host, port, reuse_port=True)]
-
-    AsyncioServerInstance.listen = listen  # type: ignore[method-assign,assignment]
 
 
 def _start_fronts(settings: Settings, writers: list[Connection], alive: Connection) -> list[BaseProcess]:
@@ -374,7 +171,7 @@ def _front_main(settings: Settings, writer: Connection, status: Connection, aliv
     stops with the first process (``alive`` ends)."""
     config = proxy_config(settings)
     _quiet_mitmproxy()
-    _listen_with_reuse_port()
+    mitm_compat.listen_with_reuse_port()
     sender = CallSender(writer)
 
     async def main() -> None:
@@ -424,7 +221,7 @@ async def _run_master(config: ProxyConfig, submit: Callable[[CapturedCall], None
             loop.remove_reader(sentinel)
         stopped.cancel()
         lost.cancel()
-        await master.addons.get("proxyserver").servers.update([])
+        await mitm_compat.stop_listening(master)
         master.shutdown()
         await asyncio.gather(run, return_exceptions=True)
         # Stopping cancels the agents' idle keep-alive connections after mitmproxy has put its own

@@ -7,7 +7,8 @@ can be the model): ``POST <url>`` with JSON
      "extra_fields": {...}, "dataset_fields": {...}}
 
 answered by ``{"reward_score": float, "reward_extra_info": {...}}`` (``{"score": float, ...}`` is accepted
-too). Transport errors and 5xx/429 answers are retried with backoff; anything else fails the call with a
+too). Transport errors and 5xx/429 answers are retried with backoff (full jitter, at least the model's
+Retry-After, at most ``backoff_s * 2**(retries - 1)``); anything else fails the call with a
 :class:`RewardModelError`, which the rewarder turns into a dead letter.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from clawr1.core.backoff import Backoff, retry_after_s
 from clawr1.core.registry import REWARD_MODEL_API_KEY, REWARD_MODEL_TIMEOUT_S, REWARD_MODEL_URL
 
 __all__ = ["HttpRewardModel", "RewardModelError", "reward_model"]
@@ -42,7 +44,7 @@ class HttpRewardModel:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.url = url
         self.retries = retries
-        self.backoff_s = backoff_s
+        self.backoff = Backoff(backoff_s, backoff_s * 2 ** max(0, retries - 1))
         self._client = httpx.Client(timeout=timeout_s, headers=headers, transport=transport)
 
     def __call__(self, *, prompt_ids: list[int] | None = None, response_ids: list[int] | None = None,
@@ -73,6 +75,7 @@ class HttpRewardModel:
     def _post(self, body: dict[str, Any]) -> httpx.Response:
         for attempt in range(self.retries + 1):
             last_try = attempt == self.retries
+            retry_after: str | None = None
             try:
                 reply = self._client.post(self.url, json=body)
             except httpx.HTTPError as exc:
@@ -84,7 +87,8 @@ class HttpRewardModel:
                 if last_try or reply.status_code not in _RETRYABLE:
                     raise RewardModelError(
                         f"reward model at {self.url} answered {reply.status_code}: {reply.text[:200]}")
-            time.sleep(self.backoff_s * 2**attempt)
+                retry_after = reply.headers.get("Retry-After")
+            time.sleep(self.backoff.delay(attempt + 1, retry_after_s(retry_after)))
         raise AssertionError("unreachable")
 
     def close(self) -> None:

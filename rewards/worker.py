@@ -33,6 +33,7 @@ from typing import Any, Literal, TypeGuard
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from clawr1.core import registry, topics
+from clawr1.core.backoff import Backoff
 from clawr1.core.kafka_io import consumed_at, ensure_topics, make_consumer, make_producer
 from clawr1.core.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
 from clawr1.core.settings import Settings
@@ -48,6 +49,8 @@ TARGETS: tuple[Target, ...] = ("trajectory", "step")
 SOURCE = "reward_fn"
 DEFAULT_GROUP = registry.REWARD_GROUP.default
 _REMEMBERED = 100_000
+# Waits before feedback the broker did not take is produced again: from 0.1 s doubling, at most 1 s.
+_REDELIVERY_BACKOFF = Backoff(0.1, 1.0)
 
 
 def _is_target(value: str) -> TypeGuard[Target]:
@@ -312,6 +315,7 @@ def _deliver(producer: Producer, outgoing: list[_Out], stop: threading.Event) ->
     """Produce until the broker acknowledged every message (retrying the failed ones); False if
     stopped first."""
     pending = outgoing
+    waits = _REDELIVERY_BACKOFF.delays()
     while pending:
         failed: list[_Out] = []
 
@@ -331,7 +335,7 @@ def _deliver(producer: Producer, outgoing: list[_Out], stop: threading.Event) ->
             if stop.is_set():
                 return False
         pending = failed
-        if pending and stop.wait(1.0):
+        if pending and stop.wait(next(waits)):
             return False
     return True
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
+from clawr1.core.backoff import Backoff
 from clawr1.core.kafka_io import consumed_at, ensure_topics, make_consumer
 from clawr1.core.metrics import (
     INGEST_TO_POOL_SECONDS,
@@ -48,7 +49,8 @@ log = logging.getLogger("clawr1.sink")
 
 EXIT_AFTER_INSERT_CODE = 86
 _DEAD_LETTER_TABLE = DLQ_ROUTE.table
-_RETRY_MAX_SECONDS = 5.0
+# Waits between the retries of a refused insert: from 0.1 s doubling, at most 5 s (full jitter).
+_RETRY_BACKOFF = Backoff(0.1, 5.0)
 
 
 @dataclass
@@ -174,7 +176,7 @@ class PoolSink:
     def _insert_retrying(self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]],
                          token: str, stop: threading.Event) -> bool:
         """Retry server-side failures with backoff until they pass or ``stop`` is set."""
-        delay = 0.1
+        delays = _RETRY_BACKOFF.delays()
         while True:
             try:
                 self.store.insert(table, rows, columns, dedup_token=token)
@@ -183,10 +185,10 @@ class PoolSink:
                 raise
             except PoolError as exc:
                 self.stats.insert_failures += 1
+                delay = next(delays)
                 log.error("insert into %s failed (retrying in %.1fs): %s", table, delay, exc)
                 if stop.wait(delay):
                     return False
-                delay = min(delay * 2, _RETRY_MAX_SECONDS)
 
     def flush(self, stop: threading.Event) -> bool:
         """Insert the batch, then commit its offsets; False (nothing committed) if stopped mid-way."""

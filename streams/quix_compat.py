@@ -12,19 +12,20 @@ and sinks use:
 - the application's transactional producer (``processing_context.producer``), called from a sink's
   ``flush`` (which Quix runs before the changelogs are produced and the transaction commits).
 
-``tests/unit/streams/test_quix_compat.py`` checks that every name in ``PINNED`` exists on the installed
-version, so an upgrade that renames one fails there with this module named, not in production.
+``tests/unit/streams/test_streams_quix_compat.py`` checks that every name in ``PINNED`` exists on the
+installed version, so an upgrade that renames one fails there with this module named, not in production.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from quixstreams.dataframe import StreamingDataFrame
 
+from clawr1.core import pins
+
 # (module, attribute path) this module relies on; see the module doc.
-PINNED: tuple[tuple[str, str], ...] = (
+PINNED: tuple[pins.Pin, ...] = (
     ("quixstreams.dataframe.dataframe", "StreamingDataFrame.processing_context"),
     ("quixstreams.dataframe.dataframe", "StreamingDataFrame.stream_id"),
     ("quixstreams.processing.context", "ProcessingContext.checkpoint"),
@@ -37,21 +38,9 @@ PINNED: tuple[tuple[str, str], ...] = (
 STATE_PREFIX = b"clawr1"
 
 
-def missing_names(pinned: tuple[tuple[str, str], ...] = PINNED) -> list[str]:
+def missing_names(pinned: tuple[pins.Pin, ...] = PINNED) -> list[str]:
     """The pinned names the installed Quix Streams lacks (``module:Class.attr``)."""
-    missing = []
-    for module_name, path in pinned:
-        try:
-            target: Any = importlib.import_module(module_name)
-        except ImportError:
-            missing.append(f"{module_name}:{path}")
-            continue
-        owner_name, _, attribute = path.partition(".")
-        owner = getattr(target, owner_name, None)
-        annotations = getattr(owner, "__annotations__", {}) if owner is not None else {}
-        if owner is None or not (hasattr(owner, attribute) or attribute in annotations):
-            missing.append(f"{module_name}:{path}")
-    return missing
+    return pins.missing_names(pinned)
 
 
 def partition_state(sdf: StreamingDataFrame, partition: int) -> Any:

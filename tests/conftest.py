@@ -6,19 +6,16 @@ Set CLAWR1_TEST_KAFKA_BOOTSTRAP to use an already running broker instead of star
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.pool.store import PoolStore, quote_identifier
+from tests.support.ports import free_port
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
 
@@ -28,30 +25,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
-
-
-def eventually(check: Callable[[], bool], seconds: float = 10.0) -> bool:
-    """Whether ``check()`` comes true within ``seconds`` (asked every 50 ms): for work a thread does."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
-    """Wait for ``url`` to answer 200, failing at once if the process meant to serve it exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer 200 within {timeout}s")
 
 
 @pytest.fixture(scope="session")

@@ -2,26 +2,34 @@
 and plain; gateway batches; feedback) while the worker, the proxy, the API and the broker are each
 SIGKILLed once. It must keep running, /healthz must name what is missing and be 200 again within
 90 s, every acknowledged step and every answered call must be in the pool exactly once, and Ctrl-C
-must still stop it cleanly. The full bench (bench/chaos.py) adds more faults."""
+must still stop it cleanly. The harness is tests/support/chaos.py; the full bench (bench/chaos.py) adds
+more faults."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from functools import partial
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from bench.chaos import HEAL_TIMEOUT_S, QUICK_FAULTS, Stack, freeze_worker, kill_role, run_faults, running
-from clawr1.core.topics import RAW_STEPS
+from clawr1.core.registry import SINK_GROUP, STREAMS_APP_ID
+from clawr1.core.topics import RAW_STEPS, STEPS
 from clawr1.gateway.client import GatewayClient
-from clawr1.schemas.codec import DecodeError, codec_for
+from tests.support.chaos import (
+    HEAL_TIMEOUT_S,
+    QUICK_FAULTS,
+    Stack,
+    freeze_worker,
+    kill_role,
+    run_faults,
+    running,
+)
+from tests.support.kafka import read_topic, wait_committed
+from tests.support.waiting import wait_until
 
 STALL_S = 10.0
 
@@ -37,28 +45,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def _raw_copies(bootstrap: str, trajectory: str) -> int:
     """How many records of ``trajectory`` the raw steps topic holds (lone or in envelopes), read from
-    the start."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"chaos-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(RAW_STEPS.name, timeout=10).topics[RAW_STEPS.name].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(RAW_STEPS.name, p), timeout=10)[1]
-                for p in partitions}
-        consumer.assign([TopicPartition(RAW_STEPS.name, p, 0) for p in partitions])
-        copies, done = 0, {p for p, end in ends.items() if end == 0}
-        deadline = time.monotonic() + 60
-        while len(done) < len(ends) and time.monotonic() < deadline:
-            message = consumer.poll(1.0)
-            if message is None or message.error():
-                continue
-            with contextlib.suppress(DecodeError):  # a fault may have put garbage there
-                records = codec_for().decode_records(message.value(), RAW_STEPS.schema, plain=False)
-                copies += sum(record["trajectory_id"] == trajectory for record in records)
-            if message.offset() + 1 >= ends[message.partition()]:
-                done.add(message.partition())
-        return copies
-    finally:
-        consumer.close()
+    the start; a fault may have put garbage there."""
+    return sum(read.record["trajectory_id"] == trajectory
+               for read in read_topic(bootstrap, RAW_STEPS.name, 60, skip_undecodable=True)
+               if read.schema == RAW_STEPS.schema)
 
 
 def test_a_batch_retried_after_the_api_died_lands_once(stack: Stack) -> None:
@@ -74,13 +64,14 @@ def test_a_batch_retried_after_the_api_died_lands_once(stack: Stack) -> None:
         again = client.post("/v1/steps", batch, idempotency_key=key)
     assert again == first
     assert _raw_copies(stack.bootstrap, trajectory) == 6, "the retry must really have been produced twice"
-    deadline = time.monotonic() + 120
-    rows: list[dict[str, object]] = []
-    while time.monotonic() < deadline and len(rows) < 3:
-        rows = stack.sql(f"SELECT step_id FROM steps WHERE trajectory_id = '{trajectory}'")
-        time.sleep(1)
-    time.sleep(3)  # a second copy, if any, would land right behind the first
-    rows = stack.sql(f"SELECT step_id FROM steps WHERE trajectory_id = '{trajectory}'")
+    query = f"SELECT step_id FROM steps WHERE trajectory_id = '{trajectory}'"
+    wait_until(lambda: len(stack.sql(query)) >= 3, 120, interval=1,
+               message=f"the steps of {trajectory} in the pool")
+    # Every copy produced has gone through once the worker committed the raw topic to its end and then
+    # the sink the steps it wrote (topics the worker writes in transactions).
+    wait_committed(stack.bootstrap, STREAMS_APP_ID.default, [RAW_STEPS.name], 120)
+    wait_committed(stack.bootstrap, SINK_GROUP.default, [STEPS.name], 120, transactional=True)
+    rows = stack.sql(query)
     assert sorted(str(r["step_id"]) for r in rows) == sorted(first)
 
 

@@ -28,7 +28,7 @@ from packaging.utils import canonicalize_name
 from clawr1.pool.api import pool_router
 from tests.conftest import fresh_pool_store
 from tests.integration.sdk.conftest import Pool, database_dsn, step
-from tests.integration.sdk.serving import served
+from tests.support.asgi import serve_asgi
 
 REPO = Path(__file__).resolve().parents[2]
 # Top-level folders that are not shipped: the tests themselves.
@@ -132,8 +132,8 @@ def api_url(pool_dsn: str) -> Iterator[str]:
         Pool(store=store, dsn=database_dsn(pool_dsn, store.database)).write(step("s1"), step("s2"))
         app = FastAPI()
         app.include_router(pool_router(store))
-        with served(app) as url:
-            yield url
+        with serve_asgi(app) as server:
+            yield server.url
 
 
 def test_core_wheel_polls_the_api_without_chdb(tmp_path: Path, api_url: str) -> None:

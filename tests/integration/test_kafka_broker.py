@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.common import free_port
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 from clawr1.core.routing import partition_of
+from tests.support.ports import free_port
 
 MESSAGES = 5000
 

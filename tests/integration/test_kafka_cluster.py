@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from bench.chaos import Stack, cluster_plan, cluster_stack, run_faults, running
 from clawr1.core.topics import ALL_TOPICS
+from tests.support.chaos import Stack, cluster_plan, cluster_stack, run_faults, running
 
 NODES = 3
 REFUSAL_LIMIT_S = 15.0

@@ -26,8 +26,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bench.common import free_port
-from tests.integration.live_stack import CLAWR1, clawr1_up
+from tests.support.live_stack import CLAWR1, clawr1_up
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 AGENTS_SDK_AGENT = "agents-sdk-agent"
 
@@ -53,19 +54,20 @@ def test_the_demo_lands_agents_sdk_and_otel_steps(demo: dict[str, Any]) -> None:
     by hand with `make run`; the bound here is generous: time is measured, not asserted, in tests)."""
     query = """SELECT countIf(agent = {agent:String}) AS agents_sdk, countIf(source_kind = 'otel') AS otel,
                       groupUniqArray(source_kind) AS kinds FROM steps"""
-    deadline = demo["healthy_at"] + 240
-    row: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def both_agents() -> dict[str, Any]:
         [row] = sql(demo["api"], query, {"agent": AGENTS_SDK_AGENT})
-        if int(row["agents_sdk"]) and int(row["otel"]):
-            break
-        time.sleep(1)
-    assert int(row["agents_sdk"]) > 0 and int(row["otel"]) > 0, f"240 s after the stack was healthy: {row}"
-    deadline = time.monotonic() + 60
-    while set(row["kinds"]) != {"blackbox_agent", "whitebox_agent", "blackbox_service", "otel"}:
-        assert time.monotonic() < deadline, f"the pool never held all four source kinds: {row}"
-        time.sleep(1)
+        return row if int(row["agents_sdk"]) and int(row["otel"]) else {}
+
+    wait_until(both_agents, demo["healthy_at"] + 240 - time.monotonic(), interval=1,
+               message="steps of both agents 240 s after the stack was healthy")
+    kinds = {"blackbox_agent", "whitebox_agent", "blackbox_service", "otel"}
+
+    def every_kind() -> dict[str, Any]:
         [row] = sql(demo["api"], query, {"agent": AGENTS_SDK_AGENT})
+        return row if set(row["kinds"]) == kinds else {}
+
+    wait_until(every_kind, 60, interval=1, message="the pool holding all four source kinds")
     [otel] = sql(demo["api"], "SELECT agent, status, model, prompt_messages FROM steps "
                  "WHERE source_kind = 'otel' ORDER BY created_at_ms LIMIT 1")
     assert (otel["agent"], otel["status"], otel["model"]) == ("otel-agent", "ok", "demo-policy")
@@ -134,10 +136,12 @@ def test_official_sdk_and_openai_v2_spans_land_one_step_per_chat_call(
     query = """SELECT step_index, source_kind, status, model, response_id, usage_prompt_tokens,
                       usage_completion_tokens, prompt_messages, response_text, tool_calls_json, link_status
                FROM steps WHERE trajectory_id = {t:String} ORDER BY step_index"""
-    deadline = time.monotonic() + 60
-    while len(rows := sql(demo["api"], query, {"t": trace_id})) < len(calls):
-        assert time.monotonic() < deadline, f"{len(rows)} of {len(calls)} steps of trace {trace_id} landed"
-        time.sleep(0.5)
+
+    def landed() -> list[dict[str, Any]]:
+        rows = sql(demo["api"], query, {"t": trace_id})
+        return rows if len(rows) >= len(calls) else []
+
+    rows = wait_until(landed, 60, interval=0.5, message=f"the {len(calls)} steps of trace {trace_id}")
     assert len(rows) == len(calls)
     for index, (row, call) in enumerate(zip(rows, calls, strict=True)):
         response = call["response"]
@@ -202,10 +206,9 @@ def load(kind: str, out: Path, cache: Path) -> Any:
 
 
 def test_an_export_of_the_live_pool_loads_with_datasets(demo: dict[str, Any], tmp_path: Path) -> None:
-    deadline = time.monotonic() + 180
-    while int(sql(demo["api"], "SELECT count() AS n FROM steps WHERE source_kind = 'otel'")[0]["n"]) < 8:
-        assert time.monotonic() < deadline, "the demo wrote too few steps to export"
-        time.sleep(2)
+    otel_steps = "SELECT count() AS n FROM steps WHERE source_kind = 'otel'"
+    wait_until(lambda: int(sql(demo["api"], otel_steps)[0]["n"]) >= 8, 180, interval=2,
+               message="the demo writing enough steps to export")
     steps = tmp_path / "steps"
     export(demo["api"], steps, "--channel", "train", "--where", f"status = 'ok' AND {settled(demo['api'])}",
            "--shard-mb", "0.02", "--page-rows", "40")
@@ -241,11 +244,12 @@ def test_an_interrupted_export_resumes_without_duplicates(demo: dict[str, Any], 
     killed = subprocess.Popen([*CLAWR1, "export", "--api", demo["api"], "--out", str(out), *args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while not (out / "manifest.json").exists() or not manifest_of(out)["shards"]:
+
+        def first_shard() -> bool:
             assert killed.poll() is None, f"the export ended before it could be killed: {killed.stderr}"
-            assert time.monotonic() < deadline, "the export wrote no shard in 120 s"
-            time.sleep(0.05)
+            return (out / "manifest.json").exists() and bool(manifest_of(out)["shards"])
+
+        wait_until(first_shard, 120, message="the export writing a shard")
         killed.send_signal(signal.SIGKILL)
         killed.wait(30)
     finally:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
 
-from bench.common import free_port
-from tests.integration.live_stack import CLAWR1, live_stack
+from tests.support.live_stack import CLAWR1, live_stack
+from tests.support.metrics import scrape, total
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 SECRET = "sk-test-secret-must-not-be-stored"
 PROMPT = list(range(10, 60))
@@ -32,30 +33,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
                "worker_metrics": f"http://127.0.0.1:{metrics['worker_metrics']}/metrics"}
 
 
-def scrape(url: str) -> dict[str, float]:
-    """A role's metrics as ``name{label="value",...}`` -> value (labels sorted), parsed as Prometheus does."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    reply = httpx.get(url, timeout=10)
-    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/plain"), reply.text
-    families = text_string_to_metric_families(reply.text)
-    return {sample.name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items())) + "}":
-            sample.value for family in families for sample in family.samples}
-
-
-def total(metrics: dict[str, float], name: str, **labels: str) -> float:
-    """The sum of ``name``'s series that carry ``labels``."""
-    wanted = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(value for key, value in metrics.items()
-               if key.split("{", 1)[0] == name and all(w in key for w in wanted))
-
-
 def wait_for(url: str, check: Callable[[dict[str, float]], bool], timeout: float = 60.0) -> dict[str, float]:
-    deadline = time.monotonic() + timeout
-    while not check(metrics := scrape(url)):
-        assert time.monotonic() < deadline, f"{url} never met the check: {metrics}"
-        time.sleep(0.5)
-    return metrics
+    last: list[dict[str, float]] = [{}]
+
+    def met() -> dict[str, float]:
+        last[0] = scrape(url)
+        return last[0] if check(last[0]) else {}
+
+    return wait_until(met, timeout, interval=0.5, message=lambda: f"{url} meeting the check: {last[0]}")
 
 
 def _sql(api: str, query: str) -> list[dict[str, object]]:
@@ -111,17 +96,15 @@ def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
     ]
     assert httpx.post(f"{stack['api']}/v1/steps", json=group).status_code == 202
 
-    deadline = time.monotonic() + 120
-    rows: list[dict[str, object]] = []
-    while time.monotonic() < deadline:
+    def landed() -> list[dict[str, object]]:
         rows = _sql(
             stack["api"],
             "SELECT step_id, source_kind, trajectory_id, step_index, reward, "
             "reward_status, ready, prompt_messages FROM steps ORDER BY source_kind, step_index",
         )
-        if len(rows) >= 3 + len(GROUP):
-            break
-        time.sleep(1)
+        return rows if len(rows) >= 3 + len(GROUP) else []
+
+    rows = wait_until(landed, 120, interval=1, message="the calls and steps of every way in in the pool")
     black = [r for r in rows if r["source_kind"] == "blackbox_agent"]
     white = [r for r in rows if r["source_kind"] == "whitebox_agent" and r["trajectory_id"] == "wb-1"]
     assert len(black) == 2, rows
@@ -161,14 +144,12 @@ def test_stack_merges_a_prompt_group_into_an_exact_prefix_tree(stack: dict[str, 
         "SELECT total_tokens, tree_tokens, forks FROM prefix_savings "
         "WHERE scope_kind = 'prompt_group' AND scope_id = 'tree'"
     )
-    deadline = time.monotonic() + 120
-    savings: list[dict[str, object]] = []
-    while time.monotonic() < deadline:
+
+    def merged() -> list[dict[str, object]]:
         savings = _sql(stack["api"], query)
-        if savings and int(str(savings[0]["total_tokens"])) == sum(map(len, sequences)):
-            break
-        time.sleep(1)
-    assert savings, "no prefix-tree savings for the group reached the pool"
+        return savings if savings and int(str(savings[0]["total_tokens"])) == sum(map(len, sequences)) else []
+
+    savings = wait_until(merged, 120, interval=1, message="the group's prefix-tree savings in the pool")
     assert int(str(savings[0]["total_tokens"])) == sum(map(len, sequences))
     assert int(str(savings[0]["tree_tokens"])) == distinct_prefixes
     stored = _sql(

@@ -139,3 +139,10 @@ def test_no_doc_code_imports_a_bare_role_name() -> None:
     bare = [f"{path.relative_to(ROOT)}: {m[0].strip()}"
             for path in docs for m in statement.finditer(path.read_text())]
     assert not bare, f"the docs import these as clawr1.<package>: {bare}"
+
+
+def test_no_test_imports_the_benchmarks() -> None:
+    """bench/ may use tests/support/, never the other way round: a test must not depend on a benchmark."""
+    found = [f"{path.relative_to(ROOT)}: {n}" for path in _python_files(ROOT / "tests")
+             for n in _imported_names(ast.parse(path.read_text(), str(path))) if n.split(".")[0] == "bench"]
+    assert not found, f"move what these need into tests/support/ (or the product): {found}"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from clawr1.core import kafka_io
 from clawr1.core.kafka_io import Fatal, RebuildingProducer, Retriable, Undeliverable, classify, error_code
 from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
 from clawr1.proxy.emitter import Emitter
+from tests.support.waiting import wait_until, wait_until_async
 
 # --- classify -----------------------------------------------------------------------------------
 
@@ -199,20 +199,20 @@ def test_emitter_replaces_a_fatal_producer_and_delivers_everything(
                                     prepare=lambda item: (item, item.encode()))
     emitter.start()
     try:
-        _wait(lambda: bool(factory.built))
+        wait_until(lambda: bool(factory.built), 10)
         first = factory.built[0]
         first.healthy = False  # the broker holds these unacknowledged
         for n in range(5):
             emitter.submit(f"r{n}")
-        _wait(lambda: len(first.held) == 5)
+        wait_until(lambda: len(first.held) == 5, 10)
         first.break_()
-        _wait(lambda: len(factory.built) == 2)
+        wait_until(lambda: len(factory.built) == 2, 10)
         second = factory.built[1]
-        _wait(lambda: emitter.stats.delivered == 5)
+        wait_until(lambda: emitter.stats.delivered == 5, 10)
         assert first.purged and first.acked == []
         assert sorted(second.acked) == [f"r{n}".encode() for n in range(5)]
         emitter.submit("after")
-        _wait(lambda: emitter.stats.delivered == 6)
+        wait_until(lambda: emitter.stats.delivered == 6, 10)
         assert emitter.stats.rejected == 0
     finally:
         emitter.close(2.0)
@@ -228,19 +228,19 @@ def test_emitter_sets_aside_only_undeliverable_records(
                                     prepare=lambda item: (item, item.encode()))
     emitter.start()
     try:
-        _wait(lambda: bool(factory.built))
+        wait_until(lambda: bool(factory.built), 10)
         producer = factory.built[0]
         producer.healthy = False
         emitter.submit("big")
         emitter.submit("later")
-        _wait(lambda: len(producer.held) == 2)
+        wait_until(lambda: len(producer.held) == 2, 10)
         with producer.lock:
             (_, big), (_, later) = producer.held
             producer.held = []
             producer.reports = [(big, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)),
                                 (later, KafkaError(KafkaError._MSG_TIMED_OUT))]
         producer.healthy = True
-        _wait(lambda: emitter.stats.delivered == 1 and emitter.stats.rejected == 1)
+        wait_until(lambda: emitter.stats.delivered == 1 and emitter.stats.rejected == 1, 10)
         assert producer.acked == [b"later"]
         assert (tmp_path / "spool" / "rejected.log").stat().st_size > 0
     finally:
@@ -257,11 +257,11 @@ async def test_publisher_replaces_a_fatal_producer_without_a_restart(monkeypatch
     publisher = KafkaPublisher("fake:9092", ["t"], partitions=1, max_in_flight=100, delivery_timeout_s=5.0)
     await publisher.start()
     try:
-        await _await(lambda: publisher._topics_ready)
+        await wait_until_async(lambda: publisher._topics_ready, 10)
         first = factory.built[0]
         first.healthy = False
         pending = asyncio.create_task(publisher.publish([OutMessage("t", "k", b"owed")]))
-        await _await(lambda: len(first.held) == 1)
+        await wait_until_async(lambda: len(first.held) == 1, 10)
         first.break_()
         with pytest.raises(KafkaUnavailable, match="sequence lost.*replaced"):
             await asyncio.wait_for(pending, 5.0)
@@ -286,17 +286,3 @@ async def test_publisher_maps_outcomes_to_413_and_503(monkeypatch: pytest.Monkey
         assert isinstance(publisher._failure(KafkaError(KafkaError._MSG_TIMED_OUT), 0), KafkaUnavailable)
     finally:
         await publisher.close(0.1)
-
-
-def _wait(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
-
-
-async def _await(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.core.metrics import ALL_METRICS, MetricsPortError, exposed_names, serve_metrics
+from tests.support.ports import free_port
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-clawr1.json"
 

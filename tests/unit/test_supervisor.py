@@ -17,6 +17,7 @@ import pytest
 
 from clawr1 import readiness
 from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor, describe_exit
+from tests.support.waiting import wait_until
 
 POLICY = RestartPolicy(backoff_s=1.0, max_backoff_s=5.0, max_restarts=3, window_s=60.0)
 
@@ -50,13 +51,13 @@ def _python(code: str) -> Callable[[], subprocess.Popen[bytes]]:
 
 def _tick_until(supervisor: Supervisor, done: Callable[[], bool] | None, timeout: float = 20.0,
                 restarting: bool = True) -> str | None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Tick until the supervisor names a problem (returned) or ``done`` holds (None returned)."""
+
+    def settled() -> tuple[str | None] | None:
         problem = supervisor.tick(restarting)
-        if problem is not None or (done is not None and done()):
-            return problem
-        time.sleep(0.02)
-    raise AssertionError("condition not reached")
+        return (problem,) if problem is not None or (done is not None and done()) else None
+
+    return wait_until(settled, timeout, interval=0.02, message="the supervisor reaching the condition")[0]
 
 
 def test_a_killed_role_is_restarted_with_its_reason_logged(tmp_path: Path) -> None:
@@ -114,7 +115,6 @@ def test_a_stuck_role_is_killed_and_restarted_after_its_grace_and_counted(tmp_pa
         first = role.pid
         assert supervisor.tick() is None and role.returncode() is None  # healthy: left alone
         verdict[0] = "consumer group g: 12 records waiting, no progress for 30s (t[0])"
-        time.sleep(0.25)
         _tick_until(supervisor, lambda: len(logs) == 2)
         assert logs[0].startswith("worker stuck (consumer group g: 12 records waiting")
         assert "killed" in logs[0]
@@ -172,6 +172,7 @@ def test_stop_all_stops_higher_tiers_first_and_kills_what_ignores_sigterm(tmp_pa
     broker = ProcessRole("broker", _python("import time; time.sleep(60)"))
     supervisor = Supervisor(POLICY, log=logs.append)
     supervisor.add(broker, tier=0)
+    handled = [tmp_path / "worker.handles", tmp_path / "proxy.handles"]
     client = (
         "import os, signal, sys, time\n"
         "def bye(*_):\n"
@@ -179,14 +180,16 @@ def test_stop_all_stops_higher_tiers_first_and_kills_what_ignores_sigterm(tmp_pa
         f"    open({str(seen)!r}, 'w').write('broker alive')\n"
         "    sys.exit(0)\n"
         "signal.signal(signal.SIGTERM, bye)\n"
+        f"open({str(handled[0])!r}, 'w').close()\n"
         "time.sleep(60)\n"
     )
     supervisor.add(ProcessRole("worker", _python(client)))
     stubborn = ProcessRole("proxy", _python(
-        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"),
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(handled[1])!r}, 'w').close(); time.sleep(60)"),
         stop_timeout_s=0.5)
     supervisor.add(stubborn)
-    time.sleep(0.5)  # let the children install their handlers
+    wait_until(lambda: all(path.exists() for path in handled), 10, message="the children's handlers")
     started = time.monotonic()
     supervisor.stop_all()
     assert time.monotonic() - started < 10

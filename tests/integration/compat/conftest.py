@@ -5,7 +5,6 @@ function. Each test uses its own trajectory and group ids."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import wait_http
-from tests.integration.live_stack import live_stack
+from tests.support.live_stack import live_stack, wait_http
+from tests.support.waiting import wait_until
 
 KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
         "scorer": "sk-compat-scorer-0123456789", "trainer": "sk-compat-trainer-0123456789",
@@ -43,12 +42,11 @@ class Stack:
     def wait_rows(self, query: str, done: Callable[[list[dict[str, Any]]], bool],
                   timeout: float = 120) -> list[dict[str, Any]]:
         """The query's rows once ``done`` says they are complete (the streams and sink are asynchronous)."""
-        deadline = time.monotonic() + timeout
-        rows = self.sql(query)
-        while not done(rows) and time.monotonic() < deadline:
-            time.sleep(1)
+        def complete() -> tuple[list[dict[str, Any]]] | None:
             rows = self.sql(query)
-        return rows
+            return (rows,) if done(rows) else None
+
+        return wait_until(complete, timeout, interval=1, message=f"complete rows of {query!r}")[0]
 
 
 def auth(name: str) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,10 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.gateway.client import GatewayClient
-from tests.integration.live_stack import clawr1_up
+from tests.support.live_stack import clawr1_up
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 # Screenshots go to docs/ (the README shows them) only when asked, so a test run leaves the tree as it was:
@@ -122,10 +122,14 @@ def test_the_dashboard_runs_the_loop_in_chromium(demo: str, browser: Any) -> Non
     page.fill("#preview-group", PREVIEW_GROUP)
     page.fill("#preview-preset", "demo-train")
     page.fill("#preview-groups", "2")
-    deadline = time.monotonic() + 150
-    while time.monotonic() < deadline and not page.query_selector("#preview .preview-step"):
+
+    def previewed() -> bool:
         page.click("#preview-form button[type=submit]")
         page.wait_for_timeout(3000)
+        return bool(page.query_selector("#preview .preview-step"))
+
+    wait_until(previewed, 150, interval=0,
+               message=lambda: f"the preview showing a batch: {page.text_content('#preview')}")
     chosen = page.query_selector("#preview .preview-step") and page.text_content("#preview .preview-step")
     assert chosen, f"the preview never showed a batch: {page.text_content('#preview')}"
     snap(page, "#preview-card", "dashboard-preview.png")
@@ -179,14 +183,18 @@ def test_a_trajectory_reads_as_its_conversation(demo: str, browser: Any) -> None
     page, problems = open_page(browser, demo, 1440, 1300)
 
     # By id: the known question, the tool's result (new at step 1) and both replies, as text.
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def shown() -> bool:
         page.fill("#trajectory-id", trajectory)
         page.click("#trajectory-form button[type=submit]")
         page.wait_for_selector("#conversation-body .turn, #conversation-body .error")
         if page.query_selector("#conversation-body .turn"):
-            break
+            return True
         page.wait_for_timeout(2000)  # not in the pool yet: the streams and the sink take a moment
+        return False
+
+    wait_until(shown, 60, interval=0,
+               message=lambda: f"the conversation shown: {page.text_content('#conversation-body')}")
     turns = page.locator("#conversation-body .turn")
     assert turns.count() == 2, page.text_content("#conversation-body")
     assert QUESTION in turns.nth(0).inner_text()

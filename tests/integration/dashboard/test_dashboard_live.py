@@ -10,13 +10,12 @@ from contextlib import ExitStack
 import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.core.settings import Settings
 from clawr1.dashboard.api import dashboard_router
 from clawr1.dashboard.live import LiveLimits
 from clawr1.gateway.app import create_app
 from clawr1.pool.store import PoolStore
-from tests.integration.gateway.conftest import ServerThread
+from tests.support.asgi import serve_asgi
 
 KEYS = {"ann": "sk-live-ann-0123456789", "ben": "sk-live-ben-0123456789"}
 
@@ -27,12 +26,8 @@ def api(pool_store: PoolStore, kafka_bootstrap: str) -> Iterator[str]:
                         api_keys=",".join(f"{name}:{key}:read" for name, key in KEYS.items()))
     limits = LiveLimits(per_key=3, max_streams=5)
     app = create_app(settings, routers=[dashboard_router(pool_store, live_limits=limits)])
-    server = ServerThread(app, free_port()).start()
-    try:
-        server.wait_listening()
-        yield f"http://127.0.0.1:{server.port}"
-    finally:
-        server.stop()
+    with serve_asgi(app) as server:
+        yield server.url
 
 
 def open_stream(http: httpx.Client, streams: ExitStack, key: str) -> httpx.Response:

@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 from fastapi import APIRouter
 
-from bench.common import free_port
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.settings import Settings
 from clawr1.gateway.config import DELIVERY_TIMEOUT_ENV, MAX_IN_FLIGHT_ENV
 from tests.integration.gateway.conftest import running_gateway, wait_healthy
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 STEP = {"step_index": 0, "prompt_token_ids": [1, 2], "response_token_ids": [3]}
 
@@ -42,10 +43,12 @@ def test_readiness_parts_and_mounted_routers(kafka_bootstrap: str) -> None:
 
     with running_gateway(kafka_bootstrap, healthy=False, routers=[pool],
                          readiness=lambda: dict(state)) as live:
-        deadline = time.monotonic() + 20
-        while (health := live.http.get("/healthz")).json()["parts"]["kafka"] is False:
-            assert time.monotonic() < deadline, health.text
-            time.sleep(0.1)
+
+        def kafka_ready() -> httpx.Response | None:
+            health = live.http.get("/healthz")
+            return health if health.json()["parts"]["kafka"] is not False else None
+
+        health = wait_until(kafka_ready, 20, interval=0.1, message="/healthz never saw Kafka ready")
         assert health.status_code == 503 and health.json()["parts"] == {"kafka": True, "pool": False}
         state["pool"] = True
         wait_healthy(live.url)

@@ -8,17 +8,12 @@ import threading
 import uuid
 from pathlib import Path
 
-from bench.common import free_port
 from clawr1.core.settings import Settings
 from clawr1.gateway.app import create_app
 from clawr1.gateway.client import GatewayClient
-from tests.integration.gateway.conftest import (
-    TEST_PARTITIONS,
-    LiveGateway,
-    ServerThread,
-    read_topic,
-    unique_topics,
-)
+from tests.integration.gateway.conftest import TEST_PARTITIONS, LiveGateway, read_topic, unique_topics
+from tests.support.asgi import AsgiServer
+from tests.support.ports import free_port
 
 
 def steps(traj: str, count: int) -> list[dict[str, object]]:
@@ -41,7 +36,7 @@ def test_client_batches_steps_and_sends_feedback(gateway: LiveGateway) -> None:
 def test_client_retries_until_the_gateway_is_up(kafka_bootstrap: str) -> None:
     topics, port = unique_topics(), free_port()
     settings = Settings(kafka_bootstrap=kafka_bootstrap, topic_partitions=TEST_PARTITIONS)
-    server = ServerThread(create_app(settings, topics=topics), port)
+    server = AsgiServer(create_app(settings, topics=topics), port)
     starter = threading.Timer(0.5, server.start)
     starter.start()
     traj = f"traj-{uuid.uuid4().hex[:8]}"

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +13,7 @@ import pyarrow as pa
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from hypercorn.asyncio import serve
-from hypercorn.config import Config
 
-from bench.common import free_port
 from clawr1.pool.api import pool_router
 from clawr1.pool.sql import SqlError, WriteRefused
 from clawr1.pool.sql_cli import SqlTarget, interactive, run_sql
@@ -33,6 +28,7 @@ from clawr1.sinks.rows import (
     step_row,
 )
 from tests.integration.pool.records import record, step
+from tests.support.asgi import serve_asgi
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "pool.md"
 NOW = 1_760_000_000_000
@@ -176,38 +172,12 @@ def test_insert_takes_an_arrow_stream(client: TestClient, pool_store: PoolStore)
 
 @pytest.fixture
 def api_url(pool_store: PoolStore) -> Iterator[str]:
-    """The router served over real HTTP by hypercorn, for the CLI's API path."""
+    """The router served over real HTTP (tests/support/asgi.py), for the CLI's API path."""
     seed(pool_store)
     app = FastAPI()
     app.include_router(pool_router(pool_store))
-    port = free_port()
-    config = Config()
-    config.bind = [f"127.0.0.1:{port}"]
-    config.accesslog = None
-    loop = asyncio.new_event_loop()
-    shutdown = asyncio.Event()
-    started = threading.Event()
-
-    async def main() -> None:
-        started.set()
-        await serve(app, config, shutdown_trigger=shutdown.wait)  # type: ignore[arg-type]
-
-    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
-    thread.start()
-    assert started.wait(10)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                run_sql("SELECT 1", api_url=url)
-                break
-            except SqlError:
-                threading.Event().wait(0.05)
-        yield url
-    finally:
-        loop.call_soon_threadsafe(shutdown.set)
-        thread.join(10)
-        loop.close()
+    with serve_asgi(app) as server:
+        yield server.url
 
 
 def test_sql_cli_over_the_api_and_directly(api_url: str, pool_store: PoolStore, pool_dsn: str) -> None:

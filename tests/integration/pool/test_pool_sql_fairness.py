@@ -13,13 +13,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.core.settings import Settings
 from clawr1.gateway.app import create_app
 from clawr1.pool.api import pool_router
 from clawr1.pool.sql import AnalystSql, SqlLimits
 from clawr1.pool.store import PoolStore
-from tests.integration.gateway.conftest import ServerThread
+from tests.support.asgi import serve_asgi
+from tests.support.waiting import wait_until
 
 KEYS = {"alice": "sk-fair-alice-0123456789", "bob": "sk-fair-bob-0123456789",
         "carol": "sk-fair-carol-0123456789", "trainer": "sk-fair-trainer-0123456789"}
@@ -58,12 +58,10 @@ def api(pool_store: PoolStore, kafka_bootstrap: str, request: pytest.FixtureRequ
     settings = Settings(kafka_bootstrap=kafka_bootstrap,
                         api_keys=",".join(f"{name}:{key}:{KINDS[name]}" for name, key in KEYS.items()))
     app = create_app(settings, routers=[pool_router(pool_store, analyst)])
-    server = ServerThread(app, free_port()).start()
     try:
-        server.wait_listening()
-        yield Api(f"http://127.0.0.1:{server.port}", pool_store)
+        with serve_asgi(app) as server:
+            yield Api(server.url, pool_store)
     finally:
-        server.stop()
         analyst.close()
 
 
@@ -87,10 +85,9 @@ def test_pools_shares_and_the_time_limit_inside_one_block(api: Api) -> None:
             assert status == 400 and "time limit" in text, text
             assert took < 2.0 + 3.0, f"answered after {took:.1f} s, the limit is 2 s"
     # The slots come back once the engine has stopped the killed queries (each stops at its block's end).
-    deadline = time.monotonic() + 60
-    while api.sql("carol", "SELECT 1")[0] != 200 or api.running("editDistance(repeat('a', 20000)"):
-        assert time.monotonic() < deadline, "the killed queries or the analysts' sessions never came back"
-        time.sleep(0.5)
+    wait_until(lambda: api.sql("carol", "SELECT 1")[0] == 200
+               and not api.running("editDistance(repeat('a', 20000)"), 60, interval=0.5,
+               message="the killed queries stopping and the analysts' sessions coming back")
 
 
 @pytest.mark.parametrize("api", [20.0], indirect=True)
@@ -105,9 +102,7 @@ def test_a_query_whose_client_leaves_is_killed(api: Api) -> None:
     leaving.start()
     leaving.join()
     assert api.running("editDistance(repeat('a', 12000)") == 1
-    deadline = time.monotonic() + 2.5
-    while api.running("editDistance(repeat('a', 12000)"):
-        assert time.monotonic() < deadline, "the query still runs 2.5 s after its client left"
-        time.sleep(0.1)
+    wait_until(lambda: not api.running("editDistance(repeat('a', 12000)"), 2.5, interval=0.1,
+               message="the query stopping once its client left")
     status, _, _ = api.sql("alice", "SELECT 1")
     assert status == 200  # her session is hers again

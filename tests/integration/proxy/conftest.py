@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import free_port
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
 from tests.integration.proxy.helpers import (
@@ -21,6 +20,7 @@ from tests.integration.proxy.helpers import (
     server_context,
     start_standin,
 )
+from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="package")

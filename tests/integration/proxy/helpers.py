@@ -15,8 +15,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +25,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from clawr1.core.kafka_io import make_consumer
 from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings, env_names
 from clawr1.demo.standin_engine import StandinEngine
-from clawr1.proxy.runner import ca_cert_path, serve_proxy
-from clawr1.schemas.codec import CodecError, codec_for
+from clawr1.proxy.config import ca_cert_path
+from clawr1.proxy.runner import serve_proxy
+from tests.support.kafka import TopicFollower
+from tests.support.waiting import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 T = TypeVar("T")
@@ -144,12 +143,13 @@ class EmbeddedProxy:
             serve_proxy(self.settings, ready.set, stop=self._stop, topic=self.topic, drain_s=5.0),
             self._loop.loop,
         )
-        deadline = time.monotonic() + 30
-        while not ready.wait(0.05):
+
+        def started() -> bool:
             if self._future.done():
-                self._future.result()
-            if time.monotonic() > deadline:
-                raise AssertionError("embedded proxy did not start within 30 s")
+                self._future.result()  # raises why it could not start
+            return ready.is_set()
+
+        wait_until(started, 30, message="the embedded proxy starting")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -198,13 +198,21 @@ class ProxyProcess:
         assert self.process.stdout is not None
         self._ready = threading.Event()
         threading.Thread(target=self._read_output, daemon=True).start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self._ready.wait(0.2):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                if self.process.poll() is None:
-                    self.process.kill()
-                raise AssertionError(f"proxy process not ready (exit {self.process.wait()}) within "
-                                     f"{START_TIMEOUT_S:.0f}s: {''.join(self.output)}")
+        process = self.process
+
+        def ready() -> bool:
+            if self._ready.is_set():
+                return True
+            assert process.poll() is None, f"proxy process exited: {''.join(self.output)}"
+            return False
+
+        try:
+            wait_until(ready, START_TIMEOUT_S, interval=0.2,
+                       message=lambda: f"proxy process ready: {''.join(self.output)}")
+        except AssertionError as exc:
+            if process.poll() is None:
+                process.kill()
+            raise AssertionError(f"proxy process not ready (exit {process.wait()}): {exc}") from None
         return self
 
     def _read_output(self) -> None:
@@ -241,50 +249,35 @@ class Event:
 
 
 class TopicReader:
-    """Reads and decodes every message of a topic in the background, from the beginning; a record of
-    an envelope is checked to sit on the partition its own key hashes to."""
+    """Reads every captured call of a topic in the background, from the beginning; a record of an envelope
+    is checked to sit on the partition its own key hashes to."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        self._consumer = make_consumer(
-            bootstrap,
-            f"proxy-test-reader-{uuid.uuid4().hex[:8]}",
-            **{"topic.metadata.refresh.interval.ms": 1000},
-        )
-        self._consumer.subscribe([topic])
-        self._topic = topic
+        # A test's deliberate garbage is not a capture, and no reason to stop reading.
+        self._follower = TopicFollower(bootstrap, [topic], skip_undecodable=True)
         self._events: list[Event] = []
         self._misplaced: list[str] = []
-        self.messages = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        codec = codec_for()
-        partitions: int | None = None
-        while not self._stop.is_set():
-            message = self._consumer.poll(0.2)
-            if message is None or message.error():
-                continue
-            try:
-                records = codec.decode_records(message.value(), expect="raw_llm_call")
-            except CodecError:  # a test's deliberate garbage: not a capture, and no reason to stop reading
-                continue
-            if partitions is None:  # read once: asking per message kept the reader behind the topic
-                described = self._consumer.list_topics(self._topic, timeout=10).topics[self._topic]
-                partitions = len(described.partitions)
-            events = []
-            for record in records:
-                own = record["trajectory_id"] or record["conversation_key"]
-                key = message.key().decode() if message.key() else own
-                if partition_of(key, partitions) != message.partition():
-                    self._misplaced.append(f"{key!r} on partition {message.partition()}")
-                events.append(Event(key, message.value(), record))
-            with self._lock:
-                self.messages += 1
-                self._events.extend(events)
-        self._consumer.close()
+        try:
+            while not self._stop.is_set():
+                events = []
+                for read in self._follower.read(0.2):
+                    if read.schema != "raw_llm_call":
+                        continue
+                    own = read.record["trajectory_id"] or read.record["conversation_key"]
+                    key = read.key.decode() if read.key else own
+                    if partition_of(key, read.partitions) != read.partition:
+                        self._misplaced.append(f"{key!r} on partition {read.partition}")
+                    events.append(Event(key, read.value, read.record))
+                with self._lock:
+                    self._events.extend(events)
+        finally:
+            self._follower.close()
 
     def events(self, predicate: Callable[[dict[str, Any]], bool] = lambda r: True) -> list[Event]:
         with self._lock:
@@ -294,15 +287,9 @@ class TopicReader:
     def wait_for(
         self, predicate: Callable[[dict[str, Any]], bool], count: int = 1, timeout: float = 30.0
     ) -> list[Event]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = self.events(predicate)
-            if len(found) >= count:
-                return found
-            time.sleep(0.05)
-        raise AssertionError(
-            f"expected {count} matching events on the topic, found {len(self.events(predicate))}"
-        )
+        return wait_until(lambda: found if len(found := self.events(predicate)) >= count else [], timeout,
+                          message=lambda: f"{count} matching events on the topic, found "
+                                          f"{len(self.events(predicate))}")
 
     def close(self) -> None:
         self._stop.set()

@@ -14,7 +14,6 @@ import httpx
 import openai
 import pytest
 
-from bench.common import free_port
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL
@@ -26,6 +25,7 @@ from tests.integration.proxy.helpers import (
     marked,
     settings_env,
 )
+from tests.support.ports import free_port
 
 SECRET = "sk-proj-process-secret-1b2c"
 

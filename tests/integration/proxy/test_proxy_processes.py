@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 
-from bench.common import free_port
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL
-from clawr1.proxy.runner import PROCESSES_ENV
+from clawr1.proxy.config import PROCESSES_ENV
 from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, marked
+from tests.support.kafka import read_topic
+from tests.support.metrics import scrape, total
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 
 def children(pid: int) -> list[int]:
@@ -66,6 +68,8 @@ def test_calls_answered_before_a_sigkill_reach_kafka_and_the_proxy_restarts(
     tmp_path: Path, kafka_bootstrap: str, standin: Standin, capture_topic: str
 ) -> None:
     settings = settings_for(tmp_path, kafka_bootstrap, standin, 1)
+    settings = settings.with_overrides(proxy_metrics_port=free_port())
+    metrics = f"http://127.0.0.1:{settings.proxy_metrics_port}/metrics"
     marker = uuid.uuid4().hex
     reader = TopicReader(kafka_bootstrap, capture_topic)
     try:
@@ -78,23 +82,24 @@ def test_calls_answered_before_a_sigkill_reach_kafka_and_the_proxy_restarts(
                     chat(client, marker, stream=i % 3 == 0)
             # The guarantee is for calls handed to the emitter's pipe: a sender thread does that just after
             # the answer, and a kill inside those milliseconds loses the call (docs/durability.md, "What is
-            # not covered"; CI hit it once in 6 runs under load). Kill right after that window.
-            time.sleep(0.5)
+            # not covered"; CI hit it once in 6 runs under load). Kill once the emitter counted all 30.
+            wait_until(lambda: total(scrape(metrics), "clawr1_proxy_calls_captured_total") == 30, 30,
+                       message="the emitter receiving the 30 calls")
             proxy.process.send_signal(signal.SIGKILL)
             proxy.process.wait()
             assert len(reader.wait_for(marked(marker), count=30, timeout=60)) == 30
-            deadline = time.monotonic() + 15
-            while alive(emitter) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            assert not alive(emitter), "an orphaned emitter exits once it has spooled what it read"
+            wait_until(lambda: not alive(emitter), 15, interval=0.1,
+                       message="an orphaned emitter exiting once it has spooled what it read")
 
         after = uuid.uuid4().hex
         with ProxyProcess(settings, capture_topic), \
                 httpx.Client(base_url=f"http://127.0.0.1:{settings.reverse_port}", timeout=10) as client:
             chat(client, after)
             reader.wait_for(marked(after), timeout=60)
-        time.sleep(1)
-        assert len(reader.events(marked(marker))) == 30  # nothing replayed twice
+        # Stopped: what its emitter replayed is on the topic, read here to its end.
+        replayed = [read for read in read_topic(kafka_bootstrap, capture_topic, skip_undecodable=True)
+                    if read.schema == "raw_llm_call" and marked(marker)(read.record)]
+        assert len(replayed) == 30  # nothing replayed twice
     finally:
         reader.close()
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import stat
-import time
 import uuid
 from pathlib import Path
 
 from clawr1.proxy.emitter import Emitter
+from tests.support.waiting import wait_until
 
 
 def test_rejected_records_are_kept_owner_only(kafka_bootstrap: str, tmp_path: Path) -> None:
@@ -20,9 +20,7 @@ def test_rejected_records_are_kept_owner_only(kafka_bootstrap: str, tmp_path: Pa
     emitter.start()
     try:
         emitter.submit(b"prompt and reply " * 500)  # over the producer's limit: never deliverable
-        deadline = time.monotonic() + 30
-        while emitter.stats.rejected == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: emitter.stats.rejected, 30, message="the record set aside")
     finally:
         emitter.close(timeout=2)
     assert emitter.stats.rejected == 1

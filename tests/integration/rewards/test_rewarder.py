@@ -4,18 +4,18 @@ feedback, and a failing reward function gives a dead letter while the rewarder c
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer
 
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 from clawr1.rewards.worker import Rewarder, RewarderConfig, feedback_id_of
 from clawr1.schemas.codec import AvroCodec
 from tests.integration.pool.records import step as step_record
+from tests.support.kafka import TopicFollower
+from tests.support.waiting import wait_until
 
 SPEC = "clawr1.rewards.rules:math_answer"
 CODEC = AvroCodec()
@@ -43,17 +43,17 @@ def publish(config: RewarderConfig, *records: dict[str, Any]) -> None:
 def read(bootstrap: str, topic: str, count: int, timeout: float = 60.0) -> list[tuple[bytes, Any]]:
     """``count`` records of ``topic`` from the start, as (raw message value, decoded record); a message may
     be an envelope of several records."""
-    consumer: Consumer = make_consumer(bootstrap, f"reader-{time.monotonic_ns()}")
-    consumer.subscribe([topic])
+    follower = TopicFollower(bootstrap, [topic])
     out: list[tuple[bytes, Any]] = []
-    deadline = time.monotonic() + timeout
+
+    def enough() -> bool:
+        out.extend((read.value, read.record) for read in follower.read(0.5))
+        return len(out) >= count
+
     try:
-        while len(out) < count and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                out += [(message.value(), record) for record in CODEC.decode_all(message.value())[1]]
+        wait_until(enough, timeout, interval=0, message=lambda: f"{count} records on {topic}, got {out}")
     finally:
-        consumer.close()
+        follower.close()
     assert len(out) == count, f"expected {count} records on {topic}, got {len(out)}: {out}"
     return out
 

@@ -3,15 +3,16 @@ the reward joins the steps in the pool under its source, and a failing call land
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from bench.common import free_port
-from tests.integration.live_stack import clawr1_up
-from tests.integration.test_stack import _sql, scrape, total
+from tests.integration.test_stack import _sql
+from tests.support.live_stack import clawr1_up
+from tests.support.metrics import scrape, total
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 SPEC = "clawr1.rewards.rules:math_answer"
 
@@ -33,14 +34,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rewarder_metrics: str) -> It
 
 
 def _rows(api: str, query: str, want: int, timeout: float = 120.0) -> list[dict[str, object]]:
-    deadline = time.monotonic() + timeout
-    rows: list[dict[str, object]] = []
-    while time.monotonic() < deadline:
+    def enough() -> list[dict[str, object]]:
         rows = _sql(api, query)
-        if len(rows) >= want:
-            return rows
-        time.sleep(1)
-    raise AssertionError(f"{query!r} gave {rows}, wanted {want} rows")
+        return rows if len(rows) >= want else []
+
+    return wait_until(enough, timeout, interval=1, message=f"{query!r} gave fewer than {want} rows")
 
 
 def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str, rewarder_metrics: str) -> None:
@@ -86,8 +84,5 @@ def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str, reward
     assert grew("clawr1_rewarder_feedback_total") == 2
     assert grew("clawr1_rewarder_dead_letters_total", stage="reward") == 1
     lag = 'clawr1_consumer_lag{group="clawr1-rewarder",topic="clawr1.steps"}'
-    deadline = time.monotonic() + 30  # sampled every few seconds; a failed sample is retried in 1 s
-    while lag not in after and time.monotonic() < deadline:
-        time.sleep(0.5)
-        after = scrape(rewarder_metrics)
-    assert lag in after
+    if lag not in after:  # sampled every few seconds; a failed sample is retried in 1 s
+        wait_until(lambda: lag in scrape(rewarder_metrics), 30, interval=0.5, message=f"{lag} never sampled")

@@ -27,7 +27,7 @@ from clawr1.pool.store import PoolStore, quote_identifier
 from clawr1.sinks.rows import STEPS_ROUTE, Origin
 from tests.conftest import fresh_pool_store
 from tests.integration.pool.records import step as step_record
-from tests.integration.sdk.serving import served
+from tests.support.asgi import serve_asgi
 
 _offsets = itertools.count()
 
@@ -96,8 +96,8 @@ def api_url(module_pool: Pool) -> Iterator[str]:
     app = FastAPI()
     app.include_router(pool_router(store))
     try:
-        with served(app) as url:
-            yield url
+        with serve_asgi(app) as server:
+            yield server.url
     finally:
         store.close()
 

@@ -10,7 +10,6 @@ import uuid
 import numpy as np
 import pytest
 
-from bench.common import free_port
 from clawr1.consumer_sdk import (
     ConsumerClosed,
     PoolConsumer,
@@ -20,6 +19,7 @@ from clawr1.consumer_sdk import (
 )
 from clawr1.pool.store import PoolStore
 from tests.integration.sdk.conftest import Pool, database_dsn, sdk_direct_source, step
+from tests.support.ports import free_port
 
 
 def test_iterator_and_context_manager(pool: Pool, source: str) -> None:

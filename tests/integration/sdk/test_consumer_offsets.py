@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from clawr1.consumer_sdk import PoolConsumer
-from tests.conftest import eventually
 from tests.integration.sdk.conftest import Pool, step
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -62,7 +62,8 @@ def killed(trainer: str, group: str, api_url: str, env: dict[str, str] | None = 
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert line, proc.stderr.read() if proc.stderr else "child printed nothing"
-        assert before_kill is None or eventually(before_kill, 30), "the child's state never came"
+        if before_kill is not None:
+            wait_until(before_kill, 30, message="the child's state")
         return json.loads(line)
     finally:
         proc.kill()

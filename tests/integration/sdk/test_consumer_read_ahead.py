@@ -18,8 +18,8 @@ from clawr1.consumer_sdk import PoolConsumer, PoolUnavailable
 from clawr1.consumer_sdk.source import parse_source
 from clawr1.consumer_sdk.transport import Transport, open_transport
 from clawr1.pool.consumer_tables import COMMITS_TABLE
-from tests.conftest import eventually
 from tests.integration.sdk.conftest import Pool, step
+from tests.support.waiting import wait_until
 
 
 def ids(n: int, prefix: str = "s") -> list[str]:
@@ -142,7 +142,7 @@ def test_commits_are_written_in_the_background_every_few_commits(
         assert committed_rows(pool, "periodic") == 0  # recorded, not written yet
         assert list(consumer.poll(max_steps=2).step_ids) == ids(6)[2:4]  # never handed out again here
         consumer.commit()  # the second commit: both are written now, in the background
-        assert eventually(lambda: committed_rows(pool, "periodic") == 4)
+        wait_until(lambda: committed_rows(pool, "periodic") == 4, 10)
         consumer.poll(max_steps=2)
         consumer.commit()
     assert committed_rows(pool, "periodic") == 6  # close() wrote the last one
@@ -158,7 +158,7 @@ def test_commits_are_written_once_the_oldest_is_old_enough(
     pool.write(*(step(s) for s in ids(2)))
     with PoolConsumer(source, "aging") as consumer:
         consumer.commit(consumer.poll(max_steps=2))
-        assert eventually(lambda: committed_rows(pool, "aging") == 2)
+        wait_until(lambda: committed_rows(pool, "aging") == 2, 10)
 
 
 def test_a_sync_commit_is_in_the_pool_when_it_returns(pool: Pool, source: str) -> None:
@@ -192,7 +192,7 @@ def test_a_refused_background_write_is_written_again(
     failing = FailingCommits(open_transport(parse_source(source)))
     with PoolConsumer(source, "retry", transport=failing) as consumer:
         consumer.commit(consumer.poll(max_steps=2))
-        assert eventually(lambda: committed_rows(pool, "retry") == 2)
+        wait_until(lambda: committed_rows(pool, "retry") == 2, 10)
         assert not failing.fail
     with PoolConsumer(source, "retry") as again:
         assert list(again.poll(max_steps=10).step_ids) == ids(4)[2:]

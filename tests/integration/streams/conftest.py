@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -15,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
-from clawr1.schemas.codec import codec_for
+from clawr1.core.kafka_io import ensure_topics, make_producer
 from clawr1.streams.config import StreamTopics
 from clawr1.streams.worker import READY_LINE
 from tests.integration.streams.events import build_tokenizer
@@ -27,6 +25,8 @@ from tests.integration.streams.mix import (
     MIX,
     Raw,
 )
+from tests.support.kafka import TopicFollower
+from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]
 PARTITIONS = 4
@@ -76,11 +76,15 @@ class WorkerRun:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + timeout
-        while READY_LINE not in self.log.read_text(errors="replace"):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"stream worker did not become ready:\n{self.tail()}")
-            time.sleep(0.1)
+        process = self.process
+
+        def ready() -> bool:
+            if READY_LINE in self.log.read_text(errors="replace"):
+                return True
+            assert process.poll() is None, f"stream worker exited before it was ready:\n{self.tail()}"
+            return False
+
+        wait_until(ready, timeout, interval=0.1, message=lambda: f"stream worker ready:\n{self.tail()}")
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -114,30 +118,30 @@ class Outputs:
 
     def __init__(self, bootstrap: str, topics: StreamTopics) -> None:
         self.topics = topics
-        self.codec = codec_for()
-        self.consumer = make_consumer(bootstrap, "test-reader-" + uuid.uuid4().hex[:8])
-        self.consumer.subscribe([topics.steps, topics.dlq, topics.prefix_nodes])
+        self.follower = TopicFollower(bootstrap, [topics.steps, topics.dlq, topics.prefix_nodes])
         self.steps: list[dict[str, Any]] = []
         self.dead_letters: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] = []
 
     def poll(self, seconds: float) -> None:
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            for message in self.consumer.consume(500, timeout=0.2):
-                assert message.error() is None, message.error()
-                name, records = self.codec.decode_all(message.value())
-                {"step": self.steps, "dead_letter": self.dead_letters, "prefix_node": self.nodes}[
-                    name
-                ].extend(records)
+        """Reads what arrives within ``seconds``."""
+        for read in self.follower.read(seconds):
+            {"step": self.steps, "dead_letter": self.dead_letters, "prefix_node": self.nodes}[
+                read.schema
+            ].append(read.record)
 
     def wait_for(self, done: Callable[[Outputs], bool], timeout: float, *runs: WorkerRun) -> None:
-        deadline = time.monotonic() + timeout
-        while not done(self):
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"worker log {run.log}:\n{run.tail()}" for run in runs)
-                raise AssertionError(f"outputs incomplete after {timeout}s: {unsettled(self)}; {logs}")
+        def settled() -> bool:
+            if done(self):
+                return True
             self.poll(0.5)
+            return False
+
+        def incomplete() -> str:
+            logs = "\n".join(f"worker log {run.log}:\n{run.tail()}" for run in runs)
+            return f"outputs complete: {unsettled(self)}; {logs}"
+
+        wait_until(settled, timeout, interval=0, message=incomplete)
 
     def latest_steps(self) -> dict[str, dict[str, Any]]:
         """What the pool keeps: per step_id the record with the highest version."""
@@ -163,7 +167,7 @@ class Outputs:
         return scopes
 
     def close(self) -> None:
-        self.consumer.close()
+        self.follower.close()
 
 
 @pytest.fixture(scope="module")

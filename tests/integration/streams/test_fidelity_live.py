@@ -26,12 +26,12 @@ import pytest
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
 from openai import AsyncOpenAI, OpenAI
 
-from bench.common import free_port
 from clawr1.core.kafka_io import make_producer
 from clawr1.core.settings import Settings
 from tests.integration.proxy.helpers import EmbeddedProxy, LoopThread, TopicReader, start_standin
 from tests.integration.streams.conftest import Outputs, WorkerRun
 from tests.integration.streams.events import CODEC, feedback, llm_call, llm_key
+from tests.support.ports import free_port
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "search the corpus",
                                            "parameters": {"type": "object",

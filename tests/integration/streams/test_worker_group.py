@@ -3,10 +3,10 @@ single worker writes for the recorded mix (``clawr1 up`` / several ``clawr1 work
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -22,6 +22,7 @@ from tests.integration.streams.conftest import (
     settled,
 )
 from tests.integration.streams.mix import MIX
+from tests.support.waiting import wait_until
 
 Shares = dict[str, dict[str, frozenset[int]]]  # member id -> consumed topic -> its partitions there
 
@@ -67,19 +68,18 @@ def split_of(state: str, shares: Shares, consumed: set[str], members: int) -> se
 def wait_for_split(runs: list[WorkerRun], timeout: float) -> set[frozenset[int]]:
     admin = AdminClient({"bootstrap.servers": runs[0].bootstrap})
     consumed = consumed_topics(runs[0].topics)
-    deadline = time.monotonic() + timeout
-    while True:
-        state, shares = describe_shares(admin, runs[0])
-        split = split_of(state, shares, consumed, len(runs))
-        if split is not None:
-            return split
-        if time.monotonic() > deadline:
-            logs = "\n".join(f"worker log {run.log}:\n{run.tail()}" for run in runs)
-            raise AssertionError(
-                f"group {runs[0].app_id} did not settle into a split of all {PARTITIONS} "
-                f"partitions in {timeout}s: state {state}, shares {shares}\n{logs}"
-            )
-        time.sleep(0.2)
+    seen: list[Any] = [None, None]
+
+    def split() -> set[frozenset[int]] | None:
+        seen[:] = describe_shares(admin, runs[0])
+        return split_of(seen[0], seen[1], consumed, len(runs))
+
+    def unsettled() -> str:
+        logs = "\n".join(f"worker log {run.log}:\n{run.tail()}" for run in runs)
+        return (f"group {runs[0].app_id} settling into a split of all {PARTITIONS} partitions: "
+                f"state {seen[0]}, shares {seen[1]}\n{logs}")
+
+    return wait_until(split, timeout, interval=0.2, message=unsettled)
 
 
 def fed_partitions(run: WorkerRun) -> set[int]:

@@ -10,7 +10,7 @@ import pytest
 from clawr1.pool.consumer_tables import CONSUMER_MIGRATIONS
 from clawr1.pool.migrations import POOL_MIGRATIONS, STEP_FIELDS, all_migrations, split_statements
 
-STEP_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "step.avsc"
+STEP_SCHEMA = Path(__file__).resolve().parents[3] / "schemas" / "step.avsc"
 
 
 def test_step_columns_mirror_the_step_schema_one_to_one() -> None:

@@ -12,7 +12,7 @@ from clawr1 import consumer_sdk
 from clawr1.consumer_sdk import errors
 from clawr1.consumer_sdk.source import Source, parse_source
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_public_surface_is_pinned() -> None:

@@ -16,7 +16,7 @@ from clawr1.consumer_sdk.commits import Committer, CursorRow
 from clawr1.consumer_sdk.delivery import Ledger, _deliverable, floor_start, just_before
 from clawr1.consumer_sdk.queries import NEWEST_SQL
 from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE
-from tests.conftest import eventually
+from tests.support.waiting import wait_until
 
 
 def test_the_lowest_uncommitted_delivery_holds_the_cursor() -> None:
@@ -81,7 +81,7 @@ def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -
     time.sleep(0.2)
     assert link.inserts == [] and committer.unlanded() == {"a"}
     committer.record({"b": ("epoch", 2)}, cursor(2))
-    assert eventually(lambda: len(link.inserts) == 2)
+    wait_until(lambda: len(link.inserts) == 2, 10)
     (commits, commit_rows), (cursors, cursor_rows) = link.inserts
     assert (commits, cursors) == (COMMITS_TABLE, CURSORS_TABLE)
     assert sorted(r["step_id"] for r in commit_rows) == ["a", "b"]
@@ -98,7 +98,7 @@ def test_one_commit_is_written_once_old_enough() -> None:
     link = Recording()
     committer = Committer(link, "g", "me", every=100, every_s=0.1)
     committer.record({"a": ("epoch", 1)}, cursor(5))
-    assert eventually(lambda: len(link.inserts) == 2)
+    wait_until(lambda: len(link.inserts) == 2, 10)
     committer.close()
     assert len(link.inserts) == 2  # nothing new to write on close
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clawr1.core.settings import Settings
-from clawr1.proxy.runner import ProxyStartError, ca_cert_path, proxy_config
+from clawr1.proxy.config import ProxyStartError, ca_cert_path, proxy_config
 
 
 def test_both_modes_listen_on_the_proxy_host(tmp_path: Path) -> None:
@@ -71,6 +71,14 @@ def test_upstream_tls_trust_comes_from_the_environment(tmp_path: Path) -> None:
 def test_unsafe_or_incomplete_settings_are_refused(tmp_path: Path, overrides: dict, reason: str) -> None:
     with pytest.raises(ProxyStartError, match=reason):
         proxy_config(Settings(data_dir=tmp_path).with_overrides(**overrides))
+
+
+def test_processes_and_batching_come_from_the_environment(tmp_path: Path) -> None:
+    config = proxy_config(Settings(data_dir=tmp_path, extra={
+        "CLAWR1_PROXY_PROCESSES": "3", "CLAWR1_PROXY_BATCH_MS": "25", "CLAWR1_PROXY_BATCH_CALLS": "8"}))
+    assert (config.processes, config.batch_s, config.batch_calls) == (3, 0.025, 8)
+    with pytest.raises(ProxyStartError, match="CLAWR1_PROXY_PROCESSES must be at least 1, got 0"):
+        proxy_config(Settings(data_dir=tmp_path, extra={"CLAWR1_PROXY_PROCESSES": "0"}))
 
 
 def test_non_loopback_with_auth_is_allowed(tmp_path: Path) -> None:

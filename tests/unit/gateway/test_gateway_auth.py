@@ -120,6 +120,6 @@ def test_the_security_guide_names_every_keyed_route() -> None:
 
     from clawr1.gateway.auth import ROUTE_KINDS
 
-    guide = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    guide = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text()
     missing = [route for route in ROUTE_KINDS if route.rsplit("/", 1)[-1] not in guide]
     assert not missing, f"docs/security.md's route x kind matrix lacks {missing}"

@@ -26,7 +26,7 @@ from clawr1.pool.cluster import (
 from clawr1.pool.migrations import _BOOTSTRAP, all_migrations, apply_migrations, split_statements
 from clawr1.pool.store import PoolError, PoolStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NAME, DB = "clawr1", "pool_db"
 
 

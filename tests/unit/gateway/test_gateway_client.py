@@ -6,6 +6,7 @@ exercised by tests/integration/gateway/test_gateway_client_live.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 
@@ -91,12 +92,22 @@ def test_gives_up_after_max_retries() -> None:
 
 
 def test_retry_delay_backs_off_and_honors_retry_after() -> None:
+    """The jitter pinned to the top of its range: each delay is its ceiling."""
     c = GatewayClient("http://gw", backoff_s=0.5, max_backoff_s=5.0)
+    c.backoff = dataclasses.replace(c.backoff, jitter=lambda: 1.0)
     assert [c.retry_delay(n, "") for n in (1, 2, 3, 6)] == [0.5, 1.0, 2.0, 5.0]
     assert c.retry_delay(1, "3") == 3.0
     assert c.retry_delay(1, "60") == 5.0
     assert c.retry_delay(3, "1") == 2.0
     assert c.retry_delay(1, "Wed, 21 Oct 2015 07:28:00 GMT") == 0.5
+    c.close()
+
+
+def test_retry_delays_are_jittered_under_the_backoff() -> None:
+    c = GatewayClient("http://gw", backoff_s=0.5, max_backoff_s=5.0)
+    delays = [c.retry_delay(3, "") for _ in range(100)]
+    assert all(0.0 <= d <= 2.0 for d in delays) and len(set(delays)) > 50
+    assert all(c.retry_delay(3, "3") == 3.0 for _ in range(20))
     c.close()
 
 

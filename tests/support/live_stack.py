@@ -12,8 +12,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import free_port
-from tests.conftest import wait_http
+import httpx
+
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
 
 CLAWR1 = [sys.executable, "-m", "clawr1.cli"]
 UP_PORTS = ("api", "proxy", "reverse", "compat", "kafka")
@@ -27,6 +29,19 @@ class LiveStack:
     def url(self, name: str) -> str:
         """``http://127.0.0.1:<port>`` of one of ``UP_PORTS`` (or "engine" under ``live_stack``)."""
         return f"http://127.0.0.1:{self.ports[name]}"
+
+
+def wait_http(url: str, timeout: float, process: subprocess.Popen[bytes]) -> None:
+    """Wait for ``url`` to answer 200, failing at once if the process meant to serve it exits."""
+
+    def answers() -> bool:
+        assert process.poll() is None, f"process exited with {process.returncode} before {url} answered"
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(answers, timeout, interval=0.5, message=f"{url} did not answer 200")
 
 
 def clean_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -12,8 +12,8 @@ import pytest
 
 from clawr1.core.settings import Settings
 from clawr1.proxy.addons.destinations import DestinationGuard
+from clawr1.proxy.config import ProxyStartError, proxy_config
 from clawr1.proxy.destinations import DestinationError, Destinations, parse_allow, resolve
-from clawr1.proxy.runner import ProxyStartError, proxy_config
 
 THIS_MACHINE = ["127.0.0.1", "127.1", "127.42.0.9", "0x7f000001", "2130706433", "0177.0.0.1", "[::1]",
                 "::1", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "localhost", "localhost.", "LOCALHOST",

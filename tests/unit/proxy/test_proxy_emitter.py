@@ -14,7 +14,8 @@ import clawr1.proxy.emitter as emitter_module
 from clawr1.core import kafka_io
 from clawr1.core.routing import partition_of
 from clawr1.proxy.emitter import Emitter
-from tests.unit.test_kafka_io import Factory, FakeProducer, _wait
+from tests.support.waiting import wait_until
+from tests.unit.test_kafka_io import Factory, FakeProducer
 
 PARTITIONS = 4
 
@@ -33,7 +34,7 @@ def running_emitter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         combine=lambda values: b"[" + b"|".join(values) + b"]", **options)  # type: ignore[arg-type]
     emitter.start()
     try:
-        _wait(lambda: bool(factory.built))
+        wait_until(lambda: bool(factory.built), 10)
         yield emitter, factory.built[0]
     finally:
         emitter.close(2.0)
@@ -50,7 +51,7 @@ def test_calls_of_one_partition_share_a_message_within_the_window(
     with running_emitter(tmp_path, monkeypatch, batch_s=0.3, batch_records=4) as (emitter, producer):
         for item in items:
             emitter.submit(item)
-        _wait(lambda: emitter.stats.delivered == len(items) and emitter.pending == 0)
+        wait_until(lambda: emitter.stats.delivered == len(items) and emitter.pending == 0, 10)
     by_partition: dict[int, list[str]] = {}
     for key in keys:
         by_partition.setdefault(partition_of(key, PARTITIONS), []).append(key)
@@ -74,11 +75,11 @@ def test_an_envelope_too_large_goes_again_in_halves_and_a_lone_call_too_large_is
         producer.max_bytes = 40
         for call in calls:
             emitter.submit(call)
-        _wait(lambda: emitter.stats.delivered == 8)
+        wait_until(lambda: emitter.stats.delivered == 8, 10)
         assert all(len(value) <= 40 for value in producer.acked)
         assert sorted(c for value in producer.acked for c in calls_in(value)) == [c.encode() for c in calls]
         emitter.submit("k:" + "y" * 60)
-        _wait(lambda: emitter.stats.rejected == 1)
+        wait_until(lambda: emitter.stats.rejected == 1, 10)
         assert b"y" * 60 in (tmp_path / "spool" / "rejected.log").read_bytes()
     assert emitter.pending == 0 and emitter.stats.delivered == 8
 
@@ -89,8 +90,8 @@ def test_records_stay_spooled_until_their_envelope_is_acknowledged(
         producer.healthy = False  # the broker holds the envelope unacknowledged
         for n in range(5):
             emitter.submit(f"k:{n}")
-        _wait(lambda: sum(len(calls_in(value)) for value, _ in producer.held) == 5)
-        _wait(lambda: emitter.pending == 5)
+        wait_until(lambda: sum(len(calls_in(value)) for value, _ in producer.held) == 5, 10)
+        wait_until(lambda: emitter.pending == 5, 10)
         producer.healthy = True
-        _wait(lambda: emitter.stats.delivered == 5)
+        wait_until(lambda: emitter.stats.delivered == 5, 10)
     assert emitter.pending == 0 and not list((tmp_path / "spool").glob("*.seg"))

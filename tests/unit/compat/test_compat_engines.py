@@ -5,9 +5,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from bench.common import free_port
 from clawr1.compat.engines import EngineFailed, Engines, parse_engines
 from clawr1.demo.standin_engine import StandinEngine
+from tests.support.ports import free_port
 
 
 def test_upstream_lists_engine_origins() -> None:

@@ -18,6 +18,7 @@ from clawr1.gateway.models import StepIn
 from clawr1.gateway.records import step_record
 from clawr1.gateway.validation import check_step, parse_json
 from clawr1.schemas.codec import codec_for, pack_record
+from tests.support.steps import make_step
 
 CODEC = codec_for("")
 SOURCE, NOW = "agent-a", 1_700_000_000_123
@@ -153,8 +154,6 @@ def test_plain_steps_take_the_fast_path(item: dict[str, Any]) -> None:
 
 
 def test_the_bench_step_takes_the_fast_path() -> None:
-    from bench.bench_gateway import make_step
-
     items = parse_json(json.dumps([make_step(n) for n in range(5)]).encode())
     assert fast_path(items) == [model_path(item) for item in items]
 
