@@ -61,6 +61,13 @@ class Batch:
         age = (time.monotonic() if now is None else now) - self.started
         return self.rows >= max_rows or age >= max_seconds
 
+    def seconds_until_due(self, max_seconds: float, now: float | None = None) -> float | None:
+        """How long the batch may still wait for rows; None while it is empty (nothing is due)."""
+        if not self.messages:
+            return None
+        age = (time.monotonic() if now is None else now) - self.started
+        return max(0.0, max_seconds - age)
+
     def commit_offsets(self) -> list[tuple[str, int, int]]:
         """(topic, partition, next offset to read) for every partition the batch consumed."""
         return [(topic, partition, r.last + 1) for (topic, partition), r in sorted(self.ranges.items())]

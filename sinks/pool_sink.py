@@ -51,6 +51,7 @@ EXIT_AFTER_INSERT_CODE = 86
 _DEAD_LETTER_TABLE = DLQ_ROUTE.table
 # Waits between the retries of a refused insert: from 0.1 s doubling, at most 5 s (full jitter).
 _RETRY_BACKOFF = Backoff(0.1, 5.0)
+_IDLE_POLL_SECONDS = 0.2
 
 
 @dataclass
@@ -258,7 +259,9 @@ class PoolSink:
     def _poll_once(self) -> None:
         assert self._consumer is not None
         room = max(1, self.config.batch_rows - self._batch.rows)
-        wait = min(0.2, self.config.batch_seconds)
+        # An open batch is flushed when it is due, not up to one idle poll later: that wait is freshness.
+        due_in = self._batch.seconds_until_due(self.config.batch_seconds)
+        wait = _IDLE_POLL_SECONDS if due_in is None else min(_IDLE_POLL_SECONDS, max(0.005, due_in))
         for msg in self._consumer.consume(num_messages=min(room, 1000), timeout=wait):
             error = msg.error()
             if error is None:

@@ -322,7 +322,7 @@ SINK_DLQ_TOPIC = option("SINK_DLQ_TOPIC", str, topics.DLQ.name, "dead-letter top
 SINK_FEEDBACK_TOPIC = option("SINK_FEEDBACK_TOPIC", str, topics.RAW_FEEDBACK.name, "feedback topic", _SINK)
 SINK_GROUP = option("SINK_GROUP", str, "clawr1-pool-sink", "Kafka consumer group", _SINK)
 SINK_BATCH_ROWS = option("SINK_BATCH_ROWS", int, 5000, "rows per insert at most", _SINK)
-SINK_BATCH_SECONDS = option("SINK_BATCH_SECONDS", float, 1.0, "seconds a batch waits for more rows at most",
+SINK_BATCH_SECONDS = option("SINK_BATCH_SECONDS", float, 0.25, "seconds a batch waits for more rows at most",
                             _SINK)
 SINK_SESSION_TIMEOUT_MS = option("SINK_SESSION_TIMEOUT_MS", int, 10_000,
                                  "a crashed sink's partitions wait this long for their next owner", _SINK)

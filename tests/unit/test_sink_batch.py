@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from clawr1.core.settings import load_settings
 from clawr1.sinks.batch import Batch
 from clawr1.sinks.config import SinkConfig
@@ -40,6 +42,15 @@ def test_due_by_size_or_age() -> None:
     assert batch.is_due(2, 100.0, now=1.0)
     assert not batch.is_due(3, 100.0, now=1.0)
     assert batch.is_due(3, 100.0, now=100.0)
+
+
+def test_an_open_batch_says_how_long_it_may_still_wait() -> None:
+    batch = filled([(0, 1)])
+    batch.started = 10.0
+    assert Batch().seconds_until_due(0.25) is None
+    assert batch.seconds_until_due(0.25, now=10.1) == pytest.approx(0.15)
+    assert batch.seconds_until_due(0.25, now=11.0) == 0.0
+    assert batch.is_due(100, 0.25, now=10.25)
 
 
 def test_lost_partitions_are_forgotten() -> None:
