@@ -12,10 +12,11 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient, ClusterMetadata, ConfigResource
 
 from clawr1.core.topics import ALL_TOPICS
 from tests.support.chaos import Stack, cluster_plan, cluster_stack, run_faults, running
+from tests.support.waiting import wait_until
 
 NODES = 3
 REFUSAL_LIMIT_S = 15.0
@@ -30,11 +31,18 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 def test_topics_and_kafkas_own_keep_three_copies_two_in_sync(stack: Stack) -> None:
     admin = AdminClient({"bootstrap.servers": stack.bootstrap})
-    metadata = admin.list_topics(timeout=30)
-    assert sorted(metadata.brokers) == [1, 2, 3]
     # The worker's state changelog (Quix names it changelog__<group>--...) and internal topic too, and
-    # Kafka's consumer offsets and transaction state (the worker commits in transactions).
+    # Kafka's consumer offsets and transaction state (the worker commits in transactions). Kafka creates
+    # its transaction state when the first transactional producer starts, which may be after `up` is ready.
     kafkas = {"__consumer_offsets", "__transaction_state"}
+
+    def with_kafkas_own() -> ClusterMetadata | None:
+        metadata = admin.list_topics(timeout=30)
+        return metadata if kafkas <= set(metadata.topics) else None
+
+    metadata = wait_until(with_kafkas_own, 60, interval=0.5,
+                          message="Kafka's consumer offsets and transaction state topics")
+    assert sorted(metadata.brokers) == [1, 2, 3]
     ours = [name for name in metadata.topics if name.startswith(("clawr1", "changelog__")) or name in kafkas]
     assert {t.name for t in ALL_TOPICS} | kafkas <= set(ours)
     assert any(name.startswith("changelog__clawr1-streams") for name in ours), ours
