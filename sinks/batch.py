@@ -1,7 +1,8 @@
 """One sink batch: rows per table plus the offset range consumed per topic partition.
 
 A batch is flushed when it holds ``max_rows`` rows or is ``max_seconds`` old (a message may be an
-envelope of many records: rows are what an insert costs). Its insert
+envelope of many records: rows are what an insert costs). Its age counts from the previous flush: under
+load that is one insert per ``max_seconds``, and the first message after a pause goes in at once. Its insert
 deduplication token is derived from the offset ranges it covers, so re-inserting the same ranges after
 a crash (before the offsets were committed) is dropped by ClickHouse; replays with other boundaries
 collapse through the tables' version replacement instead.
@@ -28,6 +29,12 @@ class TableRows:
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     origins: list[Origin] = field(default_factory=list)
+
+    def restamp(self, column: str, value: Any) -> None:
+        """Set ``column`` in every row: the sink stamps ``ingested_at`` as it writes the rows (what a
+        reader of the pool calls ingested), not when it read their messages."""
+        at = self.columns.index(column)
+        self.rows = [(*row[:at], value, *row[at + 1:]) for row in self.rows]
 
 
 @dataclass

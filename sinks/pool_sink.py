@@ -197,7 +197,9 @@ class PoolSink:
         if not batch.messages:
             return True
         started = time.monotonic()
+        stamp = now_ms()
         for table, rows in batch.tables.items():
+            rows.restamp("ingested_at", stamp)
             if rows.rows and not self._insert_rows(table, rows, batch.dedup_token(table), stop):
                 return False
         if self.config.exit_after_insert:
@@ -257,12 +259,21 @@ class PoolSink:
         return self.stats
 
     def _poll_once(self) -> None:
+        """Read what is there, waiting no longer than freshness allows.
+
+        librdkafka's ``consume(n, timeout)`` returns after ``n`` messages or the timeout, whichever
+        comes first, so an empty batch waits for its first message with ``poll`` (which returns at
+        once), and an open batch collects more only until it is due."""
         assert self._consumer is not None
-        room = max(1, self.config.batch_rows - self._batch.rows)
-        # An open batch is flushed when it is due, not up to one idle poll later: that wait is freshness.
         due_in = self._batch.seconds_until_due(self.config.batch_seconds)
-        wait = _IDLE_POLL_SECONDS if due_in is None else min(_IDLE_POLL_SECONDS, max(0.005, due_in))
-        for msg in self._consumer.consume(num_messages=min(room, 1000), timeout=wait):
+        if due_in is None:
+            first = self._consumer.poll(_IDLE_POLL_SECONDS)
+            messages = [] if first is None else [first]
+        else:
+            room = max(1, self.config.batch_rows - self._batch.rows)
+            messages = self._consumer.consume(num_messages=min(room, 1000),
+                                              timeout=min(_IDLE_POLL_SECONDS, max(0.005, due_in)))
+        for msg in messages:
             error = msg.error()
             if error is None:
                 self.accept(msg)

@@ -113,6 +113,9 @@ class StreamsApp:
             auto_offset_reset="earliest",
             processing_guarantee="exactly-once",
             commit_interval=config.commit_interval_ms / 1000,
+            # A checkpoint closes (its outputs become visible) only when a poll returns: with Quix's 1 s
+            # default, the last records before a pause waited up to 1 s in an open transaction.
+            consumer_poll_timeout=min(0.05, config.commit_interval_ms / 2000),
             commit_every=config.commit_every,
             state_dir=str(config.data_dir / config.app_id),
             rocksdb_options=RocksDBOptions(dumps=_same, loads=_same),

@@ -53,6 +53,14 @@ def test_an_open_batch_says_how_long_it_may_still_wait() -> None:
     assert batch.is_due(100, 0.25, now=10.25)
 
 
+def test_rows_are_stamped_when_written() -> None:
+    batch = Batch()
+    batch.add("feedback", ("feedback_id", "ingested_at", "source_offset"), ("f1", 1, 7), origin(0, 7))
+    batch.add("feedback", ("feedback_id", "ingested_at", "source_offset"), ("f2", 2, 8), origin(0, 8))
+    batch.tables["feedback"].restamp("ingested_at", 99)
+    assert batch.tables["feedback"].rows == [("f1", 99, 7), ("f2", 99, 8)]
+
+
 def test_lost_partitions_are_forgotten() -> None:
     batch = filled([(0, 1), (1, 1), (1, 2)])
     batch.drop_partitions({("steps", 1)})
