@@ -34,7 +34,8 @@ deployment does not pay.
 ``--kafka-nodes 3`` runs the stack on a local 3-broker cluster (every topic on 3 brokers, 2 in sync):
 the ``broker`` CPU is then the three brokers' together, replication included.
 
-Results: bench/results/bench_pipeline.json (``bench_pipeline_<N>_brokers.json`` on N brokers).
+Results: bench/results/bench_pipeline.json (``bench_pipeline_<N>_brokers.json`` on N brokers), and each
+stack's log (``bench_pipeline_stack_<one|many>.log``: a role the supervisor restarted says why there).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -140,6 +142,14 @@ class Stack:
         raise RuntimeError(f"only {self.count(where)} of {expected} steps ({where}) reached the pool")
 
     def stop(self) -> None:
+        """Stop the stack; its log (restarts and their reasons) is kept in bench/results/."""
+        try:
+            self._stop()
+        finally:
+            RESULTS.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.log, RESULTS.with_name(f"bench_pipeline_stack_{self.log.parent.name}.log"))
+
+    def _stop(self) -> None:
         for process in (self.up, self.engine):
             if process.poll() is None:
                 process.send_signal(signal.SIGINT)
