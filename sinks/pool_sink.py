@@ -109,6 +109,9 @@ class PoolSink:
         self._batch = Batch()
         self._consumer: Consumer | None = None
         self._stop = threading.Event()
+        # Offsets committed since the consumer was last idle, per partition: an idle moment checks whether
+        # it has since moved past markers that followed them (see ``_commit_skipped_markers``).
+        self._unsettled: dict[tuple[str, int], int] = {}
 
     # -- converting ---------------------------------------------------------------------------------
 
@@ -222,12 +225,28 @@ class PoolSink:
         for tp, at in zip(offsets, self._consumer.position(offsets), strict=True):
             if at.offset > tp.offset:
                 tp.offset = at.offset
+        self._commit_offsets(offsets)
+        self._unsettled.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+
+    def _commit_offsets(self, offsets: list[TopicPartition]) -> None:
+        assert self._consumer is not None
         try:
             self._consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             # The rows are in the pool; a replay of these offsets collapses into them.
             self.stats.commit_failures += 1
             log.warning("offset commit failed (the batch will be replayed, harmlessly): %s", exc)
+
+    def _commit_skipped_markers(self) -> None:
+        """A batch written the moment its message arrived may be committed before the consumer read the
+        commit marker behind it; once idle, commit past the markers read since, or that partition
+        would show a lag of one forever."""
+        assert self._consumer is not None
+        positions = self._consumer.position([TopicPartition(t, p) for t, p in self._unsettled])
+        moved = [at for at in positions if at.offset > self._unsettled[(at.topic, at.partition)]]
+        self._unsettled = {}
+        if moved:
+            self._commit_offsets(moved)
 
     # -- consuming ----------------------------------------------------------------------------------
 
@@ -268,6 +287,8 @@ class PoolSink:
         due_in = self._batch.seconds_until_due(self.config.batch_seconds)
         if due_in is None:
             first = self._consumer.poll(_IDLE_POLL_SECONDS)
+            if first is None and self._unsettled:
+                self._commit_skipped_markers()
             messages = [] if first is None else [first]
         else:
             room = max(1, self.config.batch_rows - self._batch.rows)
