@@ -199,12 +199,12 @@ def test_every_role_exports_metrics_that_move_under_load(stack: dict[str, str]) 
                    ("clawr1_stream_records_out_total", {"topic": "clawr1.steps"}),
                    zero_lag=("clawr1-streams", "clawr1.raw.steps"))
     assert 'clawr1_consumer_lag{group="clawr1-streams",topic="clawr1.raw.llm"}' in worker
-    api = moved("api", ("clawr1_http_requests_total", {"app": "api", "route": "/v1/steps", "status": "202"}),
-                ("clawr1_http_requests_total", {"app": "api", "route": "/metrics", "status": "200"}),
-                ("clawr1_sink_messages_in_total", {"topic": "clawr1.steps"}),
-                ("clawr1_sink_rows_out_total", {"table": "step_versions"}),
-                ("clawr1_sink_batch_messages_count", {}), ("clawr1_sink_flush_seconds_count", {}),
-                ("clawr1_ingest_to_pool_seconds_count", {}),
-                # A sampled gauge (every CLAWR1_METRICS_SAMPLE_S), behind the counters.
-                ("clawr1_pool_rows", {"table": "step_versions"}),
-                zero_lag=("clawr1-pool-sink", "clawr1.steps"))
+    moved("api", ("clawr1_http_requests_total", {"app": "api", "route": "/v1/steps", "status": "202"}),
+          ("clawr1_http_requests_total", {"app": "api", "route": "/metrics", "status": "200"}),
+          ("clawr1_sink_messages_in_total", {"topic": "clawr1.steps"}),
+          ("clawr1_sink_rows_out_total", {"table": "step_versions"}),
+          ("clawr1_sink_batch_messages_count", {}), ("clawr1_sink_flush_seconds_count", {}),
+          ("clawr1_ingest_to_pool_seconds_count", {}),
+          # A sampled gauge (every CLAWR1_METRICS_SAMPLE_S), behind the counters.
+          ("clawr1_pool_rows", {"table": "step_versions"}),
+          zero_lag=("clawr1-pool-sink", "clawr1.steps"))
