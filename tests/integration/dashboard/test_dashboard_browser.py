@@ -215,11 +215,14 @@ def test_a_trajectory_reads_as_its_conversation(demo: str, browser: Any) -> None
     picked = link.text_content()
     link.click()
     page.wait_for_selector("#conversation-body .turn")
+    first = page.locator("#conversation-body .turn").first
+    shown, shown_step = first.inner_text(), first.get_attribute("data-step")
+    # The step the page shows first, as the API has it now (a live demo keeps adding versions).
     url = f"{demo}/v1/dashboard/trajectories/{quote(picked, safe='')}"
-    steps = httpx.get(url, timeout=30).json()["steps"]
-    user_text = next(m["content"] for m in steps[0]["prompt"]["messages"] if m["role"] == "user")
-    shown = page.locator("#conversation-body .turn").first.inner_text()
-    assert isinstance(user_text, str) and user_text in shown
+    steps = {s["step_id"]: s for s in httpx.get(url, timeout=30).json()["steps"]}
+    assert shown_step in steps, (shown_step, sorted(steps))
+    user_text = next(m["content"] for m in steps[shown_step]["prompt"]["messages"] if m["role"] == "user")
+    assert isinstance(user_text, str) and user_text in shown, f"{user_text!r} not in the turn shown:\n{shown}"
     for details in page.query_selector_all("#conversation-body .turn:nth-child(2) details"):
         details.evaluate("d => d.open = true")
     page.locator("#conversation").screenshot(path=str(DOCS / "dashboard-trajectory.png"))
