@@ -223,6 +223,12 @@ class ProgressWatch:
                                     "enable.auto.commit": False, "isolation.level": "read_committed"})
         self._probe.assign([TopicPartition(partition[0], partition[1], offset)])
         try:
-            return bool(self._probe.consume(1, timeout=3.0))
+            read = self._probe.consume(1, timeout=3.0)
         finally:
             self._probe.unassign()
+        # What the verdict rests on goes to the log: a stuck worker is killed on it. An error read (a
+        # broker moving a leader, say) is no record: the next sample looks again.
+        for message in read:
+            log.warning("%s[%d] from committed offset %d: %s", partition[0], partition[1], offset,
+                        f"error {message.error()}" if message.error() else f"a record at {message.offset()}")
+        return any(message.error() is None for message in read)
