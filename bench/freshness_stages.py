@@ -27,9 +27,8 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_pipeline import Stack, step  # noqa: E402
 from bench.common import percentile  # noqa: E402
-from clawr1.core.kafka_io import make_consumer  # noqa: E402
 from clawr1.gateway.client import GatewayClient  # noqa: E402
-from clawr1.schemas.codec import codec_for  # noqa: E402
+from tests.support.kafka import TopicFollower, read_topic  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "freshness_stages.json"
 Key = tuple[str, int]
@@ -44,54 +43,36 @@ class Watcher:
 
     def __init__(self, bootstrap: str, topic: str, run: str) -> None:
         self.seen: dict[Key, int] = {}
+        self._follower = TopicFollower(bootstrap, [topic])
+        self._run = run
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._follow, args=(bootstrap, topic, run), daemon=True)
+        self._thread = threading.Thread(target=self._follow, daemon=True)
 
-    def _follow(self, bootstrap: str, topic: str, run: str) -> None:
-        codec = codec_for("")
-        consumer = make_consumer(bootstrap, f"bench-watch-{uuid.uuid4().hex[:8]}",
-                                 **{"auto.offset.reset": "latest", "fetch.wait.max.ms": 10})
-        consumer.subscribe([topic])
-        try:
-            while not self._stop.is_set():
-                message = consumer.poll(0.05)
-                if message is None or message.error():
-                    continue
-                now = int(time.time() * 1000)
-                for record in codec.decode_all(message.value())[1]:
-                    if str(record.get("trajectory_id", "")).startswith(run):
-                        self.seen.setdefault(_key(record), now)
-        finally:
-            consumer.close()
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            records = self._follower.read(0.01)
+            now = int(time.time() * 1000)
+            for r in records:
+                if str(r.record.get("trajectory_id", "")).startswith(self._run):
+                    self.seen.setdefault(_key(r.record), now)
 
     def __enter__(self) -> Watcher:
         self._thread.start()
-        time.sleep(3)  # the reader joins its group and takes the latest offsets first
+        time.sleep(3)  # the reader joins its group and reads what came before
         return self
 
     def __exit__(self, *_exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._follower.close()
 
 
 def appended_at(bootstrap: str, topic: str, run: str) -> dict[Key, int]:
     """The append timestamp of the first message on ``topic`` carrying each step of ``run``."""
-    codec = codec_for("")
-    consumer = make_consumer(bootstrap, f"bench-read-{uuid.uuid4().hex[:8]}")
-    consumer.subscribe([topic])
     found: dict[Key, int] = {}
-    quiet_since = time.monotonic()
-    try:
-        while time.monotonic() - quiet_since < 5:
-            for message in consumer.consume(500, 0.5):
-                if message.error():
-                    continue
-                quiet_since = time.monotonic()
-                for record in codec.decode_all(message.value())[1]:
-                    if str(record.get("trajectory_id", "")).startswith(run):
-                        found.setdefault(_key(record), message.timestamp()[1])
-    finally:
-        consumer.close()
+    for r in read_topic(bootstrap, topic, 60):
+        if str(r.record.get("trajectory_id", "")).startswith(run):
+            found.setdefault(_key(r.record), r.timestamp_ms)
     return found
 
 

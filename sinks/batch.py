@@ -63,10 +63,8 @@ class Batch:
             known.last = max(known.last, origin.offset)
 
     def is_due(self, max_rows: int, max_seconds: float, now: float | None = None) -> bool:
-        if not self.messages:
-            return False
-        age = (time.monotonic() if now is None else now) - self.started
-        return self.rows >= max_rows or age >= max_seconds
+        due_in = self.seconds_until_due(max_seconds, now)
+        return due_in is not None and (self.rows >= max_rows or due_in == 0.0)
 
     def seconds_until_due(self, max_seconds: float, now: float | None = None) -> float | None:
         """How long the batch may still wait for rows; None while it is empty (nothing is due)."""

@@ -21,7 +21,7 @@ from tests.support.waiting import wait_until
 @dataclass(frozen=True)
 class TopicRecord:
     """One record as read: the records of one message (an envelope carries several) share its partition,
-    key and bytes; ``partitions`` is the topic's partition count (what keys hash into)."""
+    key, bytes and timestamp; ``partitions`` is the topic's partition count (what keys hash into)."""
 
     topic: str
     partition: int
@@ -30,6 +30,7 @@ class TopicRecord:
     value: bytes
     schema: str
     record: dict[str, Any]
+    timestamp_ms: int
 
 
 def _reader(bootstrap: str, **overrides: Any) -> Consumer:
@@ -48,7 +49,7 @@ def _records(message: Message, partitions: int, codec: AvroCodec,
             return []
         raise
     return [TopicRecord(str(message.topic()), int(message.partition()), partitions, message.key(),
-                        message.value(), schema, record) for record in records]
+                        message.value(), schema, record, message.timestamp()[1]) for record in records]
 
 
 def read_topic(bootstrap: str, topic: str, timeout: float = 30.0, *,
