@@ -47,9 +47,11 @@ import pyarrow.compute as pc
 from clawr1.consumer_sdk.batch import StepBatch
 from clawr1.consumer_sdk.commits import Committer, CursorRow
 from clawr1.consumer_sdk.delivery import (
+    LATE_CHECK_S,
     Ledger,
     Page,
     PageRequest,
+    Where,
     just_before,
     position_at,
     read_page,
@@ -163,9 +165,13 @@ class PoolConsumer:
         # Where ready polls stand in the delivery log (see clawr1.consumer_sdk.delivery): the end of the last
         # read in this epoch, whether the log went on past it, the steps read and not handed out yet (not
         # in flight; in log order, with logged_at) with each read they came from (rows, when it began, the
-        # committer's landed writes then), the batches handed out (last position, steps), and the next read
-        # running in the background.
+        # committer's landed writes then), the batches handed out (last position, steps), the next read
+        # running in the background, and the checked time for entries that became visible late with when
+        # the last read that moved it began.
         self._after: Position | None = None
+        self._checked_ms: int | None = None
+        self._known: Where | None = None  # where the group stood at the last read
+        self._checked_at = -math.inf
         self._more = True
         self._ahead: pa.Table | None = None
         self._reads: deque[tuple[int, float, int]] = deque()
@@ -287,6 +293,8 @@ class PoolConsumer:
         self._ledger.clear()
         self._handed.clear()
         self._after = None
+        self._checked_ms = None
+        self._known = None
         self._more = True
         self._drop_read_ahead()
 
@@ -317,8 +325,9 @@ class PoolConsumer:
         A read takes up to ``read_ahead`` batches (its cost is a range of the log by primary key plus a
         query's fixed cost, so a fast loop pays the fixed cost once per ``read_ahead`` batches); the next
         read starts in the background as soon as one returns a full page. Batches served from what was
-        read ahead read nothing, not even the group's position: a seek by another member, or a step's newer
-        version, is seen by the next read, at most ``READ_AHEAD_MAX_AGE_S`` later. Steps read ahead are not
+        read ahead read nothing, not even the group's position (nor does that read in the background, unless
+        it is a check for late entries): a seek by another member, or a step's newer version, is seen by a
+        later read, at most ``READ_AHEAD_MAX_AGE_S`` later. Steps read ahead are not
         in flight: a crash or ``close()`` forgets them and nothing is lost; a seek here or a new policy
         version drops them."""
         self._expire_read_ahead()
@@ -342,10 +351,12 @@ class PoolConsumer:
             return self._more or not read
         return self._more and not _fills(self._ahead, max_steps, max_tokens)
 
-    def _page_request(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> PageRequest:
+    def _page_request(self, clauses: list[str], params: dict[str, Any], max_steps: int,
+                      known: Where | None = None) -> PageRequest:
         return PageRequest(self.group, self.member, self.members, self._filters_key, self._epoch, self._after,
                            tuple(self._handed), max_steps, self.read_ahead, self._tokens_per_step,
-                           self.with_text, clauses, params, self._committer.generation, self._policy_version)
+                           self.with_text, clauses, params, self._committer.generation, self._policy_version,
+                           self._checked_ms, time.monotonic() - self._checked_at >= LATE_CHECK_S, known)
 
     def _next_page(self, clauses: list[str], params: dict[str, Any], max_steps: int) -> Page:
         """The read running in the background when it continues from where this consumer stands, else a
@@ -364,15 +375,20 @@ class PoolConsumer:
             return
         if self._reader is None:
             self._reader = ThreadPoolExecutor(1, thread_name_prefix="clawr1-read-ahead")
-        link, request = self._link(), self._page_request(clauses, params, max_steps)
+        link, request = self._link(), self._page_request(clauses, params, max_steps, self._known)
         running = self._reader.submit(lambda: read_page(link, request, time.monotonic()))
         self._prefetch = (running, self._resets, request.generation)
 
     def _accept(self, page: Page) -> None:
         """Take a read's steps into the read-ahead, in log order; the group may have moved meanwhile."""
         self._enter(page.where.epoch)
-        self._after, self._more = page.end, page.full
-        self._handed = [(last, ids) for last, ids in self._handed if last > page.start]
+        self._after, self._more, self._known = page.end, page.full, page.where
+        if page.request.check or page.request.checked_ms is None:
+            self._checked_at = page.read_at
+        self._checked_ms = page.checked_ms
+        # A handed batch stays left out of reads as long as a check read may go back over it.
+        below = min(page.start, (page.checked_ms, "", -1))
+        self._handed = [(last, ids) for last, ids in self._handed if last > below]
         rows = page.rows
         self._empty = rows.slice(0, 0)
         if self._ahead is not None and rows.num_rows:  # an entry that became visible late, read twice
@@ -438,7 +454,9 @@ class PoolConsumer:
             self._drop_read_ahead()
 
     def _drop_read_ahead(self) -> None:
-        """Forget what was read ahead (it is read again) and the read running in the background."""
+        """Forget what was read ahead (it is read again) and the read running in the background; the next
+        read is a check (a new policy version may let older entries through)."""
+        self._checked_at = -math.inf
         if self._ahead is not None and self._after is not None:
             self._after = min(self._after, just_before(position_at(self._ahead, 0)))
             self._more = True

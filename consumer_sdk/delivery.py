@@ -9,9 +9,14 @@ group anything after: the end of what it read, or just before the first step it 
 out, or just before the first step of a delivery not committed yet.
 
 Entries are stamped with the pool's clock when the sink's insert runs; two inserts running at once (several
-sink processes) may become visible in the other order. A read therefore starts ``LATE_ARRIVAL_MS`` before
-the pool's clock when the member has caught up with the log, leaving out the steps it already holds, so an
-entry that became visible late is still read.
+sink processes) may become visible in the other order, up to ``LATE_ARRIVAL_MS`` after their stamp. A member
+therefore keeps a *checked* time: every entry stamped before it, up to where the member has read, has been
+read. A *check* read starts there (or at the member's position, when that is lower), leaving out the steps
+the member already holds, and moves it to ``LATE_ARRIVAL_MS`` before the pool's clock; other reads start at
+the member's position and leave it where it is. The consumer makes every read a check once
+``LATE_CHECK_S`` have passed since the last one, so a late entry is read at most that much after it became
+visible, however long the trainer paused between polls, and a fast loop does not read its last seconds of
+log again on every poll.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ _READ_AHEAD_MAX_ROWS = 65_536
 LATE_ARRIVAL_MS = 5_000
 """How late an entry may become visible after its ``logged_at`` (an insert still running) and be
 read; also the allowance between the sink's clock (``ingested_at``, the floor) and the pool's."""
+
+LATE_CHECK_S = 1.0
+"""How often a consumer's read goes back over what became visible late (see the module's docstring)."""
 
 
 def scan_for(batch_steps: int, read_ahead: int, tokens_per_step: float | None) -> int:
@@ -125,6 +133,13 @@ class PageRequest:
     generation: int
     """The committer's landed writes when the read began."""
     policy_version: int | None
+    checked_ms: int | None = None
+    """Every entry stamped before this (pool ms), up to ``after``, was read (None: a first read)."""
+    check: bool = True
+    """Go back to ``checked_ms`` for entries that became visible late (else start at ``after``)."""
+    known: Where | None = None
+    """Where the group stood at the read before, for a read that is not a check to take as its own (a read
+    in the background, like batches served from read-ahead, does not ask for the group's position)."""
 
 
 @dataclass
@@ -139,18 +154,25 @@ class Page:
     """Where the next read resumes: the last entry this read covered."""
     full: bool
     """The read stopped at its size: the log goes on after ``end``."""
+    checked_ms: int
+    """The member's checked time after this read."""
     read_at: float = field(default=0.0)
 
 
 def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     """The position read, then one page of the log from the member's place (see the module's docstring)."""
-    now = where(link, request.group)
+    now = where(link, request.group) if request.check or request.known is None else request.known
     handed = request.handed
-    if now.epoch != request.epoch or request.after is None:
+    checked = now.now_ms - LATE_ARRIVAL_MS  # what a check read leaves checked
+    if now.epoch != request.epoch or request.after is None or request.checked_ms is None:
         base, handed = (cursor_of(link, request, now.epoch) or floor_start(now.floor_ms)), ()
+        start = min(base, (checked, "", -1))
     else:
         base = request.after
-    start = min(base, (now.now_ms - LATE_ARRIVAL_MS, "", -1))
+        if request.check:
+            start = min(base, (request.checked_ms, "", -1))
+        else:
+            start, checked = base, request.checked_ms
     scope = Scope(request.group, now.epoch, now.floor_ms, (), request.member, request.members)
     exclude = [step_id for last, step_ids in handed if last > start for step_id in step_ids]
     tokens = request.tokens_per_step
@@ -163,7 +185,7 @@ def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     full = table.num_rows >= scan
     end = position_at(table, table.num_rows - 1) if table.num_rows else start
     rows = _with_payload(link, _deliverable(link, table, start), request.with_text)
-    return Page(request, now, start, rows, end if full else max(base, end), full, read_at)
+    return Page(request, now, start, rows, end if full else max(base, end), full, checked, read_at)
 
 
 def _next_sizes(link: Transport, start: Position, sample: int) -> float | None:

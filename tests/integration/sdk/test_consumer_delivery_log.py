@@ -5,7 +5,12 @@ or filtered entries never hides the eligible steps behind it; an entry whose pay
 
 from __future__ import annotations
 
-from clawr1.consumer_sdk import PoolConsumer
+import time
+
+import pytest
+
+from clawr1.consumer_sdk import PoolConsumer, delivery
+from clawr1.consumer_sdk.delivery import LATE_CHECK_S
 from clawr1.pool.consumer_tables import CURSORS_TABLE
 from clawr1.pool.migrations import DELIVERY_LOG, POOL_MIGRATIONS, split_statements
 from tests.integration.sdk.conftest import Pool, step
@@ -69,17 +74,43 @@ def test_pages_of_filtered_and_stale_entries_do_not_hide_what_follows(pool: Pool
         assert not consumer.poll(max_steps=2)
 
 
+def _copy_of(pool: Pool, original: str, step_id: str) -> None:
+    """An entry stamped as ``original`` was (so before the position of a member that read it), visible only
+    now: as one of two inserts running at once that became visible in the other order."""
+    pool.store.command(f"INSERT INTO {DELIVERY_LOG} SELECT * REPLACE ('{step_id}' AS step_id, "
+                       f"'traj-{step_id}' AS trajectory_id) FROM (SELECT * FROM {DELIVERY_LOG} "
+                       f"WHERE step_id = '{original}')")
+
+
 def test_an_entry_that_became_visible_late_is_still_read(pool: Pool, source: str) -> None:
     """Two inserts running at once may become visible in the other order: an entry stamped before the
-    member's position, visible after its read, is read by the next one."""
+    member's position, visible after its read, is read by a later one (a check, at most ``LATE_CHECK_S``
+    after the last), and only once."""
     pool.write(step("a"), step("b"))
     with PoolConsumer(source, "late") as consumer:
         assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
         consumer.commit()
-        pool.store.command(f"INSERT INTO {DELIVERY_LOG} SELECT * REPLACE ('late' AS step_id, 'traj-late' AS "
-                           f"trajectory_id) FROM (SELECT * FROM {DELIVERY_LOG} WHERE step_id = 'a')")
-        assert list(consumer.poll(max_steps=10).step_ids) == ["late"]
-        assert not consumer.poll(max_steps=10)
+        _copy_of(pool, "a", "0-late")
+        assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]
+        consumer.commit()
+        time.sleep(LATE_CHECK_S)
+        assert not consumer.poll(max_steps=10)  # a check read, which leaves out what was handed out
+
+
+def test_a_late_entry_is_read_however_long_the_trainer_paused(
+    pool: Pool, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late entry that became visible while the member did not poll, for longer than the allowance
+    itself, is still read: the check goes back to where the member last checked, not to the allowance
+    before the pool's clock."""
+    monkeypatch.setattr(delivery, "LATE_ARRIVAL_MS", 300)
+    pool.write(step("a"), step("b"))
+    with PoolConsumer(source, "paused") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
+        consumer.commit()
+        _copy_of(pool, "a", "0-late")
+        time.sleep(1.0)  # the trainer trains; the allowance (0.3 s) passes
+        assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]
 
 
 def test_a_member_resumes_from_its_cursor_and_other_filters_keep_their_own(pool: Pool, source: str) -> None:
