@@ -11,8 +11,11 @@ it healthy.
 
 Records beyond the committed offset are not always work: a transaction's commit marker takes an offset
 of its own, and an aborted transaction's records are never delivered. Before a partition is called
-stalled, ``probe`` reads from its committed offset as a ``read_committed`` consumer does; if nothing
-comes, what waits is only markers or aborted records, and the partition is caught up.
+stalled, ``probe`` reads from its committed offset as a ``read_committed`` consumer does, and the
+partition stalls only if the first record it finds was in the log when the clock started (below the end
+seen then). Nothing found means only markers or aborted records wait: caught up. A record found past that
+end came later: a partition whose lag was only a trailing marker looks stalled the moment new work
+arrives (its committed offset has not moved for as long as it idled), so its clock starts again instead.
 
 A worker can also be cut off while its group goes on: frozen (SIGSTOP) or partitioned from the broker,
 it drops out of the group after its session timeout and another worker takes its partitions, so no
@@ -73,6 +76,7 @@ class _Seen:
     committed: int
     since: float  # when the partition last progressed (or records started waiting)
     waiting: bool
+    end: int  # the log's end at ``since``: what waits below it has waited since then
 
 
 @dataclass
@@ -86,10 +90,11 @@ class ProgressTracker:
     _looked: dict[str, float] = field(default_factory=dict)
 
     def observe(self, group: str, now: float, offsets: Mapping[Partition, Offsets],
-                probe: Callable[[Partition, int], bool]) -> Stall | None:
+                probe: Callable[[Partition, int], int | None]) -> Stall | None:
         """Fold in one look at ``group``'s offsets; the stall, if the group is stuck now.
 
-        ``probe(partition, offset)`` says whether a committed record waits at or after ``offset``.
+        ``probe(partition, offset)``: the offset of the first committed record at or after ``offset``
+        (None: none).
         """
         fresh = now - self._looked.get(group, now) > self.max_gap_s
         self._looked[group] = now
@@ -97,13 +102,14 @@ class ProgressTracker:
         for partition, at in offsets.items():
             seen = self._seen.get((group, partition))
             if seen is None or fresh or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
-                self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0)
+                self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0, at.end)
                 continue
             if now - seen.since >= self.stall_s:
-                if probe(partition, at.committed):
+                found = probe(partition, at.committed)
+                if found is not None and found < seen.end:
                     stalled.append((partition, at, now - seen.since))
-                else:  # only commit markers or aborted records wait: caught up
-                    seen.since = now
+                else:  # only markers or aborted records waited then: caught up, and the clock starts again
+                    seen.since, seen.end = now, max(at.end, -1 if found is None else found + 1)
         if not stalled:
             return None
         return Stall(group, sum(at.lag for _, at, _ in stalled), max(s for _, _, s in stalled),
@@ -215,8 +221,8 @@ class ProgressWatch:
             offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high)
         return offsets
 
-    def _waiting(self, partition: Partition, offset: int) -> bool:
-        """Whether a committed record waits at or after ``offset`` (read as the group reads it)."""
+    def _waiting(self, partition: Partition, offset: int) -> int | None:
+        """The offset of the first committed record at or after ``offset`` (read as the group reads it)."""
         if self._probe is None:
             self._probe = Consumer({"bootstrap.servers": self._bootstrap,
                                     "group.id": f"clawr1-progress-probe-{uuid.uuid4().hex[:8]}",
@@ -231,4 +237,4 @@ class ProgressWatch:
         for message in read:
             log.warning("%s[%d] from committed offset %d: %s", partition[0], partition[1], offset,
                         f"error {message.error()}" if message.error() else f"a record at {message.offset()}")
-        return any(message.error() is None for message in read)
+        return next((message.offset() for message in read if message.error() is None), None)

@@ -7,8 +7,9 @@ from clawr1.core.progress import Offsets, ProgressTracker
 P = ("clawr1.raw.steps", 0)
 
 
-def _always(_partition: tuple[str, int], _offset: int) -> bool:
-    return True
+def _always(_partition: tuple[str, int], offset: int) -> int | None:
+    """A committed record waits at the committed offset."""
+    return offset
 
 
 def test_a_partition_with_records_waiting_and_no_progress_stalls_after_the_window() -> None:
@@ -35,14 +36,31 @@ def test_only_markers_or_aborted_records_waiting_is_caught_up() -> None:
     tracker = ProgressTracker(stall_s=10, max_gap_s=100)
     probed: list[tuple[tuple[str, int], int]] = []
 
-    def nothing(partition: tuple[str, int], offset: int) -> bool:
+    def nothing(partition: tuple[str, int], offset: int) -> int | None:
         probed.append((partition, offset))
-        return False
+        return None
 
     tracker.observe("g", 0, {P: Offsets(41, 42)}, nothing)
     assert tracker.observe("g", 15, {P: Offsets(41, 42)}, nothing) is None
     assert probed == [(P, 41)]
     assert tracker.observe("g", 20, {P: Offsets(41, 42)}, nothing) is None and len(probed) == 1  # clock reset
+
+
+def test_work_that_arrives_after_an_idle_trailing_marker_is_not_a_stall() -> None:
+    """A partition idle behind its last commit marker (lag 1, no progress: nothing to do) gets new work
+    just before the probe looks: that record has not waited, so the clock starts again; if it still waits
+    a whole window later, the partition stalls."""
+    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
+    tracker.observe("g", 0, {P: Offsets(41, 42)}, _always)  # the marker at 41
+    assert tracker.observe("g", 9, {P: Offsets(41, 42)}, _always) is None
+
+    def arrived(_partition: tuple[str, int], _offset: int) -> int | None:
+        return 42  # a record written after the look at 42: past the end seen when the clock started
+
+    assert tracker.observe("g", 11, {P: Offsets(41, 42)}, arrived) is None
+    assert tracker.observe("g", 13, {P: Offsets(41, 43)}, arrived) is None
+    stall = tracker.observe("g", 22, {P: Offsets(41, 43)}, arrived)  # it waited from 11 on, below 43
+    assert stall is not None and stall.seconds == 11
 
 
 def test_groups_and_partitions_are_judged_apart() -> None:
