@@ -17,9 +17,10 @@ arrive; a target id that is not routable in the partition its id hashes to.
 State namespaces (``clawr1.streams.store``): ``L/<raw key>`` link state; ``T/<trajectory hash>`` the
 records (``clawr1.streams.trajectory_record``) of the trajectories with that hash; ``C/<trajectory>\\x1f<n>``
 their chunks of step facts; ``S/<step id>`` the trajectory of a routable step id that does not carry its
-trajectory's hash (a black-box call named by its conversation); ``H/<step id>`` feedback that reached a
-routable step id before its step; ``X/<target id>`` index entries and held feedback of other ids
-(``clawr1.streams.targets``); ``G/<scope>`` and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
+trajectory's hash (a black-box call named by its conversation, other than the call that started it, whose
+trajectory is named after it); ``H/<step id>`` feedback that reached a routable step id before its step;
+``X/<target id>`` index entries and held feedback of other ids (``clawr1.streams.targets``); ``G/<scope>``
+and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
 
 Delivery is exactly-once (outputs, state and input offsets commit in one Kafka transaction), so nothing
 here is re-published for a crash's sake; a duplicate *input* (a client that sent the same step twice)
@@ -287,8 +288,12 @@ class Processor:
         self.dead_letter("join", refusal.reason, Origin.from_json(refusal.origin))
 
     def _locate(self, step_id: str) -> str | None:
-        """The trajectory holding a routable step id, in this partition: from ``S`` for ids named after
-        their call, else among the trajectories whose hash the id carries."""
+        """The trajectory holding a routable step id, in this partition: the trajectory named after it (a
+        call that started one), else from ``S`` for ids named after their call, else among the trajectories
+        whose hash the id carries."""
+        namesake = _namesake(step_id)
+        if step_id in self._trajectory(namesake).record.steps:
+            return namesake
         mapped = self.store.get(self.partition, "S", step_id)
         if mapped is not None:
             return str(mapped)
@@ -380,7 +385,7 @@ class Processor:
         tag = id_tag(step_id)
         if tag is None:
             return
-        if tag != key_hash(trajectory.id):
+        if tag != key_hash(trajectory.id) and trajectory.id != _namesake(step_id):
             self.store.put(self.partition, "S", step_id, trajectory.id)
         held = self.store.get(self.partition, "H", step_id)
         if held:
@@ -466,6 +471,11 @@ class Processor:
             group["where"][step.step_id] = n
         group["scope"] = state.to_json()
         self._merged(step.scope_id, state, tree, merge)
+
+
+def _namesake(step_id: str) -> str:
+    """The trajectory a call starts is named after it (``clawr1.streams.linking``): found without an index."""
+    return f"traj-{step_id}"
 
 
 def _scope_signature(state: StepState, trajectory: Trajectory) -> tuple[str, str | None] | None:

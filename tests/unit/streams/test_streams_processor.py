@@ -139,8 +139,12 @@ def test_a_black_box_trajectory_named_after_a_routable_call_lives_beside_its_lin
     # Only the engine's response ids took a hop to their index; the trajectory stayed in place.
     assert harness.hops <= 2
     harness.feedback(feedback("fb", "step", second, reward=1.0))
+    harness.feedback(feedback("fb-first", "step", first, reward=0.5))
     harness.checkpoint()
     assert harness.steps[second]["reward"] == 1.0  # found through the S entry the join wrote
+    # The first call is found as its trajectory's namesake: it needed no S entry of its own.
+    assert harness.steps[first]["reward"] == 0.5
+    assert [k for p in harness.partitions for k in p if k.startswith(b"S/")] == [f"S/{second}".encode()]
 
 
 def test_a_checkpoint_writes_each_key_once_however_many_events_touched_it() -> None:
