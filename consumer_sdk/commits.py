@@ -40,6 +40,9 @@ class CursorRow:
     members: int
     filters_key: str
     position: Position
+    checked_ms: int
+    """The member's checked time (``clawr1.consumer_sdk.delivery``): a member resuming here goes back to it
+    for entries that became visible late."""
 
 
 def _insert(link: Transport, table: str, data: pa.Table) -> None:
@@ -240,6 +243,7 @@ class Committer:
                 "logged_at_ms": pa.array([at_ms], pa.int64()),
                 "step_id": pa.array([step_id], pa.string()),
                 "step_version": pa.array([version], pa.int64()),
+                "checked_ms": pa.array([cursor.checked_ms], pa.int64()),
                 "set_at_ns": pa.array([time.time_ns()], pa.int64()),
                 "consumer_id": pa.array([self._consumer_id], pa.string()),
             }))

@@ -510,14 +510,15 @@ class PoolConsumer:
         """Where this member may resume in the log: the lowest of the end of its last read, just before
         the first step read ahead, and what deliveries not committed yet hold (none while a delivery made
         outside the log's order is uncommitted)."""
-        if self._epoch is None or self._after is None or self._ledger.frozen:
+        if self._epoch is None or self._after is None or self._checked_ms is None or self._ledger.frozen:
             return None
         holds = [self._after]
         if self._ahead is not None:
             holds.append(just_before(position_at(self._ahead, 0)))
         if (held := self._ledger.hold()) is not None:
             holds.append(held)
-        return CursorRow(self._epoch, self.member, self.members, self._filters_key, min(holds))
+        return CursorRow(self._epoch, self.member, self.members, self._filters_key, min(holds),
+                         self._checked_ms)
 
     def commit(self, batch: StepBatch | None = None, *, sync: bool = False) -> int:
         """Record as consumed everything delivered so far (or just ``batch``); returns the step count.

@@ -100,12 +100,22 @@ def where(link: Transport, group: str) -> Where:
     return Where(str(row["epoch"]), int(row["floor_ms"]), int(row["now_ms"]))
 
 
-def cursor_of(link: Transport, request: PageRequest, epoch: str) -> Position | None:
-    """The member's cursor in ``epoch`` (None: it has none yet)."""
-    params = {"group": request.group, "epoch": epoch, "member": request.member, "members": request.members,
-              "filters": request.filters_key}
+def resume_at(link: Transport, request: PageRequest, now: Where) -> tuple[Position, Position]:
+    """A member's first read in the epoch ``now`` names: its place (its cursor, else the floor) and where the
+    read starts, back from there to the checked time the cursor was written with and to
+    ``LATE_ARRIVAL_MS`` before the pool's clock, for entries that became visible late before or after the
+    member stopped."""
+    params = {"group": request.group, "epoch": now.epoch, "member": request.member,
+              "members": request.members, "filters": request.filters_key}
     row = link.query(CURSOR_SQL, params).to_pylist()[0]
-    return (int(row["at_ms"]), str(row["step_id"]), int(row["step_version"])) if int(row["cursors"]) else None
+    starts = [(now.now_ms - LATE_ARRIVAL_MS, "", -1)]
+    if not int(row["cursors"]):
+        base = floor_start(now.floor_ms)
+    else:
+        base = (int(row["at_ms"]), str(row["step_id"]), int(row["step_version"]))
+        if int(row["checked_ms"]) > 0:
+            starts.append((int(row["checked_ms"]), "", -1))
+    return base, min(base, *starts)
 
 
 @dataclass(frozen=True)
@@ -165,8 +175,8 @@ def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     handed = request.handed
     checked = now.now_ms - LATE_ARRIVAL_MS  # what a check read leaves checked
     if now.epoch != request.epoch or request.after is None or request.checked_ms is None:
-        base, handed = (cursor_of(link, request, now.epoch) or floor_start(now.floor_ms)), ()
-        start = min(base, (checked, "", -1))
+        base, start = resume_at(link, request, now)
+        handed = ()
     else:
         base = request.after
         if request.check:

@@ -320,12 +320,14 @@ and the pool's clock (the delivery log's positions are stamped by it)."""
 
 CURSOR_SQL = (
     "SELECT count() AS cursors, argMax(logged_at_ms, set_at_ns) AS at_ms, "
-    "argMax(step_id, set_at_ns) AS step_id, argMax(step_version, set_at_ns) AS step_version "
+    "argMax(step_id, set_at_ns) AS step_id, argMax(step_version, set_at_ns) AS step_version, "
+    "argMax(checked_ms, set_at_ns) AS checked_ms "
     f"FROM {CURSORS_TABLE} WHERE group_name = {{group:String}} "
     "AND epoch = {epoch:String} AND member = {member:UInt32} AND members = {members:UInt32} "
     "AND filters_key = {filters:String}"
 )
-"""A member's cursor in an epoch of its group, under its filters (``cursors`` 0: none yet)."""
+"""A member's cursor in an epoch of its group, under its filters (``cursors`` 0: none yet), and its checked
+time then (0: unknown)."""
 
 LATEST_FLOOR_SQL = f"SELECT toUnixTimestamp64Milli(max(ingested_at)) + 1 AS floor_ms FROM {STEPS_VIEW}"
 """Just past the newest step version in the pool: ``seek('latest')`` skips everything there now."""

@@ -13,7 +13,9 @@ new row, so the tables work the same on chDB and on a ClickHouse server, and ove
   ``DELIVERY_LOG``) in the group's current epoch, for one set of curation filters (``filters_key``, a hash
   of their JSON: an entry one set passed over may qualify for another): every entry up to the position
   ``(logged_at_ms, step_id, step_version)`` was delivered and committed or did not qualify. The newest row
-  by ``set_at_ns`` wins.
+  by ``set_at_ns`` wins. ``checked_ms``: the member's checked time for entries that became visible late
+  (``clawr1.consumer_sdk.delivery``); a member resuming there goes back to it (0: unknown, a row written
+  before the column).
 
 ``*_ns`` orderings are client clock nanoseconds: two saves in the same millisecond still order.
 """
@@ -87,5 +89,9 @@ CONSUMER_MIGRATIONS: list[tuple[str, str]] = [
         ) ENGINE = ReplacingMergeTree(set_at_ns)
         ORDER BY (group_name, epoch, member, members, filters_key)
         """,
+    ),
+    (
+        "consumer_0005_cursor_checked",
+        f"ALTER TABLE {CURSORS_TABLE} ADD COLUMN IF NOT EXISTS checked_ms Int64 DEFAULT 0",
     ),
 ]

@@ -113,6 +113,23 @@ def test_a_late_entry_is_read_however_long_the_trainer_paused(
         assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]
 
 
+def test_a_late_entry_is_read_by_the_member_that_resumes_after_a_restart(
+    pool: Pool, source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry stamped before the cursor that became visible late, around a member's stop: the member
+    that resumes there goes back to the checked time the cursor was written with, not just to the
+    allowance before the pool's clock, and gets it (and only it: the rest was committed)."""
+    monkeypatch.setattr(delivery, "LATE_ARRIVAL_MS", 300)
+    pool.write(step("a"), step("b"))
+    with PoolConsumer(source, "restarted") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
+        consumer.commit()
+    _copy_of(pool, "a", "0-late")
+    time.sleep(1.0)  # the trainer restarts; the allowance (0.3 s) passes
+    with PoolConsumer(source, "restarted") as consumer:
+        assert list(consumer.poll(max_steps=10).step_ids) == ["0-late"]
+
+
 def test_a_member_resumes_from_its_cursor_and_other_filters_keep_their_own(pool: Pool, source: str) -> None:
     pool.write(*(step(f"s{i}") for i in range(4)), step("v0", channel="val"))
     with PoolConsumer(source, "resume") as consumer:

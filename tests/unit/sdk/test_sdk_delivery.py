@@ -71,7 +71,7 @@ class Recording:
 
 
 def cursor(at: int) -> CursorRow:
-    return CursorRow("epoch", 0, 1, "filters", (at, "s", 1))
+    return CursorRow("epoch", 0, 1, "filters", (at, "s", 1), at - 5_000)
 
 
 def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -> None:
