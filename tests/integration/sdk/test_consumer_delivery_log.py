@@ -97,37 +97,29 @@ def test_an_entry_that_became_visible_late_is_still_read(pool: Pool, source: str
         assert not consumer.poll(max_steps=10)  # a check read, which leaves out what was handed out
 
 
-def test_a_late_entry_is_read_however_long_the_trainer_paused(
-    pool: Pool, source: str, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("restart", [False, True], ids=["paused", "restarted"])
+def test_a_late_entry_is_read_however_long_the_member_was_away(
+    pool: Pool, source: str, monkeypatch: pytest.MonkeyPatch, restart: bool
 ) -> None:
-    """A late entry that became visible while the member did not poll, for longer than the allowance
-    itself, is still read: the check goes back to where the member last checked, not to the allowance
-    before the pool's clock."""
+    """An entry stamped before the member's position that became visible while the trainer trained (or
+    restarted) for longer than the allowance itself is still read: the member goes back to where it last
+    checked (kept in its cursor across a restart), not only to the allowance before the pool's clock; and
+    it gets only that entry (the rest was committed)."""
     monkeypatch.setattr(delivery, "LATE_ARRIVAL_MS", 300)
     pool.write(step("a"), step("b"))
-    with PoolConsumer(source, "paused") as consumer:
+    consumer = PoolConsumer(source, "away")
+    try:
         assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
         consumer.commit()
+        if restart:
+            consumer.close()
         _copy_of(pool, "a", "0-late")
-        time.sleep(1.0)  # the trainer trains; the allowance (0.3 s) passes
+        time.sleep(1.0)  # the allowance (0.3 s) passes
+        if restart:
+            consumer = PoolConsumer(source, "away")
         assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]
-
-
-def test_a_late_entry_is_read_by_the_member_that_resumes_after_a_restart(
-    pool: Pool, source: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An entry stamped before the cursor that became visible late, around a member's stop: the member
-    that resumes there goes back to the checked time the cursor was written with, not just to the
-    allowance before the pool's clock, and gets it (and only it: the rest was committed)."""
-    monkeypatch.setattr(delivery, "LATE_ARRIVAL_MS", 300)
-    pool.write(step("a"), step("b"))
-    with PoolConsumer(source, "restarted") as consumer:
-        assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
-        consumer.commit()
-    _copy_of(pool, "a", "0-late")
-    time.sleep(1.0)  # the trainer restarts; the allowance (0.3 s) passes
-    with PoolConsumer(source, "restarted") as consumer:
-        assert list(consumer.poll(max_steps=10).step_ids) == ["0-late"]
+    finally:
+        consumer.close()
 
 
 def test_a_member_resumes_from_its_cursor_and_other_filters_keep_their_own(pool: Pool, source: str) -> None:
