@@ -100,15 +100,16 @@ def where(link: Transport, group: str) -> Where:
     return Where(str(row["epoch"]), int(row["floor_ms"]), int(row["now_ms"]))
 
 
-def resume_at(link: Transport, request: PageRequest, now: Where) -> tuple[Position, Position]:
+def resume_at(link: Transport, request: PageRequest, now: Where,
+              checked_ms: int) -> tuple[Position, Position]:
     """A member's first read in the epoch ``now`` names: its place (its cursor, else the floor) and where the
-    read starts, back from there to the checked time the cursor was written with and to
-    ``LATE_ARRIVAL_MS`` before the pool's clock, for entries that became visible late before or after the
+    read starts, back from there to the checked time the cursor was written with and to ``checked_ms``
+    (``LATE_ARRIVAL_MS`` before the pool's clock), for entries that became visible late before or after the
     member stopped."""
     params = {"group": request.group, "epoch": now.epoch, "member": request.member,
               "members": request.members, "filters": request.filters_key}
     row = link.query(CURSOR_SQL, params).to_pylist()[0]
-    starts = [(now.now_ms - LATE_ARRIVAL_MS, "", -1)]
+    starts = [(checked_ms, "", -1)]
     if not int(row["cursors"]):
         base = floor_start(now.floor_ms)
     else:
@@ -175,7 +176,7 @@ def read_page(link: Transport, request: PageRequest, read_at: float) -> Page:
     handed = request.handed
     checked = now.now_ms - LATE_ARRIVAL_MS  # what a check read leaves checked
     if now.epoch != request.epoch or request.after is None or request.checked_ms is None:
-        base, start = resume_at(link, request, now)
+        base, start = resume_at(link, request, now, checked)
         handed = ()
     else:
         base = request.after

@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 
 from clawr1.core import registry
 from clawr1.core.conversation import prefix_digests
+from clawr1.core.routing import trajectory_named_after
 from clawr1.streams.turns import InvalidEvent, Turn
 
 LINKED, ROOT, AMBIGUOUS, COMPACTED, SUPERSEDED = "linked", "root", "ambiguous", "compacted", "superseded"
@@ -352,8 +353,8 @@ def _assign(state: LinkState, turn: Turn, step_ids: list[str], place: _Place, gr
     """One assignment per step: n > 1 choices of a start become trajectories ``<id>:<choice>``."""
     if turn.step_index is not None:  # an explicit position (service event): the join finds the parent
         status = ROOT if turn.step_index == 0 else LINKED
-        return [Assignment(turn.trajectory_id or f"traj-{turn.event_id}", turn.step_index, None, status,
-                           None, *_group(turn, None))]
+        trajectory = turn.trajectory_id or trajectory_named_after(turn.event_id)
+        return [Assignment(trajectory, turn.step_index, None, status, None, *_group(turn, None))]
     anchor = place.parent or place.sibling
     if anchor is not None:
         node = state.nodes[anchor]
@@ -371,7 +372,7 @@ def _assign(state: LinkState, turn: Turn, step_ids: list[str], place: _Place, gr
         return [Assignment(f"{trajectory}:{i}", index, parent_id, LINKED if index else ROOT, None, *group)
                 for i in range(len(step_ids))]
     group = group or _group(turn, None)
-    base = turn.trajectory_id or f"traj-{turn.event_id}"
+    base = turn.trajectory_id or trajectory_named_after(turn.event_id)
     if len(step_ids) == 1:
         return [Assignment(base, 0, None, place.status, place.candidate, *group)]
     return [Assignment(f"{base}:{reply.index}", 0, None, place.status, place.candidate, *group)

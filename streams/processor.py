@@ -36,7 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.conversation import conversation_key
-from clawr1.core.routing import home_partition, id_tag, key_hash, partition_of, partition_of_hash
+from clawr1.core.routing import (
+    home_partition,
+    id_tag,
+    key_hash,
+    partition_of,
+    partition_of_hash,
+    trajectory_named_after,
+)
 from clawr1.prefix_tree import PrefixTree
 from clawr1.streams import messages
 from clawr1.streams.config import StreamConfig
@@ -291,7 +298,7 @@ class Processor:
         """The trajectory holding a routable step id, in this partition: the trajectory named after it (a
         call that started one), else from ``S`` for ids named after their call, else among the trajectories
         whose hash the id carries."""
-        namesake = _namesake(step_id)
+        namesake = trajectory_named_after(step_id)
         if step_id in self._trajectory(namesake).record.steps:
             return namesake
         mapped = self.store.get(self.partition, "S", step_id)
@@ -385,7 +392,7 @@ class Processor:
         tag = id_tag(step_id)
         if tag is None:
             return
-        if tag != key_hash(trajectory.id) and trajectory.id != _namesake(step_id):
+        if tag != key_hash(trajectory.id) and trajectory.id != trajectory_named_after(step_id):
             self.store.put(self.partition, "S", step_id, trajectory.id)
         held = self.store.get(self.partition, "H", step_id)
         if held:
@@ -471,11 +478,6 @@ class Processor:
             group["where"][step.step_id] = n
         group["scope"] = state.to_json()
         self._merged(step.scope_id, state, tree, merge)
-
-
-def _namesake(step_id: str) -> str:
-    """The trajectory a call starts is named after it (``clawr1.streams.linking``): found without an index."""
-    return f"traj-{step_id}"
 
 
 def _scope_signature(state: StepState, trajectory: Trajectory) -> tuple[str, str | None] | None:

@@ -109,7 +109,7 @@ class ProgressTracker:
                 if found is not None and found < seen.end:
                     stalled.append((partition, at, now - seen.since))
                 else:  # only markers or aborted records waited then: caught up, and the clock starts again
-                    seen.since, seen.end = now, max(at.end, -1 if found is None else found + 1)
+                    seen.since, seen.end = now, at.end if found is None else max(at.end, found + 1)
         if not stalled:
             return None
         return Stall(group, sum(at.lag for _, at, _ in stalled), max(s for _, _, s in stalled),
@@ -171,7 +171,7 @@ class ProgressWatch:
                 for group, topics in self._groups.items():
                     try:
                         stall = self._tracker.observe(group, time.monotonic(), self._offsets(group, topics),
-                                                      self._waiting)
+                                                      self._first_record)
                     except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, try again later
                         log.debug("progress of %s not sampled: %s", group, exc)
                         with self._lock:
@@ -221,7 +221,7 @@ class ProgressWatch:
             offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high)
         return offsets
 
-    def _waiting(self, partition: Partition, offset: int) -> int | None:
+    def _first_record(self, partition: Partition, offset: int) -> int | None:
         """The offset of the first committed record at or after ``offset`` (read as the group reads it)."""
         if self._probe is None:
             self._probe = Consumer({"bootstrap.servers": self._bootstrap,

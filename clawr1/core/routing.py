@@ -80,6 +80,12 @@ def id_tag(value: str) -> str | None:
     return match.group(1)[:8] if match else None
 
 
+def trajectory_named_after(call_id: str) -> str:
+    """The id of the trajectory a call (or one choice of it, ``<id>:<n>``) starts when no trajectory id was
+    given: named after it, so the call's own id finds it without an index."""
+    return f"traj-{call_id}"
+
+
 def trajectory_home(trajectory_id: str) -> str | None:
     """The home hash of a trajectory the linker named after a routable call (``traj-<uuid8>[:<n>]``)."""
     match = _ROUTABLE_TRAJECTORY.fullmatch(trajectory_id)
