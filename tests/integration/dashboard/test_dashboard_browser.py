@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import httpx
 import pytest
@@ -211,10 +211,11 @@ def test_a_trajectory_reads_as_its_conversation(demo: str, browser: Any) -> None
     page.keyboard.press("Escape")
 
     # From the steps table: a demo trajectory shows the user message its first step captured, as text.
-    link = page.locator("#steps a.traj-link", has_not_text="browser-").first
-    picked = link.text_content()
-    link.click()
+    # The live table re-renders between reads, so the trajectory opened is the one the page's
+    # address names after the click, not the text a locator read before it.
+    page.locator("#steps a.traj-link", has_not_text="browser-").first.click()
     page.wait_for_selector("#conversation-body .turn")
+    picked = unquote(page.evaluate("location.hash").removeprefix("#trajectory="))
     first = page.locator("#conversation-body .turn").first
     shown, shown_step = first.inner_text(), first.get_attribute("data-step")
     # The step the page shows first, as the API has it now (a live demo keeps adding versions).
