@@ -41,6 +41,14 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
+# A killed node's partitions get new leaders once the controller fences it: after this long without a
+# heartbeat (Kafka's 9 s default held writes to its partitions ~11 s here, close to the gateway's 15 s
+# delivery timeout).
+BROKER_SESSION_TIMEOUT_MS = 6000
+FENCED_LINE = "Fencing broker {node_id} at epoch"
+ACTIVE_LINE = "Becoming the active controller"
+
+
 class BrokerError(RuntimeError):
     """The broker could not be set up or started; the message says what is missing."""
 
@@ -115,6 +123,25 @@ class ClusterLayout:
 
 
 def server_properties(data_dir: Path, node: Node, layout: ClusterLayout) -> str:
+    return _properties_text(node_settings(data_dir, node, layout))
+
+
+def fencing_properties(data_dir: Path, node: Node, layout: ClusterLayout) -> str:
+    """The node's settings as a controller alone: it serves no clients and leads no partition, so it
+    only moves the metadata on (see ``KafkaBroker._fence_crashed_run``)."""
+    settings = node_settings(data_dir, node, layout)
+    for broker_only in ("advertised.listeners", "inter.broker.listener.name"):
+        del settings[broker_only]
+    settings["process.roles"] = "controller"
+    settings["listeners"] = f"CONTROLLER://127.0.0.1:{node.controller_port}"
+    return _properties_text(settings)
+
+
+def _properties_text(settings: dict[str, str]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in settings.items())
+
+
+def node_settings(data_dir: Path, node: Node, layout: ClusterLayout) -> dict[str, str]:
     """One node's settings. Internal topics and the defaults of created topics get the layout's
     replication; the transaction state log too (the stream layer's exactly-once writes need it)."""
     copies = layout.replication
@@ -143,15 +170,12 @@ def server_properties(data_dir: Path, node: Node, layout: ClusterLayout) -> str:
         "share.coordinator.state.topic.replication.factor": str(copies.factor),
         "share.coordinator.state.topic.min.isr": str(copies.min_insync),
         "group.initial.rebalance.delay.ms": "0",
-        # A killed node's partitions get new leaders once the controller fences it: after 6 s without a
-        # heartbeat (Kafka's 9 s default held writes to its partitions ~11 s here, close to the gateway's
-        # 15 s delivery timeout).
-        "broker.session.timeout.ms": "6000",
+        "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": "1000",
         "log.retention.hours": "168",
         "log.segment.bytes": str(256 * 1024 * 1024),
     }
-    return "".join(f"{k}={v}\n" for k, v in props.items())
+    return props
 
 
 def free_port_at(candidate: int) -> int:
@@ -269,12 +293,59 @@ class KafkaBroker:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the broker process without waiting for it to serve (a supervisor restarting it keeps
-        watching the other roles meanwhile)."""
+        watching the other roles meanwhile). After a crash of a lone node it waits first, about 8 s,
+        for the crashed run to be fenced (``_fence_crashed_run``)."""
         if port_open("127.0.0.1", self.port):
             raise BrokerError(f"port {self.port} is already in use: another broker or service is there")
+        logs = self.data_dir / "logs"
+        crashed = (logs / "meta.properties").exists() and not (logs / ".kafka_cleanshutdown").exists()
         config = self.prepare()
+        if crashed and self.layout is None:
+            self._fence_crashed_run()
         self.process = subprocess.Popen(self._command("kafka.Kafka", str(config)), start_new_session=True)
         return self.process
+
+    def _fence_crashed_run(self, timeout: float = 60.0) -> None:
+        """Run the lone node as a controller alone until it has fenced the node's crashed run.
+
+        A combined node restarted after a crash finds its old run still registered and unfenced, so its
+        broker acts on that metadata: it leads its partitions and loads its coordinators before it may
+        register (Kafka refuses a second registration until the old run's session expires) and before
+        its listener serves. When the session expires the old run is fenced, every partition is
+        leaderless for a moment, and Kafka skips the commit markers of a transaction caught between
+        its prepare and its markers: they never reach any partition, so readers stop at that
+        transaction and the worker's group cannot read its offsets (a stream layer wedged for good,
+        seen in the chaos test). Fenced first, the restarted broker leads nothing until it has
+        registered and serves, and the markers are written then.
+        """
+        node, layout = self._layout()
+        config = self.data_dir / "fence.properties"
+        config.write_text(fencing_properties(self.data_dir.resolve(), node, layout))
+        seen = self.log_file.stat().st_size if self.log_file.exists() else 0
+        fenced, active = FENCED_LINE.format(node_id=node.node_id), ACTIVE_LINE
+        controller = subprocess.Popen(self._command("kafka.Kafka", str(config)), start_new_session=True)
+        deadline = time.monotonic() + timeout
+        session_s = BROKER_SESSION_TIMEOUT_MS / 1000
+        try:
+            active_at = None
+            while time.monotonic() < deadline:
+                if controller.poll() is not None:
+                    raise BrokerError(f"the controller fencing a crashed run exited with "
+                                      f"{controller.returncode}; see {self.log_file}")
+                text = _read_from(self.log_file, seen)
+                if fenced in text:
+                    return
+                if active_at is None and active in text:
+                    active_at = time.monotonic()
+                # Already fenced (it crashed before it was unfenced): no line comes, the session's
+                # length says so.
+                if active_at is not None and time.monotonic() - active_at > session_s + 3:
+                    return
+                time.sleep(0.2)
+            raise BrokerError(f"the crashed run of broker {node.node_id} was not fenced within "
+                              f"{timeout:.0f}s; see {self.log_file}")
+        finally:
+            _stop_process(controller, 30.0)
 
     def wait_ready(self, timeout: float) -> None:
         """Ready means this node serves as a broker: its metadata lists it among the live (unfenced)
@@ -299,14 +370,8 @@ class KafkaBroker:
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM lets the broker flush and close its logs; SIGKILL only if it hangs."""
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None:
+            _stop_process(self.process, timeout)
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -379,6 +444,25 @@ class KafkaCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _stop_process(process: subprocess.Popen[bytes], timeout: float) -> None:
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _read_from(path: Path, offset: int) -> str:
+    if not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
 
 
 def _kafka_uuid() -> str:

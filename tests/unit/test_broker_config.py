@@ -24,6 +24,20 @@ def _props(node: launcher.Node, layout: launcher.ClusterLayout) -> dict[str, str
     return dict(line.split("=", 1) for line in text.splitlines())
 
 
+def test_the_fencing_pass_runs_the_node_as_a_controller_alone_on_the_same_metadata() -> None:
+    """After a crash the lone node is first a controller only: same id, quorum and log dir (so the same
+    metadata), no client listener, so it leads no partition while it fences the crashed run."""
+    node = launcher.Node(1, 9, 10)
+    layout = launcher.ClusterLayout((node,))
+    text = launcher.fencing_properties(Path("/d"), node, layout)
+    fencing, whole = dict(line.split("=", 1) for line in text.splitlines()), _props(node, layout)
+    assert fencing["process.roles"] == "controller"
+    assert fencing["listeners"] == "CONTROLLER://127.0.0.1:10"
+    assert "advertised.listeners" not in fencing and "inter.broker.listener.name" not in fencing
+    for key in ("node.id", "controller.quorum.voters", "log.dirs", "broker.session.timeout.ms"):
+        assert fencing[key] == whole[key], key
+
+
 INTERNAL_FACTORS = ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
                     "share.coordinator.state.topic.replication.factor", "default.replication.factor")
 INTERNAL_MIN_ISR = ("transaction.state.log.min.isr", "share.coordinator.state.topic.min.isr",
