@@ -96,12 +96,15 @@ def test_the_page_stays_bounded_as_training_goes_on(demo: str, browser: Any, wid
     print(f"{width} px wide: {height} px tall with {versions} policy versions")  # shown with -s
     assert height <= MAX_HEIGHT[width], f"{height} px tall at {width} px with {versions} policy versions"
     assert page.evaluate(SIDEWAYS) == [], f"tables scrolling sideways at {width} px"
-    # One column per version in the heat map: picking the fourth shows its figures beside the map.
+    # One column per version in the heat map: picking the fourth shows its figures beside the map. Which
+    # version that is depends on the run (a version the trainer passed through before any step was
+    # captured at it has no row), so the column names it.
     column = "#rewards-map svg g[data-col='3']"
     picked = page.text_content(f"{column} title").split(" · ")[0]
-    assert picked == "v4", picked
+    assert picked.startswith("v") and picked[1:].isdigit() and int(picked[1:]) >= 4, picked
     page.click(column)
-    page.wait_for_function("() => document.getElementById('rewards-picked-version').textContent === 'v4'")
+    page.wait_for_function("(v) => document.getElementById('rewards-picked-version').textContent === v",
+                           arg=picked)
     if width == 1440:
         page.evaluate("window.scrollTo(0, 0)")
         page.screenshot(path=str(DOCS / "dashboard.png"))
