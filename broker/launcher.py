@@ -41,10 +41,15 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 """
 
 
-# A killed node's partitions get new leaders once the controller fences it: after this long without a
-# heartbeat (Kafka's 9 s default held writes to its partitions ~11 s here, close to the gateway's 15 s
-# delivery timeout).
-BROKER_SESSION_TIMEOUT_MS = 6000
+# How long the controllers wait for a node's heartbeat before they fence it (Kafka's default is 9 s).
+# In a cluster a killed node's partitions get new leaders then: 6 s (9 s held writes to them ~11 s here,
+# close to the gateway's 15 s delivery timeout). A lone node has no one to hand its partitions to, and
+# fencing itself after a pause (a stopped process, a long GC, a suspended VM) only leaves every partition
+# leaderless for a moment, the moment in which Kafka drops transaction markers (see
+# ``KafkaBroker._fence_crashed_run``): it waits 30 s. The controller fencing a crashed run waits 2 s.
+CLUSTER_SESSION_TIMEOUT_MS = 6000
+LONE_SESSION_TIMEOUT_MS = 30_000
+FENCING_SESSION_TIMEOUT_MS = 2000
 FENCED_LINE = "Fencing broker {node_id} at epoch"
 ACTIVE_LINE = "Becoming the active controller"
 
@@ -134,6 +139,7 @@ def fencing_properties(data_dir: Path, node: Node, layout: ClusterLayout) -> str
         del settings[broker_only]
     settings["process.roles"] = "controller"
     settings["listeners"] = f"CONTROLLER://127.0.0.1:{node.controller_port}"
+    settings["broker.session.timeout.ms"] = str(FENCING_SESSION_TIMEOUT_MS)
     return _properties_text(settings)
 
 
@@ -170,7 +176,8 @@ def node_settings(data_dir: Path, node: Node, layout: ClusterLayout) -> dict[str
         "share.coordinator.state.topic.replication.factor": str(copies.factor),
         "share.coordinator.state.topic.min.isr": str(copies.min_insync),
         "group.initial.rebalance.delay.ms": "0",
-        "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
+        "broker.session.timeout.ms": str(LONE_SESSION_TIMEOUT_MS if len(layout.nodes) == 1
+                                         else CLUSTER_SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": "1000",
         "log.retention.hours": "168",
         "log.segment.bytes": str(256 * 1024 * 1024),
@@ -293,7 +300,7 @@ class KafkaBroker:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the broker process without waiting for it to serve (a supervisor restarting it keeps
-        watching the other roles meanwhile). After a crash of a lone node it waits first, about 8 s,
+        watching the other roles meanwhile). After a crash of a lone node it waits first, about 3 s,
         for the crashed run to be fenced (``_fence_crashed_run``)."""
         if port_open("127.0.0.1", self.port):
             raise BrokerError(f"port {self.port} is already in use: another broker or service is there")
@@ -325,7 +332,7 @@ class KafkaBroker:
         fenced, active = FENCED_LINE.format(node_id=node.node_id), ACTIVE_LINE
         controller = subprocess.Popen(self._command("kafka.Kafka", str(config)), start_new_session=True)
         deadline = time.monotonic() + timeout
-        session_s = BROKER_SESSION_TIMEOUT_MS / 1000
+        session_s = FENCING_SESSION_TIMEOUT_MS / 1000
         try:
             active_at = None
             while time.monotonic() < deadline:

@@ -34,8 +34,15 @@ def test_the_fencing_pass_runs_the_node_as_a_controller_alone_on_the_same_metada
     assert fencing["process.roles"] == "controller"
     assert fencing["listeners"] == "CONTROLLER://127.0.0.1:10"
     assert "advertised.listeners" not in fencing and "inter.broker.listener.name" not in fencing
-    for key in ("node.id", "controller.quorum.voters", "log.dirs", "broker.session.timeout.ms"):
+    for key in ("node.id", "controller.quorum.voters", "log.dirs"):
         assert fencing[key] == whole[key], key
+    # It fences the crashed run after 2 s; the node itself waits 30 s before fencing itself after a pause.
+    assert (fencing["broker.session.timeout.ms"], whole["broker.session.timeout.ms"]) == ("2000", "30000")
+
+
+def test_only_a_cluster_fences_a_silent_node_after_6_s() -> None:
+    layout = launcher.ClusterLayout.plan(9092, 3)
+    assert {_props(n, layout)["broker.session.timeout.ms"] for n in layout.nodes} == {"6000"}
 
 
 INTERNAL_FACTORS = ("offsets.topic.replication.factor", "transaction.state.log.replication.factor",
