@@ -102,6 +102,10 @@ class ClusterLayout:
 
     nodes: tuple[Node, ...]
 
+    @property
+    def lone(self) -> bool:
+        return len(self.nodes) == 1
+
     @classmethod
     def plan(cls, port: int, count: int) -> ClusterLayout:
         """Brokers on ``port .. port + count - 1``; controllers (every node from three on, else the first)
@@ -176,8 +180,8 @@ def node_settings(data_dir: Path, node: Node, layout: ClusterLayout) -> dict[str
         "share.coordinator.state.topic.replication.factor": str(copies.factor),
         "share.coordinator.state.topic.min.isr": str(copies.min_insync),
         "group.initial.rebalance.delay.ms": "0",
-        "broker.session.timeout.ms": str(LONE_SESSION_TIMEOUT_MS if len(layout.nodes) == 1
-                                         else CLUSTER_SESSION_TIMEOUT_MS),
+        "broker.session.timeout.ms": str(
+            LONE_SESSION_TIMEOUT_MS if layout.lone else CLUSTER_SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": "1000",
         "log.retention.hours": "168",
         "log.segment.bytes": str(256 * 1024 * 1024),
@@ -249,11 +253,11 @@ class KafkaBroker:
         node = Node(1, self.port, self.controller_port or free_port_at(self.port + 1))
         return node, ClusterLayout((node,))
 
-    def prepare(self) -> Path:
+    def prepare(self, node: Node, layout: ClusterLayout) -> Path:
         """Write the config and format KRaft storage on first use; returns the properties file."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "server.properties"
-        config.write_text(server_properties(self.data_dir.resolve(), *self._layout()))
+        config.write_text(server_properties(self.data_dir.resolve(), node, layout))
         (self.data_dir / "log4j2.xml").write_text(_LOG4J2_XML.format(log_file=self.log_file.resolve()))
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id_file = self.cluster_id_file or self.data_dir / "cluster.id"
@@ -306,13 +310,14 @@ class KafkaBroker:
             raise BrokerError(f"port {self.port} is already in use: another broker or service is there")
         logs = self.data_dir / "logs"
         crashed = (logs / "meta.properties").exists() and not (logs / ".kafka_cleanshutdown").exists()
-        config = self.prepare()
-        if crashed and self.layout is None:
-            self._fence_crashed_run()
+        node, layout = self._layout()  # a lone node's controller port is picked here, once per launch
+        config = self.prepare(node, layout)
+        if crashed and layout.lone:
+            self._fence_crashed_run(node, layout)
         self.process = subprocess.Popen(self._command("kafka.Kafka", str(config)), start_new_session=True)
         return self.process
 
-    def _fence_crashed_run(self, timeout: float = 60.0) -> None:
+    def _fence_crashed_run(self, node: Node, layout: ClusterLayout, timeout: float = 60.0) -> None:
         """Run the lone node as a controller alone until it has fenced the node's crashed run.
 
         A combined node restarted after a crash finds its old run still registered and unfenced, so its
@@ -325,7 +330,6 @@ class KafkaBroker:
         seen in the chaos test). Fenced first, the restarted broker leads nothing until it has
         registered and serves, and the markers are written then.
         """
-        node, layout = self._layout()
         config = self.data_dir / "fence.properties"
         config.write_text(fencing_properties(self.data_dir.resolve(), node, layout))
         seen = self.log_file.stat().st_size if self.log_file.exists() else 0

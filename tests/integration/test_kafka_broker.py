@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
@@ -62,7 +62,7 @@ def test_a_broker_restarted_after_a_crash_leads_nothing_before_it_has_registered
     topic, group = f"txn.{unique}", f"g.{unique}"
     with broker:
         ensure_topics(broker.bootstrap, [topic], partitions=2)
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"t.{unique}"})
+        producer = make_producer(broker.bootstrap, **{"transactional.id": f"t.{unique}"})
         producer.init_transactions(30)
         reader = make_consumer(broker.bootstrap, group)
         reader.assign([TopicPartition(topic, 0, 0)])
@@ -90,8 +90,7 @@ def test_a_broker_restarted_after_a_crash_leads_nothing_before_it_has_registered
         assert first("DUPLICATE_BROKER_REGISTRATION") == -1
         assert coordinator == -1 or coordinator > registered, (coordinator, registered)
 
-        consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group,
-                             "isolation.level": "read_committed", "enable.auto.commit": False})
+        consumer = make_consumer(broker.bootstrap, group)  # read_committed: stable offsets required
         try:
             committed = consumer.committed([TopicPartition(topic, 0)], timeout=30)
             assert committed[0].error is None and committed[0].offset == 7, committed
