@@ -2,10 +2,13 @@
 
 The join's facts (``clawr1.streams.join``) are split by how they change: each step's small part
 (digests, feedback, whether superseded) lives in the trajectory's record, rewritten when anything in the
-trajectory changes; a step's fact itself (prompt, reply, token ids: most of the bytes) is written once,
-into a *chunk*: the facts of the trajectory's steps that arrived in one checkpoint, never rewritten. So
-a checkpoint writes one record and one chunk per trajectory it touched, whatever the number of steps,
-and a step's tokens are stored once, which also rebuilds the trajectory's prefix tree after a restart.
+trajectory changes; a step's fact itself (prompt, reply, token ids: most of the bytes) is kept too, as
+it rebuilds the trajectory's prefix tree after a restart. The latest facts ride in the record's *tail*
+while it holds at most ``TAIL_TOKENS`` token ids, so a short trajectory (a black-box call, a few
+white-box steps) is one state key and one changelog record per checkpoint; a tail that would grow
+past that is *sealed* into a *chunk* of its own key, written once and never rewritten, as is a fact too
+big for the tail. So a checkpoint writes one record per trajectory it touched, plus a chunk when a
+tail sealed, and the bytes rewritten with a record stay bounded by the tail's size.
 
 Records are kept by the hash of the trajectory id (``clawr1.core.routing.key_hash``), a white-box step's
 id carries that hash, so feedback naming the step finds its trajectory from the id alone.
@@ -22,11 +25,21 @@ from clawr1.streams.prefix_scope import ScopeState
 
 # A chunk is closed once it holds this many token ids (its changelog record stays well under a MB).
 CHUNK_TOKENS = 40_000
+# The record's tail holds at most this many token ids of facts: what a record rewrite may carry along.
+TAIL_TOKENS = 8_192
+TAIL = -1  # a ``StepEntry.chunk`` that says the fact is in the record's tail
+
+Chunk = dict[str, dict[str, Any]]  # step id -> the step's fact (step.avsc fields of the source)
+
+
+def _tokens(base: dict[str, Any]) -> int:
+    return len(base["prompt_token_ids"]) + len(base["response_token_ids"]) + 1
 
 
 @dataclass
 class StepEntry:
-    """A step's part of the record; its fact is in chunk ``chunk`` (None until it arrived)."""
+    """A step's part of the record; its fact is in chunk ``chunk``, in the tail (``TAIL``), or not
+    arrived yet (None)."""
 
     chunk: int | None = None
     base_digest: str = ""
@@ -49,24 +62,26 @@ class TrajectoryRecord:
     steps: dict[str, StepEntry] = field(default_factory=dict)
     scope: ScopeState | None = None
     chunks: int = 0  # chunks written so far; the next one is numbered this
-    open_chunk: int | None = None  # the chunk this checkpoint adds facts to (never stored)
+    tail: Chunk = field(default_factory=dict)  # the facts not in a chunk (yet)
+    tail_tokens: int = 0
+    open_chunk: int | None = None  # the chunk this checkpoint adds big facts to (never stored)
     open_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"entries": self.trajectory.entries, "feedback": self.trajectory.feedback,
                 "steps": {s: e.to_json() for s, e in self.steps.items()},
-                "scope": None if self.scope is None else self.scope.to_json(), "chunks": self.chunks}
+                "scope": None if self.scope is None else self.scope.to_json(), "chunks": self.chunks,
+                "tail": self.tail, "tail_tokens": self.tail_tokens}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> TrajectoryRecord:
         if not data:
             return cls()
+        # Records written before tails existed have none: all their facts are in chunks.
         return cls(TrajectoryState(data["entries"], data["feedback"]),
                    {s: StepEntry.from_json(e) for s, e in data["steps"].items()},
-                   None if data["scope"] is None else ScopeState.from_json(data["scope"]), data["chunks"])
-
-
-Chunk = dict[str, dict[str, Any]]  # step id -> the step's fact (step.avsc fields of the source)
+                   None if data["scope"] is None else ScopeState.from_json(data["scope"]), data["chunks"],
+                   data.get("tail", {}), data.get("tail_tokens", 0))
 
 
 class Trajectory:
@@ -88,6 +103,8 @@ class Trajectory:
         entry = self.record.steps.get(step_id)
         if entry is None or entry.chunk is None:
             return None
+        if entry.chunk == TAIL:
+            return self.record.tail.get(step_id)
         chunk = self._load(entry.chunk)
         return None if chunk is None else chunk.get(step_id)
 
@@ -99,16 +116,40 @@ class Trajectory:
                          entry.superseded, entry.revived)
 
     def store(self, step_id: str, state: StepState, base_changed: bool) -> None:
-        """Keep ``state`` (after the join changed it); its fact goes into this checkpoint's chunk when new."""
+        """Keep ``state`` (after the join changed it); its fact goes into the tail (or a chunk) when new."""
         entry = self.record.steps.setdefault(step_id, StepEntry())
         entry.base_digest, entry.base_digests = state.base_digest, state.base_digests
         entry.feedback, entry.superseded, entry.revived = state.feedback, state.superseded, state.revived
         if base_changed and state.base is not None:
-            entry.chunk = self._add_to_chunk(step_id, state.base)
+            entry.chunk = self._keep_fact(step_id, state.base)
 
-    def _add_to_chunk(self, step_id: str, base: dict[str, Any]) -> int:
+    def _keep_fact(self, step_id: str, base: dict[str, Any]) -> int:
         record = self.record
-        tokens = len(base["prompt_token_ids"]) + len(base["response_token_ids"]) + 1
+        replaced = record.tail.pop(step_id, None)
+        if replaced is not None:
+            record.tail_tokens -= _tokens(replaced)
+        tokens = _tokens(base)
+        if tokens > TAIL_TOKENS:
+            return self._add_to_chunk(step_id, base, tokens)
+        if record.tail_tokens + tokens > TAIL_TOKENS:
+            self._seal_tail()
+        record.tail[step_id] = base
+        record.tail_tokens += tokens
+        return TAIL
+
+    def _seal_tail(self) -> None:
+        """Move the tail's facts into a chunk of their own, written once."""
+        record = self.record
+        if record.tail:
+            sealed = record.chunks
+            record.chunks += 1
+            self._new(sealed).update(record.tail)
+            for step_id in record.tail:
+                record.steps[step_id].chunk = sealed
+        record.tail, record.tail_tokens = {}, 0
+
+    def _add_to_chunk(self, step_id: str, base: dict[str, Any], tokens: int) -> int:
+        record = self.record
         if record.open_chunk is None or record.open_tokens + tokens > CHUNK_TOKENS:
             record.open_chunk, record.open_tokens = record.chunks, 0
             record.chunks += 1

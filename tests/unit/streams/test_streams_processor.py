@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from clawr1.core.routing import partition_of, routable_id
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.outbox import Outbox
@@ -44,6 +46,11 @@ class Harness:
                                    Store(lambda p: self.partitions[p]), self.outbox)
         self.steps: dict[str, dict[str, Any]] = {}
         self.hops = 0
+
+    def restart(self) -> None:
+        """A new processor over the same stores, as after a worker restart."""
+        self.processor = Processor(StreamConfig("k:1", Path("/unused")), PARTITIONS,
+                                   Store(lambda p: self.partitions[p]), self.outbox)
 
     def _at(self, partition: int) -> None:
         self.processor.partition = partition
@@ -86,7 +93,7 @@ def _whitebox_trajectory(trajectory: str, length: int, reward: float | None = 1.
             for n in range(length)]
 
 
-def test_a_posted_trajectory_is_joined_where_it_lands_with_one_record_and_one_chunk() -> None:
+def test_a_posted_trajectory_is_joined_where_it_lands_with_one_record() -> None:
     harness = Harness()
     for record in _whitebox_trajectory("t-1", 10):
         harness.whitebox(record)
@@ -94,7 +101,7 @@ def test_a_posted_trajectory_is_joined_where_it_lands_with_one_record_and_one_ch
     assert harness.hops == 0  # no index entry, no trajectory message: everything in one partition
     assert len(harness.steps) == 10 and all(s["ready"] for s in harness.steps.values())
     assert all(s["response_id"] == s["step_id"] for s in harness.steps.values())
-    assert CountingStore.writes == 2  # the trajectory's record and its one chunk of step facts
+    assert CountingStore.writes == 1  # the trajectory's record, its step facts in the record's tail
     assert sorted(s["parent_step_id"] is None for s in harness.steps.values()) == [False] * 9 + [True]
 
 
@@ -152,10 +159,61 @@ def test_a_checkpoint_writes_each_key_once_however_many_events_touched_it() -> N
     for record in _whitebox_trajectory("t-4", 5) + _whitebox_trajectory("t-5", 5):
         harness.whitebox(record)
     harness.checkpoint()
-    assert CountingStore.writes == 4  # two trajectories: a record and a chunk each
+    assert CountingStore.writes == 2  # two trajectories: a record each
     before = CountingStore.writes
     harness.feedback(feedback("fb", "trajectory", "t-4", reward=1.0, terminal=True))
     harness.checkpoint()
-    assert CountingStore.writes - before == 1  # the trajectory's record only: step facts are not rewritten
+    assert CountingStore.writes - before == 1  # the trajectory's record only
     t4 = [s for s in harness.steps.values() if s["trajectory_id"] == "t-4"]
     assert all(s["trajectory_reward"] == 1.0 for s in t4) and sum(s["terminal"] for s in t4) == 1
+
+
+def _state(harness: Harness, prefix: bytes) -> dict[bytes, Any]:
+    return {k: orjson.loads(v) for p in harness.partitions for k, v in p.items() if k.startswith(prefix)}
+
+
+def test_a_tail_that_grows_past_its_bound_is_sealed_into_a_chunk_and_facts_survive_a_restart() -> None:
+    harness = Harness()
+    steps = [whitebox_step(routable_id("t-long", f"t-long/{n}".encode()), "t-long", n,
+                           prompt_ids=list(range(1_000 + n)), response_ids=[7] * 100, reward=None)
+             for n in range(30)]
+    writes = []
+    for record in steps:  # one step per checkpoint, as an agent posts turn by turn
+        before = CountingStore.writes
+        harness.whitebox(record)
+        harness.checkpoint()
+        writes.append(CountingStore.writes - before)
+    # ~1,100 tokens a step: the 8,192-token tail holds 7, the 8th seals them into a chunk of their own.
+    assert writes == [2 if n in (7, 14, 21, 28) else 1 for n in range(30)]
+    assert len(_state(harness, b"C/")) == 4
+    (record,) = _state(harness, b"T/").values()
+    assert sorted(record["t-long"]["tail"]) == sorted(s["step_id"] for s in steps[28:])
+    harness.restart()
+    harness.feedback(feedback("fb", "trajectory", "t-long", reward=1.0, terminal=True))
+    harness.checkpoint()
+    for record in steps:  # every step re-published with its tokens, from a chunk or from the tail
+        published = harness.steps[record["step_id"]]
+        assert published["trajectory_reward"] == 1.0
+        assert published["prompt_token_ids"] == record["prompt_token_ids"]
+
+
+def test_a_fact_too_big_for_the_tail_gets_a_chunk_and_records_from_before_tails_still_read() -> None:
+    harness = Harness()
+    big = whitebox_step(routable_id("t-big", b"t-big/0"), "t-big", 0, prompt_ids=list(range(10_000)),
+                        response_ids=[7], reward=None)
+    harness.whitebox(big)
+    harness.checkpoint()
+    assert CountingStore.writes == 2  # the record and the fact's chunk
+    # A record as written before tails existed: no tail fields, every fact in a chunk.
+    for partition in harness.partitions:
+        for key, value in list(partition.items()):
+            if key.startswith(b"T/"):
+                records = orjson.loads(value)
+                for record in records.values():
+                    assert record.pop("tail") == {} and record.pop("tail_tokens") == 0
+                partition[key] = orjson.dumps(records)
+    harness.restart()
+    harness.feedback(feedback("fb", "trajectory", "t-big", reward=1.0, terminal=True))
+    harness.checkpoint()
+    assert harness.steps[big["step_id"]]["prompt_token_ids"] == big["prompt_token_ids"]
+    assert harness.steps[big["step_id"]]["trajectory_reward"] == 1.0
