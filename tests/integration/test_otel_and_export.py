@@ -211,7 +211,7 @@ def test_an_export_of_the_live_pool_loads_with_datasets(demo: dict[str, Any], tm
                message="the demo writing enough steps to export")
     steps = tmp_path / "steps"
     export(demo["api"], steps, "--channel", "train", "--where", f"status = 'ok' AND {settled(demo['api'])}",
-           "--shard-mb", "0.02", "--page-rows", "40")
+           "--shard-mb", "0.002", "--page-rows", "10")  # a row group alone outgrows 2 KB
     manifest = manifest_of(steps)
     assert manifest["complete"] and len(manifest["shards"]) > 1 and manifest["rows"] > 0
     dataset = load("parquet", steps, tmp_path / "cache")
