@@ -141,9 +141,8 @@ class Trajectory:
         """Move the tail's facts into a chunk of their own, written once."""
         record = self.record
         if record.tail:
-            sealed = record.chunks
-            record.chunks += 1
-            self._new(sealed).update(record.tail)
+            sealed, chunk = self._next_chunk()
+            chunk.update(record.tail)
             for step_id in record.tail:
                 record.steps[step_id].chunk = sealed
         record.tail, record.tail_tokens = {}, 0
@@ -151,14 +150,19 @@ class Trajectory:
     def _add_to_chunk(self, step_id: str, base: dict[str, Any], tokens: int) -> int:
         record = self.record
         if record.open_chunk is None or record.open_tokens + tokens > CHUNK_TOKENS:
-            record.open_chunk, record.open_tokens = record.chunks, 0
-            record.chunks += 1
-            self._new(record.open_chunk)
+            record.open_chunk, _ = self._next_chunk()
+            record.open_tokens = 0
         record.open_tokens += tokens
         chunk = self._load(record.open_chunk)
         assert chunk is not None  # created just above, or earlier in this checkpoint
         chunk[step_id] = base
         return record.open_chunk
+
+    def _next_chunk(self) -> tuple[int, Chunk]:
+        """A new, empty chunk under the next free number."""
+        number = self.record.chunks
+        self.record.chunks += 1
+        return number, self._new(number)
 
     def tokens_of(self, step_id: str) -> tuple[list[int], list[int]] | None:
         base = self.base(step_id)
