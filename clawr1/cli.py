@@ -10,7 +10,9 @@ mitmproxy or Quix Streams.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -306,6 +308,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
+    # `clawr1 up` sends this before it kills a stuck role: where every thread was goes to the role's log.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     if getattr(args, "workers", None) is not None:  # a role setting: it reaches the stack as its variable
         os.environ[registry.WORKERS.name] = str(args.workers)
     if args.command == "standin-engine":

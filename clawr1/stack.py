@@ -12,6 +12,7 @@ during start-up, or a crash loop, stops the whole stack with the reason.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -42,7 +43,8 @@ def _cli_role(name: str, args: list[str], env: dict[str, str], data_dir: Path) -
         return subprocess.Popen([sys.executable, "-m", "clawr1.cli", *args], env=env,
                                 stderr=subprocess.PIPE, start_new_session=True)
 
-    return ProcessRole(name, launch, on_exit=lambda: readiness.withdraw(data_dir, name))
+    return ProcessRole(name, launch, on_exit=lambda: readiness.withdraw(data_dir, name),
+                       dump_signal=signal.SIGUSR1)
 
 
 def _reported(data_dir: Path, part: str, check: Callable[[float], str | None],

@@ -28,6 +28,7 @@ from clawr1.core.backoff import Backoff
 from clawr1.core.settings import Settings
 
 TAIL_LINES = 20
+DUMP_WAIT_S = 1.0  # for a stuck process's thread dump to reach its log before the kill
 
 
 @dataclass(frozen=True)
@@ -95,13 +96,16 @@ class Role(Protocol):
 class ProcessRole:
     """One child process. ``launch`` starts it (with ``stderr=PIPE`` to have its lines forwarded to
     ours and their tail kept; otherwise ``log_file``'s tail is the report); ``on_exit`` runs once per
-    exit seen, e.g. to withdraw the role's readiness marker so /healthz names it until it is back."""
+    exit seen, e.g. to withdraw the role's readiness marker so /healthz names it until it is back.
+    ``dump_signal``: sent before a kill so that a process that would not stop (or is stuck) writes where
+    each of its threads is to its log first (the CLI registers ``faulthandler`` on SIGUSR1)."""
 
     def __init__(self, name: str, launch: Callable[[], subprocess.Popen[bytes]], *,
                  log_file: Path | None = None, on_exit: Callable[[], None] | None = None,
-                 stop_timeout_s: float = 20.0) -> None:
+                 stop_timeout_s: float = 20.0, dump_signal: signal.Signals | None = None) -> None:
         self.name = name
         self.stop_timeout_s = stop_timeout_s
+        self._dump_signal = dump_signal
         self._launch = launch
         self._log_file = log_file
         self._on_exit = on_exit
@@ -160,6 +164,9 @@ class ProcessRole:
 
     def kill(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            if self._dump_signal is not None:
+                self.process.send_signal(self._dump_signal)
+                self.wait(DUMP_WAIT_S)
             self.process.kill()
             self.process.wait()
 

@@ -16,6 +16,11 @@ partition stalls only if the first record it finds was in the log when the clock
 seen then). Nothing found means only markers or aborted records wait: caught up. A record found past that
 end came later: a partition whose lag was only a trailing marker looks stalled the moment new work
 arrives (its committed offset has not moved for as long as it idled), so its clock starts again instead.
+A probe that read nothing and skipped nothing could not tell: that is no verdict, not "caught up".
+
+The clocks run only while Kafka answers the watch: a failed look pauses them, a slow one does not. (A
+watch that started its clocks again after every slow look once never judged at all during a rolling
+restart of a 3-broker cluster, while a worker sat wedged.)
 
 A worker can also be cut off while its group goes on: frozen (SIGSTOP) or partitioned from the broker,
 it drops out of the group after its session timeout and another worker takes its partitions, so no
@@ -79,33 +84,51 @@ class _Seen:
     end: int  # the log's end at ``since``: what waits below it has waited since then
 
 
+class ProbeInconclusive(Exception):
+    """The probe could not tell what waits (no answer in time): no verdict on that partition this look."""
+
+
 @dataclass
 class ProgressTracker:
-    """``max_gap_s``: looks further apart than this (Kafka did not answer meanwhile) start the clocks
-    again: a group cannot be blamed for what happened while nobody could see it."""
+    """The stall clocks run only while the group is seen: a look that failed (``unseen``) pauses its
+    clocks until the next look that succeeds, so a group is not blamed for a time when nobody could see
+    it, while looks that are slow, or fail now and then, still add up to a verdict."""
 
     stall_s: float
-    max_gap_s: float = 10.0
     _seen: dict[tuple[str, Partition], _Seen] = field(default_factory=dict)
-    _looked: dict[str, float] = field(default_factory=dict)
+    _looked: dict[str, float] = field(default_factory=dict)  # group -> its last look that succeeded
+    _blind: set[str] = field(default_factory=set)  # groups with a failed look since then
+
+    def unseen(self, group: str) -> None:
+        """A look at ``group`` failed: the time until its next look does not count."""
+        self._blind.add(group)
 
     def observe(self, group: str, now: float, offsets: Mapping[Partition, Offsets],
                 probe: Callable[[Partition, int], int | None]) -> Stall | None:
-        """Fold in one look at ``group``'s offsets; the stall, if the group is stuck now.
+        """Fold in one look at ``group``'s offsets (those of the partitions Kafka answered for); the
+        stall, if the group is stuck now.
 
         ``probe(partition, offset)``: the offset of the first committed record at or after ``offset``
-        (None: none).
+        (None: none), or ``ProbeInconclusive``.
         """
-        fresh = now - self._looked.get(group, now) > self.max_gap_s
+        last = self._looked.get(group)
+        if group in self._blind and last is not None:
+            for (owner, _), paused in self._seen.items():
+                if owner == group:
+                    paused.since += now - last
+        self._blind.discard(group)
         self._looked[group] = now
         stalled: list[tuple[Partition, Offsets, float]] = []
         for partition, at in offsets.items():
             seen = self._seen.get((group, partition))
-            if seen is None or fresh or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
+            if seen is None or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
                 self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0, at.end)
                 continue
             if now - seen.since >= self.stall_s:
-                found = probe(partition, at.committed)
+                try:
+                    found = probe(partition, at.committed)
+                except ProbeInconclusive:
+                    continue  # the clock runs on; the next look probes again
                 if found is not None and found < seen.end:
                     stalled.append((partition, at, now - seen.since))
                 else:  # only markers or aborted records waited then: caught up, and the clock starts again
@@ -116,16 +139,47 @@ class ProgressTracker:
                      tuple(sorted(f"{t}[{p}]" for (t, p), _, _ in stalled)))
 
 
+@dataclass
+class _Blindness:
+    """How long each group has gone without an answer to one kind of look; logged, not hidden."""
+
+    what: str
+    every_s: float
+    _since: dict[str, float] = field(default_factory=dict)
+    _told: dict[str, float] = field(default_factory=dict)
+
+    def failed(self, group: str, exc: Exception) -> float:
+        """Seconds ``group`` has gone unanswered (logged past ``every_s``, then every ``every_s``)."""
+        now = time.monotonic()
+        since = self._since.setdefault(group, now)
+        if now - since >= self.every_s and now - self._told.get(group, since) >= self.every_s:
+            self._told[group] = now
+            log.warning("consumer group %s not %s for %.0fs (its progress is not judged meanwhile): %s",
+                        group, self.what, now - since, exc)
+        else:
+            log.debug("consumer group %s not %s: %s", group, self.what, exc)
+        return now - since
+
+    def answered(self, group: str) -> None:
+        if self._since.pop(group, None) is not None and self._told.pop(group, None) is not None:
+            log.warning("consumer group %s %s again", group, self.what)
+
+
 class ProgressWatch:
     """Samples the committed offsets of ``groups`` (group -> its input topics) every ``interval_s`` with a
-    consumer that never joins them; ``stalls()`` is the latest verdict per group."""
+    consumer that never joins them; ``stalls()`` is the latest verdict per group.
+
+    The watch must not go blind quietly: a group that cannot be looked at or described for ``stall_s``
+    is logged (and again every ``stall_s``), and the watch's Kafka clients are made anew while its looks
+    keep failing, in case it is they that are stuck (a probe that cannot tell, too)."""
 
     def __init__(self, bootstrap: str, groups: Mapping[str, Iterable[str]], stall_s: float,
                  interval_s: float = 2.0) -> None:
         self._bootstrap = bootstrap
         self._groups = {group: list(topics) for group, topics in groups.items()}
-        self._tracker = ProgressTracker(stall_s, max_gap_s=max(5.0, 3 * interval_s))
+        self._tracker = ProgressTracker(stall_s)
         self._interval = interval_s
+        self._stale_s = max(5.0, 3 * interval_s)  # members described longer ago than this: no verdict
         self._stalls: dict[str, Stall] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -136,6 +190,8 @@ class ProgressWatch:
         self._members: dict[str, dict[str, set[Partition]]] = {}  # group -> client id -> its partitions
         self._last_seen: dict[tuple[str, str], float] = {}  # (group, client id) -> when
         self._described: dict[str, float] = {}  # group -> when its members were last described
+        self._unlooked = _Blindness("looked at", stall_s)
+        self._undescribed = _Blindness("described", stall_s)
 
     def start(self) -> ProgressWatch:
         self._thread.start()
@@ -151,15 +207,15 @@ class ProgressWatch:
 
     def member_problem(self, group: str, client_id: str, since: float) -> str | None:
         """Why the member ``client_id`` of ``group`` is stuck, if it is (checked from ``since``, its start):
-        out of the group for ``stall_s``, or owning a stalled partition."""
+        out of the group for ``stall_s``, or owning a stalled partition (as last described)."""
         now = time.monotonic()
         with self._lock:
-            if now - self._described.get(group, -float("inf")) > self._tracker.max_gap_s:
-                return None  # Kafka has not answered lately: no verdict (it is Kafka that is down)
+            described = now - self._described.get(group, -float("inf")) <= self._stale_s
             stall = self._stalls.get(group)
             owned = self._members.get(group, {}).get(client_id)
             seen = max(since, self._last_seen.get((group, client_id), since))
-        if owned is None and now - seen >= self._tracker.stall_s:
+        # Membership is judged only on a recent answer: when Kafka is away, it is Kafka that is down.
+        if described and owned is None and now - seen >= self._tracker.stall_s:
             return f"not a member of consumer group {group} for {now - seen:.0f}s (frozen or cut off)"
         if stall is not None and (owned is None or any(f"{t}[{p}]" in stall.partitions for t, p in owned)):
             return stall.describe()
@@ -169,29 +225,34 @@ class ProgressWatch:
         try:
             while not self._stop.wait(self._interval):
                 for group, topics in self._groups.items():
-                    try:
-                        stall = self._tracker.observe(group, time.monotonic(), self._offsets(group, topics),
-                                                      self._first_record)
-                    except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, try again later
-                        log.debug("progress of %s not sampled: %s", group, exc)
-                        with self._lock:
-                            self._stalls.pop(group, None)
-                        continue
-                    members = self._describe(group)
-                    with self._lock:
-                        if stall is None:
-                            self._stalls.pop(group, None)
-                        else:
-                            self._stalls[group] = stall
-                        if members is not None:
-                            now = time.monotonic()
-                            self._members[group] = members
-                            self._described[group] = now
-                            self._last_seen.update({(group, m): now for m in members})
-                    CONSUMER_STALLED_SECONDS.labels(group=group).set(0 if stall is None else stall.seconds)
+                    self._look(group, topics)
         finally:
-            for consumer in [*self._readers.values(), *([self._probe] if self._probe else [])]:
-                consumer.close()
+            self._close_clients()
+
+    def _look(self, group: str, topics: list[str]) -> None:
+        try:
+            stall = self._tracker.observe(group, time.monotonic(), self._offsets(group, topics),
+                                          self._first_record)
+        except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, and the clocks pause
+            self._tracker.unseen(group)
+            with self._lock:
+                self._stalls.pop(group, None)
+            if self._unlooked.failed(group, exc) > self._stale_s:
+                self._close_clients()
+            return
+        self._unlooked.answered(group)
+        members = self._describe(group)
+        with self._lock:
+            if stall is None:
+                self._stalls.pop(group, None)
+            else:
+                self._stalls[group] = stall
+            if members is not None:
+                now = time.monotonic()
+                self._members[group] = members
+                self._described[group] = now
+                self._last_seen.update({(group, m): now for m in members})
+        CONSUMER_STALLED_SECONDS.labels(group=group).set(0 if stall is None else stall.seconds)
 
     def _describe(self, group: str) -> dict[str, set[Partition]] | None:
         """The group's members (client id -> assigned partitions), None when the broker did not say."""
@@ -200,12 +261,15 @@ class ProgressWatch:
         try:
             described = self._admin.describe_consumer_groups([group])[group].result(5)
         except Exception as exc:  # noqa: BLE001 - unknown group, broker away: no verdict this time
-            log.debug("members of %s not described: %s", group, exc)
+            if self._undescribed.failed(group, exc) > self._stale_s:
+                self._admin = None  # made anew at the next look
             return None
+        self._undescribed.answered(group)
         return {m.client_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
                 for m in described.members}
 
     def _offsets(self, group: str, topics: list[str]) -> dict[Partition, Offsets]:
+        """The offsets of the partitions Kafka answered for (a partition between leaders is left out)."""
         reader = self._readers.get(group)
         if reader is None:
             reader = self._readers[group] = Consumer({"bootstrap.servers": self._bootstrap, "group.id": group,
@@ -216,20 +280,31 @@ class ProgressWatch:
             if described is not None and described.error is None:
                 partitions += [TopicPartition(topic, p) for p in described.partitions]
         offsets: dict[Partition, Offsets] = {}
+        failed: Exception | None = None
         for tp in reader.committed(partitions, timeout=5.0) if partitions else []:
-            low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
+            try:
+                low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
+            except Exception as exc:  # noqa: BLE001 - this partition's leader is away: judged next look
+                failed = exc
+                continue
             offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high)
+        if failed is not None and not offsets:
+            raise failed
         return offsets
 
     def _first_record(self, partition: Partition, offset: int) -> int | None:
-        """The offset of the first committed record at or after ``offset`` (read as the group reads it)."""
+        """The offset of the first committed record at or after ``offset`` (read as the group reads it);
+        None when only commit markers or aborted records follow it, ``ProbeInconclusive`` when the read
+        did not get that far."""
         if self._probe is None:
             self._probe = Consumer({"bootstrap.servers": self._bootstrap,
                                     "group.id": f"clawr1-progress-probe-{uuid.uuid4().hex[:8]}",
                                     "enable.auto.commit": False, "isolation.level": "read_committed"})
-        self._probe.assign([TopicPartition(partition[0], partition[1], offset)])
+        where = TopicPartition(partition[0], partition[1], offset)
+        self._probe.assign([where])
         try:
             read = self._probe.consume(1, timeout=3.0)
+            position = self._probe.position([where])[0].offset
         finally:
             self._probe.unassign()
         # What the verdict rests on goes to the log: a stuck worker is killed on it. An error read (a
@@ -237,4 +312,17 @@ class ProgressWatch:
         for message in read:
             log.warning("%s[%d] from committed offset %d: %s", partition[0], partition[1], offset,
                         f"error {message.error()}" if message.error() else f"a record at {message.offset()}")
-        return next((message.offset() for message in read if message.error() is None), None)
+        found = next((message.offset() for message in read if message.error() is None), None)
+        if found is None and position <= offset:  # nothing read, not even markers skipped: no answer
+            log.warning("%s[%d] from committed offset %d: no answer in 3s; the probe is made anew",
+                        partition[0], partition[1], offset)
+            self._probe.close()
+            self._probe = None
+            raise ProbeInconclusive(f"{partition[0]}[{partition[1]}] from {offset}")
+        return found
+
+    def _close_clients(self) -> None:
+        for consumer in [*self._readers.values(), *([self._probe] if self._probe else [])]:
+            consumer.close()
+        self._readers.clear()
+        self._probe = self._admin = None

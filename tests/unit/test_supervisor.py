@@ -125,6 +125,25 @@ def test_a_stuck_role_is_killed_and_restarted_after_its_grace_and_counted(tmp_pa
         supervisor.stop_all()
 
 
+def test_a_stuck_role_writes_where_its_threads_are_before_it_is_killed() -> None:
+    """The only witness of a wedge is the process itself: its stacks reach the log, then SIGKILL."""
+    logs: list[str] = []
+    code = ("import faulthandler, signal, sys, time\n"
+            "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('up', file=sys.stderr, flush=True)\n"
+            "def wedged_in_a_commit():\n    time.sleep(60)\n"
+            "wedged_in_a_commit()\n")
+    role = ProcessRole("worker", _python(code), dump_signal=signal.SIGUSR1, stop_timeout_s=0.5)
+    supervisor = Supervisor(RestartPolicy(backoff_s=60.0), log=logs.append)
+    supervisor.add(role, health=lambda _started: "no progress for 30s", grace_s=0.0)
+    wait_until(lambda: "up" in role.last_lines(), 10, message="the role's first line")
+    _tick_until(supervisor, lambda: role.returncode() is not None)
+    assert role.returncode() == -signal.SIGKILL
+    assert any("wedged_in_a_commit" in line for line in role.last_lines()), role.last_lines()
+    assert "worker stuck (no progress for 30s), killed" in logs[0]
+
+
 def test_an_exit_during_start_up_stops_at_once() -> None:
     supervisor = Supervisor(POLICY, log=lambda _: None)
     supervisor.add(ProcessRole("api", _python("raise SystemExit(2)")))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clawr1.core.progress import Offsets, ProgressTracker
+from clawr1.core.progress import Offsets, ProbeInconclusive, ProgressTracker
 
 P = ("clawr1.raw.steps", 0)
 
@@ -13,7 +13,7 @@ def _always(_partition: tuple[str, int], offset: int) -> int | None:
 
 
 def test_a_partition_with_records_waiting_and_no_progress_stalls_after_the_window() -> None:
-    tracker = ProgressTracker(stall_s=30, max_gap_s=100)
+    tracker = ProgressTracker(stall_s=30)
     assert tracker.observe("g", 0, {P: Offsets(100, 150)}, _always) is None
     assert tracker.observe("g", 29, {P: Offsets(100, 160)}, _always) is None
     stall = tracker.observe("g", 31, {P: Offsets(100, 170)}, _always)
@@ -23,7 +23,7 @@ def test_a_partition_with_records_waiting_and_no_progress_stalls_after_the_windo
 
 
 def test_progress_or_an_empty_lag_resets_the_clock_and_only_progress_ends_a_stall() -> None:
-    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
+    tracker = ProgressTracker(stall_s=10)
     tracker.observe("g", 0, {P: Offsets(5, 9)}, _always)
     assert tracker.observe("g", 20, {P: Offsets(5, 9)}, _always) is not None
     assert tracker.observe("g", 25, {P: Offsets(5, 9)}, _always) is not None  # still stuck: not healthy again
@@ -33,7 +33,7 @@ def test_progress_or_an_empty_lag_resets_the_clock_and_only_progress_ends_a_stal
 
 def test_only_markers_or_aborted_records_waiting_is_caught_up() -> None:
     """A transaction's commit marker takes an offset: the probe finds no record, so no stall."""
-    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
+    tracker = ProgressTracker(stall_s=10)
     probed: list[tuple[tuple[str, int], int]] = []
 
     def nothing(partition: tuple[str, int], offset: int) -> int | None:
@@ -50,7 +50,7 @@ def test_work_that_arrives_after_an_idle_trailing_marker_is_not_a_stall() -> Non
     """A partition idle behind its last commit marker (lag 1, no progress: nothing to do) gets new work
     just before the probe looks: that record has not waited, so the clock starts again; if it still waits
     a whole window later, the partition stalls."""
-    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
+    tracker = ProgressTracker(stall_s=10)
     tracker.observe("g", 0, {P: Offsets(41, 42)}, _always)  # the marker at 41
     assert tracker.observe("g", 9, {P: Offsets(41, 42)}, _always) is None
 
@@ -64,7 +64,7 @@ def test_work_that_arrives_after_an_idle_trailing_marker_is_not_a_stall() -> Non
 
 
 def test_groups_and_partitions_are_judged_apart() -> None:
-    tracker = ProgressTracker(stall_s=10, max_gap_s=100)
+    tracker = ProgressTracker(stall_s=10)
     q = ("clawr1.internal.work", 3)
     tracker.observe("g", 0, {P: Offsets(0, 5), q: Offsets(0, 0)}, _always)
     tracker.observe("h", 0, {P: Offsets(0, 5)}, _always)
@@ -73,11 +73,53 @@ def test_groups_and_partitions_are_judged_apart() -> None:
     assert tracker.observe("h", 11, {P: Offsets(5, 5)}, _always) is None
 
 
-def test_a_gap_in_the_looks_starts_the_clocks_again() -> None:
-    """Kafka did not answer for a while (the broker was down): the group is not blamed for it."""
-    tracker = ProgressTracker(stall_s=10, max_gap_s=5)
+def test_a_failed_look_pauses_the_clocks_until_kafka_answers_again() -> None:
+    """Kafka did not answer for a while (the broker was down): the group is not blamed for that time."""
+    tracker = ProgressTracker(stall_s=10)
     tracker.observe("g", 0, {P: Offsets(3, 9)}, _always)
-    assert tracker.observe("g", 30, {P: Offsets(3, 9)}, _always) is None  # 30 s without a look
-    for now in (34, 38):
+    assert tracker.observe("g", 6, {P: Offsets(3, 9)}, _always) is None
+    tracker.unseen("g")  # looks failed from here to 30
+    assert tracker.observe("g", 30, {P: Offsets(3, 9)}, _always) is None  # 6 s seen, 24 s blind
+    assert tracker.observe("g", 33, {P: Offsets(3, 9)}, _always) is None  # 9 s seen
+    stall = tracker.observe("g", 35, {P: Offsets(3, 9)}, _always)
+    assert stall is not None and stall.seconds == 11
+
+
+def test_slow_looks_that_answer_still_add_up_to_a_stall() -> None:
+    """A watch whose every look took long (a describe timing out beside it, a slow broker) used to start
+    its clocks again at each look and never judged: only a failed look pauses them now."""
+    tracker = ProgressTracker(stall_s=30)
+    for now in (0, 12, 24):  # 12 s apart: more than the watch's 6 s between looks
         assert tracker.observe("g", now, {P: Offsets(3, 9)}, _always) is None
-    assert tracker.observe("g", 41, {P: Offsets(3, 9)}, _always) is not None  # 11 s since the gap
+    stall = tracker.observe("g", 36, {P: Offsets(3, 9)}, _always)
+    assert stall is not None and stall.seconds == 36
+
+
+def test_a_probe_that_cannot_tell_leaves_the_clock_running() -> None:
+    """No answer from the probe is not "caught up": the next look probes again and may find the record."""
+    tracker = ProgressTracker(stall_s=10)
+    answers: list[int | None] = []
+
+    def flaky(_partition: tuple[str, int], offset: int) -> int | None:
+        answers.append(offset)
+        if len(answers) < 3:
+            raise ProbeInconclusive("no answer in 3s")
+        return offset
+
+    tracker.observe("g", 0, {P: Offsets(3, 9)}, flaky)
+    assert tracker.observe("g", 11, {P: Offsets(3, 9)}, flaky) is None
+    assert tracker.observe("g", 13, {P: Offsets(3, 9)}, flaky) is None
+    stall = tracker.observe("g", 15, {P: Offsets(3, 9)}, flaky)
+    assert stall is not None and stall.seconds == 15 and len(answers) == 3
+
+
+def test_a_look_that_misses_a_partition_judges_the_others() -> None:
+    """A partition between leaders is left out of a look; the others still stall, and its own clock
+    keeps what it had."""
+    tracker = ProgressTracker(stall_s=10)
+    q = ("clawr1.raw.steps", 1)
+    tracker.observe("g", 0, {P: Offsets(0, 5), q: Offsets(0, 5)}, _always)
+    stall = tracker.observe("g", 11, {P: Offsets(0, 5)}, _always)
+    assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]",)
+    stall = tracker.observe("g", 12, {P: Offsets(0, 5), q: Offsets(0, 5)}, _always)
+    assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]", "clawr1.raw.steps[1]")
