@@ -43,6 +43,7 @@ from clawr1.core.metrics import (
 )
 from clawr1.schemas.codec import DecodeError, EncodeError, codec_for
 from clawr1.streams import messages, quix_compat
+from clawr1.streams.commit_watchdog import CommitWatchdog
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.outbox import Envelope, Outbox
 from clawr1.streams.processor import Origin, Processor
@@ -144,6 +145,10 @@ class StreamsApp:
         for name, schema, handle in readers:
             self._dataframe(name).update(self._reader(schema, handle), metadata=True)
         self.work.sink(CheckpointFlush(self._flush))
+        # A commit cannot succeed once the broker timed its transaction out; one still running well past
+        # that is wedged (commit_watchdog's doc says where it was seen) and the worker leaves.
+        self.watchdog = CommitWatchdog(3 * config.transaction_timeout_ms / 1000)
+        quix_compat.wrap_commits(self.work, self.watchdog.watch)
 
     def _dataframe(self, name: str) -> Any:
         topic = self.app.topic(name, key_deserializer="bytes", value_deserializer="bytes",
@@ -252,7 +257,11 @@ class StreamsApp:
         """Block until SIGINT/SIGTERM; ``ready`` is called once this worker holds its partitions."""
         if ready is not None:
             _AssignmentWatch(self.config.bootstrap, self.config.app_id, self.client_id, ready).start()
-        self.app.run()
+        self.watchdog.start()
+        try:
+            self.app.run()
+        finally:
+            self.watchdog.stop()
 
 
 class _AssignmentWatch:

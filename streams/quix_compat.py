@@ -10,7 +10,9 @@ and sinks use:
   .checkpoint.get_store_transaction(...).as_state(...)``): the same ``State`` protocol, without the
   per-key prefix;
 - the application's transactional producer (``processing_context.producer``), called from a sink's
-  ``flush`` (which Quix runs before the changelogs are produced and the transaction commits).
+  ``flush`` (which Quix runs before the changelogs are produced and the transaction commits);
+- the processing context's ``commit_checkpoint``, wrapped (on that one instance) so that a commit that
+  never returns is seen (``clawr1.streams.commit_watchdog``).
 
 ``tests/unit/streams/test_streams_quix_compat.py`` checks that every name in ``PINNED`` exists on the
 installed version, so an upgrade that renames one fails there with this module named, not in production.
@@ -18,6 +20,7 @@ installed version, so an upgrade that renames one fails there with this module n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from quixstreams.dataframe import StreamingDataFrame
@@ -30,6 +33,7 @@ PINNED: tuple[pins.Pin, ...] = (
     ("quixstreams.dataframe.dataframe", "StreamingDataFrame.stream_id"),
     ("quixstreams.processing.context", "ProcessingContext.checkpoint"),
     ("quixstreams.processing.context", "ProcessingContext.producer"),
+    ("quixstreams.processing.context", "ProcessingContext.commit_checkpoint"),
     ("quixstreams.checkpointing.checkpoint", "Checkpoint.get_store_transaction"),
     ("quixstreams.state.base.transaction", "PartitionTransaction.as_state"),
     ("quixstreams.internal_producer", "InternalProducer.produce"),
@@ -54,3 +58,10 @@ def produce(sdf: StreamingDataFrame, topic: str, value: bytes, key: bytes | None
             partition: int | None = None) -> None:
     """Produce with the application's producer: inside the open transaction under exactly-once."""
     sdf.processing_context.producer.produce(topic=topic, value=value, key=key, partition=partition)
+
+
+def wrap_commits(sdf: StreamingDataFrame, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Route every checkpoint commit of ``sdf``'s application (the timed one and the one on a revoke)
+    through ``wrap(commit)``: Quix looks the method up on its processing context at each call."""
+    context = sdf.processing_context
+    setattr(context, "commit_checkpoint", wrap(context.commit_checkpoint))  # noqa: B010 - an instance attribute

@@ -1,0 +1,60 @@
+"""A checkpoint commit that never returns ends the worker (its restart fences the transaction); commits
+that return, however many, never do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+from clawr1.streams.commit_watchdog import EXIT_CODE, CommitWatchdog
+from tests.support.waiting import wait_until
+
+
+def test_a_commit_running_past_the_limit_is_reported_once_from_the_watchdog() -> None:
+    overruns: list[tuple[float, str]] = []
+    release = threading.Event()
+    watchdog = CommitWatchdog(0.3, on_overrun=lambda s: overruns.append((s, threading.current_thread().name)))
+    commit = watchdog.watch(lambda: release.wait(10))
+    blocked = threading.Thread(target=commit)
+    watchdog.start()
+    try:
+        blocked.start()
+        wait_until(lambda: overruns, 5, message="the watchdog naming the blocked commit")
+        release.set()
+        blocked.join(5)
+    finally:
+        watchdog.stop()
+    [(seconds, thread)] = overruns
+    assert seconds > 0.3 and thread == "clawr1-commit-watchdog"
+
+
+def test_commits_that_return_are_left_alone_and_pass_their_result_through() -> None:
+    overruns: list[float] = []
+    watchdog = CommitWatchdog(0.2, on_overrun=overruns.append).start()
+    try:
+        commit = watchdog.watch(lambda force=False: ("committed", force))
+        results = [commit(force=n % 2 == 0) for n in range(2000)]
+        time.sleep(0.5)  # longer than the limit, with no commit running
+    finally:
+        watchdog.stop()
+    assert results[:2] == [("committed", True), ("committed", False)] and not overruns
+
+
+def test_by_default_the_process_leaves_with_where_its_threads_were() -> None:
+    code = textwrap.dedent("""
+        import time
+        from clawr1.streams.commit_watchdog import CommitWatchdog
+
+        def send_offsets_to_transaction():
+            time.sleep(60)
+
+        watchdog = CommitWatchdog(0.5).start()
+        watchdog.watch(send_offsets_to_transaction)()
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert run.returncode == EXIT_CODE, run.stderr
+    assert "a checkpoint commit has not returned for" in run.stderr
+    assert "in send_offsets_to_transaction" in run.stderr, run.stderr
