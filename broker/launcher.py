@@ -229,6 +229,7 @@ class KafkaBroker:
     node_id: int = 1
     layout: ClusterLayout | None = None
     cluster_id_file: Path | None = None
+    log_offset: int = 0  # where the current process's lines start in ``log_file``
 
     @property
     def bootstrap(self) -> str:
@@ -314,6 +315,7 @@ class KafkaBroker:
         config = self.prepare(node, layout)
         if crashed and layout.lone:
             self._fence_crashed_run(node, layout)
+        self.log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         self.process = subprocess.Popen(self._command("kafka.Kafka", str(config)), start_new_session=True)
         return self.process
 
@@ -394,6 +396,40 @@ class KafkaBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+FATAL_FAULT = "Encountered fatal fault"
+
+
+class FatalFaultWatch:
+    """A broker that logged a fatal fault and is still running ``limit_s`` later is stuck: the supervisor's
+    health check for a broker role (``watch(started_at)``, the reason or None).
+
+    Kafka's answer to a fatal fault is to exit the JVM, and that exit can hang for good: once, a SIGTERM
+    that reached a broker two seconds into its start-up raced it into a fault (a metadata publisher
+    not installed yet), and the process then sat in its exit, deaf to further SIGTERMs, its listeners
+    closed, until it was killed 90 s later."""
+
+    def __init__(self, broker: KafkaBroker, limit_s: float = 30.0) -> None:
+        self._broker = broker
+        self._limit_s = limit_s
+        self._process: subprocess.Popen[bytes] | None = None
+        self._read = 0
+        self._faulted_at: float | None = None
+
+    def __call__(self, _started_at: float) -> str | None:
+        if self._broker.process is not self._process:  # a new process: its own lines only
+            self._process, self._read, self._faulted_at = self._broker.process, self._broker.log_offset, None
+        if self._faulted_at is None and self._broker.log_file.exists():
+            with self._broker.log_file.open("rb") as log:
+                log.seek(max(self._broker.log_offset, self._read - len(FATAL_FAULT)))  # a line read in half
+                new = log.read()
+                self._read = log.tell()
+            if FATAL_FAULT.encode() in new:
+                self._faulted_at = time.monotonic()
+        if self._faulted_at is None or (waited := time.monotonic() - self._faulted_at) < self._limit_s:
+            return None
+        return f"it logged a fatal fault {waited:.0f}s ago and has not exited"
 
 
 class KafkaCluster:

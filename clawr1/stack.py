@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 
 from clawr1 import readiness
-from clawr1.broker.launcher import KafkaCluster
+from clawr1.broker.launcher import FatalFaultWatch, KafkaCluster
 from clawr1.core import registry
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.progress import ProgressWatch
@@ -97,7 +97,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
             for broker in cluster.brokers:
                 # Tier 0: stopped after its clients, so they flush into it first.
                 supervisor.add(ProcessRole(cluster.role_name(broker), broker.launch, log_file=broker.log_file,
-                                           stop_timeout_s=60.0), tier=0)
+                                           stop_timeout_s=60.0), tier=0, health=FatalFaultWatch(broker))
             cluster.wait_ready(120.0)
             replicated["CLAWR1_STREAMS_REPLICATION"] = str(cluster.layout.replication.factor)
             print(f"[clawr1] kafka ready on {cluster.bootstrap}", flush=True)

@@ -1,14 +1,19 @@
-"""Pure parts of the broker launcher: cluster ids, single-node and cluster settings, controller ports."""
+"""Pure parts of the broker launcher: cluster ids, single-node and cluster settings, controller ports, the
+fatal-fault check."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from pathlib import Path
+from typing import cast
 from unittest import mock
 
 import pytest
 
 from clawr1.broker import launcher
+from clawr1.broker.launcher import FatalFaultWatch, KafkaBroker
 
 
 def test_cluster_ids_never_start_with_a_dash() -> None:
@@ -110,3 +115,28 @@ def test_the_controller_moves_off_a_port_something_holds() -> None:
         assert chosen != port
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", chosen))  # and it is free
+
+
+def test_a_broker_still_running_after_its_fatal_fault_is_reported_its_predecessors_fault_is_not(
+        tmp_path: Path) -> None:
+    """Kafka exits after a fatal fault, and once hung in that exit for good: the supervisor's check names
+    a process that logged one and is still there ``limit_s`` later; a line written in two parts counts,
+    and a fault the previous process logged is not held against the next."""
+    broker = KafkaBroker(tmp_path)
+    broker.log_file.write_text("[t] ERROR Encountered fatal fault: the previous process's\n")
+    broker.log_offset = broker.log_file.stat().st_size
+    broker.process = cast(subprocess.Popen[bytes], object())
+    watch = FatalFaultWatch(broker, limit_s=0.2)
+    assert watch(0.0) is None
+    with broker.log_file.open("a") as log:
+        log.write("[t] INFO starting\n[t] ERROR Encountered fat")
+    assert watch(0.0) is None
+    with broker.log_file.open("a") as log:
+        log.write("al fault: Unhandled fault in MetadataLoader#installPublishers\n")
+    assert watch(0.0) is None  # seen now, not yet past the limit
+    time.sleep(0.25)
+    problem = watch(0.0)
+    assert problem is not None and problem.startswith("it logged a fatal fault"), problem
+    broker.log_offset = broker.log_file.stat().st_size  # the supervisor's restart: a new process
+    broker.process = cast(subprocess.Popen[bytes], object())
+    assert watch(0.0) is None
