@@ -39,9 +39,9 @@ class StepFact:
 
 def _dumps(value: Any) -> str:
     """Compact UTF-8 JSON, by orjson (the standard library's encoder was 7% of the worker's time per
-    step). The same text as the standard library's but for floats in exponent form (``1e-7``, not
-    ``1e-07``: the same number); the standard library still writes what orjson refuses (integers past
-    64 bits, lone surrogates)."""
+    step). The same text as the standard library's but for some floats, spelled otherwise (``1e-7``
+    for ``1e-07``: the same number); the standard library still writes what orjson refuses (integers
+    past 64 bits, lone surrogates)."""
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS).decode()
     except (TypeError, orjson.JSONEncodeError):
