@@ -19,8 +19,9 @@ arrives (its committed offset has not moved for as long as it idled), so its clo
 A probe that read nothing and skipped nothing could not tell: that is no verdict, not "caught up".
 
 The clocks run only while Kafka answers the watch: a failed look pauses them, a slow one does not. (A
-watch that started its clocks again after every slow look once never judged at all during a rolling
-restart of a 3-broker cluster, while a worker sat wedged.)
+watch that started its clocks again after any gap of more than 6 s between looks did not name a worker
+wedged for three minutes in a rolling restart of a 3-broker cluster; a describe timing out at 5 s makes
+such gaps.)
 
 A worker can also be cut off while its group goes on: frozen (SIGSTOP) or partitioned from the broker,
 it drops out of the group after its session timeout and another worker takes its partitions, so no
@@ -190,6 +191,7 @@ class ProgressWatch:
         self._members: dict[str, dict[str, set[Partition]]] = {}  # group -> client id -> its partitions
         self._last_seen: dict[tuple[str, str], float] = {}  # (group, client id) -> when
         self._described: dict[str, float] = {}  # group -> when its members were last described
+        self._renewed_at = -float("inf")
         self._unlooked = _Blindness("looked at", stall_s)
         self._undescribed = _Blindness("described", stall_s)
 
@@ -238,7 +240,7 @@ class ProgressWatch:
             with self._lock:
                 self._stalls.pop(group, None)
             if self._unlooked.failed(group, exc) > self._stale_s:
-                self._close_clients()
+                self._renew_clients()
             return
         self._unlooked.answered(group)
         members = self._describe(group)
@@ -262,7 +264,7 @@ class ProgressWatch:
             described = self._admin.describe_consumer_groups([group])[group].result(5)
         except Exception as exc:  # noqa: BLE001 - unknown group, broker away: no verdict this time
             if self._undescribed.failed(group, exc) > self._stale_s:
-                self._admin = None  # made anew at the next look
+                self._renew_clients()
             return None
         self._undescribed.answered(group)
         return {m.client_id: {(tp.topic, tp.partition) for tp in m.assignment.topic_partitions}
@@ -320,6 +322,14 @@ class ProgressWatch:
             self._probe = None
             raise ProbeInconclusive(f"{partition[0]}[{partition[1]}] from {offset}")
         return found
+
+    def _renew_clients(self) -> None:
+        """Made anew at the next look, at most once per ``_stale_s`` (a broker down for long is not a
+        reason to churn through clients every look)."""
+        now = time.monotonic()
+        if now - self._renewed_at >= self._stale_s:
+            self._renewed_at = now
+            self._close_clients()
 
     def _close_clients(self) -> None:
         for consumer in [*self._readers.values(), *([self._probe] if self._probe else [])]:
