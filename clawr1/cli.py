@@ -10,6 +10,7 @@ mitmproxy or Quix Streams.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import os
 import signal
@@ -306,10 +307,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dump_threads_on_sigusr1() -> None:
+    """`clawr1 up` sends SIGUSR1 before it kills a stuck role: where every thread was goes to the role's
+    log (the process's own stderr, whatever ``sys.stderr`` was replaced with)."""
+    if sys.__stderr__ is not None:
+        with contextlib.suppress(OSError, ValueError):  # a stderr without a file descriptor
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    # `clawr1 up` sends this before it kills a stuck role: where every thread was goes to the role's log.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _dump_threads_on_sigusr1()
     if getattr(args, "workers", None) is not None:  # a role setting: it reaches the stack as its variable
         os.environ[registry.WORKERS.name] = str(args.workers)
     if args.command == "standin-engine":
