@@ -49,11 +49,14 @@ class CommitWatchdog:
 
     def watch(self, commit: Callable[..., Any]) -> Callable[..., Any]:
         def watched(*args: Any, **kwargs: Any) -> Any:
-            self._started = time.monotonic()
+            outermost = self._started is None  # a revoke's commit inside another: the outer one is timed
+            if outermost:
+                self._started = time.monotonic()
             try:
                 return commit(*args, **kwargs)
             finally:
-                self._started = None
+                if outermost:
+                    self._started = None
         return watched
 
     def start(self) -> CommitWatchdog:

@@ -58,3 +58,26 @@ def test_by_default_the_process_leaves_with_where_its_threads_were() -> None:
     assert run.returncode == EXIT_CODE, run.stderr
     assert "a checkpoint commit has not returned for" in run.stderr
     assert "in send_offsets_to_transaction" in run.stderr, run.stderr
+
+
+def test_a_commit_nested_in_another_leaves_the_outer_one_timed() -> None:
+    """A revoke's commit can run inside another call: when it returns, the outer one is still watched."""
+    overruns: list[float] = []
+    release = threading.Event()
+    watchdog = CommitWatchdog(0.3, on_overrun=overruns.append)
+    inner = watchdog.watch(lambda: None)
+
+    def outer() -> None:
+        inner()
+        release.wait(10)
+
+    blocked = threading.Thread(target=watchdog.watch(outer))
+    watchdog.start()
+    try:
+        blocked.start()
+        wait_until(lambda: overruns, 5, message="the outer commit reported after the inner one returned")
+        release.set()
+        blocked.join(5)
+    finally:
+        watchdog.stop()
+    assert overruns[0] > 0.3
