@@ -76,13 +76,14 @@ def process_cpu_s(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def jit_cpu_s(pid: int) -> float:
-    """CPU seconds so far of a JVM's JIT compiler threads (HotSpot's ``C1``/``C2 CompilerThread``s).
+def jit_cpu_s(pid: int, tasks: list[Path]) -> float:
+    """CPU seconds so far of a JVM's JIT compiler threads (HotSpot's ``C1``/``C2 CompilerThread``s) among
+    its ``tasks`` (``/proc/<pid>/task/*``, as listed once by the caller).
 
     A broker compiles its hot paths for minutes after it starts: a one-time cost that a benchmark of a
     freshly started stack charges to its first loads (about half the broker's CPU in ours)."""
     total = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    for task in tasks:
         try:
             if "CompilerThre" in (task / "comm").read_text():
                 total += process_cpu_s(pid, int(task.name))
@@ -108,7 +109,7 @@ def cpu_by_role(pid: int) -> dict[str, float]:
             role = argv[argv.index("clawr1.cli") + 1]
         elif Path(argv[0]).name == "java":
             role = "broker"
-            jit = jit_cpu_s(p)
+            jit = jit_cpu_s(p, tasks)
             out["broker_jit"] = out.get("broker_jit", 0.0) + jit
             cpu -= jit
         else:

@@ -8,25 +8,31 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 
 from clawr1.streams.commit_watchdog import EXIT_CODE, CommitWatchdog
 from tests.support.waiting import wait_until
 
 
-def test_a_commit_running_past_the_limit_is_reported_once_from_the_watchdog() -> None:
-    overruns: list[tuple[float, str]] = []
+def _block_until_reported(watchdog: CommitWatchdog, commit: Callable[[threading.Event], object],
+                          reported: Callable[[], object]) -> None:
+    """Run ``commit(release)`` in a thread under ``watchdog`` until ``reported()``, then let it return."""
     release = threading.Event()
-    watchdog = CommitWatchdog(0.3, on_overrun=lambda s: overruns.append((s, threading.current_thread().name)))
-    commit = watchdog.watch(lambda: release.wait(10))
-    blocked = threading.Thread(target=commit)
+    blocked = threading.Thread(target=watchdog.watch(lambda: commit(release)))
     watchdog.start()
     try:
         blocked.start()
-        wait_until(lambda: overruns, 5, message="the watchdog naming the blocked commit")
+        wait_until(reported, 5, message="the watchdog naming the blocked commit")
         release.set()
         blocked.join(5)
     finally:
         watchdog.stop()
+
+
+def test_a_commit_running_past_the_limit_is_reported_once_from_the_watchdog() -> None:
+    overruns: list[tuple[float, str]] = []
+    watchdog = CommitWatchdog(0.3, on_overrun=lambda s: overruns.append((s, threading.current_thread().name)))
+    _block_until_reported(watchdog, lambda release: release.wait(10), lambda: overruns)
     [(seconds, thread)] = overruns
     assert seconds > 0.3 and thread == "clawr1-commit-watchdog"
 
@@ -63,21 +69,12 @@ def test_by_default_the_process_leaves_with_where_its_threads_were() -> None:
 def test_a_commit_nested_in_another_leaves_the_outer_one_timed() -> None:
     """A revoke's commit can run inside another call: when it returns, the outer one is still watched."""
     overruns: list[float] = []
-    release = threading.Event()
     watchdog = CommitWatchdog(0.3, on_overrun=overruns.append)
     inner = watchdog.watch(lambda: None)
 
-    def outer() -> None:
+    def outer(release: threading.Event) -> None:
         inner()
         release.wait(10)
 
-    blocked = threading.Thread(target=watchdog.watch(outer))
-    watchdog.start()
-    try:
-        blocked.start()
-        wait_until(lambda: overruns, 5, message="the outer commit reported after the inner one returned")
-        release.set()
-        blocked.join(5)
-    finally:
-        watchdog.stop()
+    _block_until_reported(watchdog, outer, lambda: overruns)
     assert overruns[0] > 0.3
