@@ -14,13 +14,15 @@ partition otherwise. Where things live (``clawr1.core.routing``): a trajectory i
 its id, so a black-box call's trajectory sits beside its link state and a white-box one where its steps
 arrive; a target id that is not routable in the partition its id hashes to.
 
-State namespaces (``clawr1.streams.store``): ``L/<raw key>`` link state; ``T/<trajectory hash>`` the
-records (``clawr1.streams.trajectory_record``) of the trajectories with that hash; ``C/<trajectory>\\x1f<n>``
-their chunks of step facts; ``S/<step id>`` the trajectory of a routable step id that does not carry its
-trajectory's hash (a black-box call named by its conversation, other than the call that started it, whose
-trajectory is named after it); ``H/<step id>`` feedback that reached a routable step id before its step;
-``X/<target id>`` index entries and held feedback of other ids (``clawr1.streams.targets``); ``G/<scope>``
-and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
+State namespaces (``clawr1.streams.store``): ``R/<raw key hash>`` home records
+(``clawr1.streams.home_record``): link state, and the trajectory while it is the link state's only one;
+``T/<trajectory hash>`` the records (``clawr1.streams.trajectory_record``) of the other trajectories with
+that hash; ``C/<trajectory>\\x1f<n>`` their chunks of step facts; ``S/<step id>`` the trajectory of a
+routable step id a scan of ``R`` and ``T`` under its hash misses (a black-box call named by its
+conversation, other than the call that started it, when its trajectory is not in the home record);
+``L/<raw key>`` link state as workers before home records kept it; ``H/<step id>`` feedback that reached
+a routable step id before its step; ``X/<target id>`` index entries and held feedback of other ids
+(``clawr1.streams.targets``); ``G/<scope>`` and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
 
 Delivery is exactly-once (outputs, state and input offsets commit in one Kafka transaction), so nothing
 here is re-published for a crash's sake; a duplicate *input* (a client that sent the same step twice)
@@ -37,6 +39,7 @@ from typing import Any
 
 from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import (
+    home_hash,
     home_partition,
     id_tag,
     key_hash,
@@ -45,7 +48,7 @@ from clawr1.core.routing import (
     trajectory_named_after,
 )
 from clawr1.prefix_tree import PrefixTree
-from clawr1.streams import messages
+from clawr1.streams import home_record, messages
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.dead_letters import dead_letter
 from clawr1.streams.join import (
@@ -123,6 +126,10 @@ class Processor:
         self.origin: Origin | None = None
         # The checkpoint's decoded records; the dirty ones are written back by ``flush``.
         self._trajectories: dict[str, Trajectory] = {}
+        # Where each trajectory's record was read from: (namespace, hash) of its R or T key, None if new.
+        self._found_at: dict[str, tuple[str, str] | None] = {}
+        self._arrivals: dict[str, list[str]] = {}  # trajectory -> steps first seen (routable ids)
+        self._legacy_links: set[str] = set()  # link states read from ``L``, before home records
         self._links: dict[str, LinkState] = {}
         self._targets: dict[str, TargetState] = {}
         self._groups: dict[str, dict[str, Any]] = {}  # scope id -> {"scope", "where", "chunks"}
@@ -134,17 +141,36 @@ class Processor:
     # ------------------------------------------------------------------ checkpoint
     def flush(self) -> int:
         """Put every record this checkpoint changed back into the store, then write the store."""
-        by_hash: dict[tuple[int, str], dict[str, Any]] = {}
-        for tid in self._dirty_trajectories:
-            part = home_partition(tid, self.partitions)
-            slot = (part, key_hash(tid))
-            if slot not in by_hash:
-                by_hash[slot] = self.store.get(part, "T", slot[1]) or {}
-            by_hash[slot][tid] = self._trajectories[tid].record.to_json()
-        for (part, name), value in by_hash.items():
-            self.store.put(part, "T", name, value)
+        homes: set[tuple[int, str]] = set()  # home records changed
         for key in self._dirty_links:
-            self.store.put(partition_of(key, self.partitions), "L", key, self._links[key].to_json())
+            home = (partition_of(key, self.partitions), key_hash(key))
+            record = self._home(home)
+            if record is None:
+                record = home_record.empty()
+                self.store.put(home[0], "R", home[1], record)
+            record["l"][key] = self._links[key].to_json()
+            if key in self._legacy_links:
+                self.store.delete(home[0], "L", key)
+            homes.add(home)
+        records: dict[tuple[int, str], dict[str, Any]] = {}  # T keys read, all written back
+        soles: dict[tuple[int, str], str | None] = {}  # the one trajectory each home's link state names
+        for home in list(homes):
+            record = self._home(home)
+            assert record is not None
+            sole = soles[home] = home_record.sole_trajectory(record)
+            for tid in [t for t in record["t"] if t != sole and t not in self._dirty_trajectories]:
+                moved = record["t"].pop(tid)  # its link state named a second trajectory: out it goes
+                self._t_record(records, home[0], tid)[tid] = moved
+                self._index(home[0], tid, moved["steps"], key_hash(tid), home[1])
+        for tid in self._dirty_trajectories:
+            self._keep(tid, records, homes, soles)
+        for (part, name), value in records.items():
+            if value:
+                self.store.put(part, "T", name, value)
+            else:
+                self.store.delete(part, "T", name)
+        for home in homes:
+            self.store.put(home[0], "R", home[1], self._home(home))
         for key in self._dirty_targets:
             self.store.put(self._target_partition(key), "X", key, self._targets[key].to_json())
         for scope_id, group in self._groups.items():
@@ -153,11 +179,56 @@ class Processor:
         self.discard()
         return written
 
+    def _home(self, home: tuple[int, str]) -> home_record.HomeRecord | None:
+        record: home_record.HomeRecord | None = self.store.get(home[0], "R", home[1])
+        return record
+
+    def _t_record(self, records: dict[tuple[int, str], dict[str, Any]], part: int,
+                  trajectory_id: str) -> dict[str, Any]:
+        slot = (part, key_hash(trajectory_id))
+        if slot not in records:
+            records[slot] = self.store.get(part, "T", slot[1]) or {}
+        return records[slot]
+
+    def _keep(self, trajectory_id: str, records: dict[tuple[int, str], dict[str, Any]],
+              homes: set[tuple[int, str]], soles: dict[tuple[int, str], str | None]) -> None:
+        """Write a trajectory's record where it is kept now: in its home record while that record's link
+        state names it alone, else under its own hash; index the steps a move hides from a scan."""
+        home = (home_partition(trajectory_id, self.partitions), home_hash(trajectory_id))
+        record = self._home(home)
+        data = self._trajectories[trajectory_id].record.to_json()
+        if record is not None and home not in soles:
+            soles[home] = home_record.sole_trajectory(record)
+        resident = record is not None and soles[home] == trajectory_id
+        kept_at = ("R", home[1]) if resident else ("T", key_hash(trajectory_id))
+        found_at = self._found_at.get(trajectory_id)
+        if found_at == ("R", home[1]) and kept_at != found_at:
+            assert record is not None
+            del record["t"][trajectory_id]
+            homes.add(home)
+        elif found_at is not None and found_at[0] == "T" and kept_at != found_at:
+            del self._t_record(records, home[0], trajectory_id)[trajectory_id]
+        if kept_at[0] == "R":
+            assert record is not None
+            record["t"][trajectory_id] = data
+            homes.add(home)
+        else:
+            self._t_record(records, home[0], trajectory_id)[trajectory_id] = data
+        if found_at is not None and found_at != kept_at:
+            self._index(home[0], trajectory_id, data["steps"], kept_at[1], found_at[1])
+        self._index(home[0], trajectory_id, self._arrivals.get(trajectory_id, ()), kept_at[1], None)
+
+    def _index(self, part: int, trajectory_id: str, step_ids: Any, kept_under: str,
+               found_under: str | None) -> None:
+        for step_id in home_record.index_entries(trajectory_id, step_ids, kept_under, found_under):
+            self.store.put(part, "S", step_id, trajectory_id)
+
     def discard(self) -> None:
         """Forget the checkpoint's work (after its flush, or when it is thrown away)."""
-        for cache in (self._trajectories, self._links, self._targets, self._groups, self._open_groups):
+        for cache in (self._trajectories, self._found_at, self._arrivals, self._links, self._targets,
+                      self._groups, self._open_groups):
             cache.clear()
-        for dirty in (self._dirty_trajectories, self._dirty_links, self._dirty_targets):
+        for dirty in (self._dirty_trajectories, self._dirty_links, self._dirty_targets, self._legacy_links):
             dirty.clear()
         self.store.clear()
 
@@ -214,7 +285,14 @@ class Processor:
     def _link_state(self, key: str) -> LinkState:
         state = self._links.get(key)
         if state is None:
-            state = LinkState.from_json(self.store.get(partition_of(key, self.partitions), "L", key))
+            part = partition_of(key, self.partitions)
+            record = self._home((part, key_hash(key)))
+            data = None if record is None else record["l"].get(key)
+            if data is None:
+                data = self.store.get(part, "L", key)  # kept by a worker before home records
+                if data is not None:
+                    self._legacy_links.add(key)
+            state = LinkState.from_json(data)
             self._links[key] = state
         return state
 
@@ -304,12 +382,13 @@ class Processor:
         mapped = self.store.get(self.partition, "S", step_id)
         if mapped is not None:
             return str(mapped)
-        tag = id_tag(step_id)
-        for tid in sorted(self.store.get(self.partition, "T", tag or "") or {}):
+        tag = id_tag(step_id) or ""
+        home = self._home((self.partition, tag))
+        for tid in sorted([*(home["t"] if home else ()), *(self.store.get(self.partition, "T", tag) or {})]):
             if step_id in self._trajectory(tid).record.steps:
                 return tid
-        for tid, trajectory in self._trajectories.items():  # created in this checkpoint, not yet stored
-            if key_hash(tid) == tag and step_id in trajectory.record.steps:
+        for tid, trajectory in self._trajectories.items():  # arrived in this checkpoint, not yet indexed
+            if tag in (key_hash(tid), home_hash(tid)) and step_id in trajectory.record.steps:
                 return tid
         return None
 
@@ -331,8 +410,16 @@ class Processor:
         if cached is not None:
             return cached
         part = home_partition(trajectory_id, self.partitions)
-        records = self.store.get(part, "T", key_hash(trajectory_id)) or {}
-        record = TrajectoryRecord.from_json(records.get(trajectory_id))
+        found_at: tuple[str, str] | None = ("R", home_hash(trajectory_id))
+        home = self._home((part, home_hash(trajectory_id)))
+        data = None if home is None else home["t"].get(trajectory_id)
+        if data is None:
+            found_at = ("T", key_hash(trajectory_id))
+            data = (self.store.get(part, "T", found_at[1]) or {}).get(trajectory_id)
+            if data is None:
+                found_at = None
+        self._found_at[trajectory_id] = found_at
+        record = TrajectoryRecord.from_json(data)
 
         def load(n: int) -> Chunk | None:
             chunk: Chunk | None = self.store.get(part, "C", f"{trajectory_id}{_SEP}{n}")
@@ -389,11 +476,9 @@ class Processor:
 
     def _arrived(self, trajectory: Trajectory, step_id: str, state: StepState) -> None:
         """A step seen for the first time: make its routable id findable, take feedback that came first."""
-        tag = id_tag(step_id)
-        if tag is None:
+        if id_tag(step_id) is None:
             return
-        if tag != key_hash(trajectory.id) and trajectory.id != trajectory_named_after(step_id):
-            self.store.put(self.partition, "S", step_id, trajectory.id)
+        self._arrivals.setdefault(trajectory.id, []).append(step_id)  # indexed by the flush if need be
         held = self.store.get(self.partition, "H", step_id)
         if held:
             for entry in held:

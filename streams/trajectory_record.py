@@ -11,7 +11,8 @@ big for the tail. So a checkpoint writes one record per trajectory it touched, p
 tail sealed, and the bytes rewritten with a record stay bounded by the tail's size.
 
 Records are kept by the hash of the trajectory id (``clawr1.core.routing.key_hash``), a white-box step's
-id carries that hash, so feedback naming the step finds its trajectory from the id alone.
+id carries that hash, so feedback naming the step finds its trajectory from the id alone; a black-box
+conversation's only trajectory is kept with its link state instead (``clawr1.streams.home_record``).
 """
 
 from __future__ import annotations

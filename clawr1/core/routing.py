@@ -100,11 +100,14 @@ def trajectory_home(trajectory_id: str) -> str | None:
     return match.group(1)[:8] if match else None
 
 
+@functools.lru_cache(maxsize=16384)
+def home_hash(name: str) -> str:
+    """The hash of where the state named ``name`` (a trajectory, a prompt group) lives: the call it was
+    named after when the name says so (``traj-<uuid8>[:<n>]``, ``<uuid8>[:<n>]``: that call's raw key),
+    else the name's own (an explicit trajectory id is the raw topics' key, so its steps arrive there)."""
+    return trajectory_home(name) or id_tag(name) or key_hash(name)
+
+
 def home_partition(name: str, partitions: int) -> int:
-    """Where the state named ``name`` (a trajectory, a prompt group) lives: beside the call it was named
-    after when the name says so (``traj-<uuid8>[:<n>]``, ``<uuid8>[:<n>]``), else where the name hashes
-    (an explicit trajectory id is the raw topics' key, so its steps arrive there)."""
-    tag = trajectory_home(name) or id_tag(name)
-    if tag is not None:
-        return partition_of_hash(int(tag, 16), partitions)
-    return partition_of(name, partitions)
+    """The partition of ``home_hash``: where the state named ``name`` lives."""
+    return partition_of_hash(int(home_hash(name), 16), partitions)

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from clawr1.core.routing import partition_of, routable_id
+from clawr1.core.routing import key_hash, partition_of, routable_id
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.outbox import Outbox
 from clawr1.streams.processor import Origin, Processor
@@ -131,27 +131,93 @@ def test_other_ids_are_indexed_and_feedback_meets_the_index() -> None:
     assert any(key.startswith(b"X/client-chosen") for p in harness.partitions for key in p)
 
 
-def test_a_black_box_trajectory_named_after_a_routable_call_lives_beside_its_link_state() -> None:
+def _call(key: str, name: str, history: list[dict[str, Any]], reply: str, at: int) -> dict[str, Any]:
+    """A call without token ids: no prefix-tree merge, whose prompt group keeps records of its own."""
+    return llm_call(routable_id(key, name.encode()), history, [reply], at=at, response_id=f"chatcmpl-{name}")
+
+
+def _keys(harness: Harness, prefix: bytes) -> list[bytes]:
+    return sorted(k for p in harness.partitions for k in p if k.startswith(prefix))
+
+
+def test_a_black_box_conversation_is_one_record_with_its_link_state() -> None:
     harness = Harness()
     key = "conversation-root"
-    first = routable_id(key, b"call-1")
-    second = routable_id(key, b"call-2")
-    harness.llm(llm_call(first, [user("task")], ["a"], at=1_000, prompt_ids=[1, 2], reply_ids=[[3]],
-                         response_id="chatcmpl-1"), key)
-    harness.llm(llm_call(second, [user("task"), {"role": "assistant", "content": "a"}, user("more")], ["b"],
-                         at=2_000, prompt_ids=[1, 2, 3, 4], reply_ids=[[5]], response_id="chatcmpl-2"), key)
+    first = _call(key, "call-1", [user("task")], "a", 1_000)
+    harness.llm(first, key)
     harness.checkpoint()
-    assert harness.steps[second]["trajectory_id"] == f"traj-{first}"
-    assert harness.steps[second]["parent_step_id"] == first
-    # Only the engine's response ids took a hop to their index; the trajectory stayed in place.
-    assert harness.hops <= 2
-    harness.feedback(feedback("fb", "step", second, reward=1.0))
-    harness.feedback(feedback("fb-first", "step", first, reward=0.5))
+    before = CountingStore.writes
+    second = _call(key, "call-2", [user("task"), {"role": "assistant", "content": "a"}, user("more")], "b",
+                   2_000)
+    harness.llm(second, key)
     harness.checkpoint()
-    assert harness.steps[second]["reward"] == 1.0  # found through the S entry the join wrote
-    # The first call is found as its trajectory's namesake: it needed no S entry of its own.
-    assert harness.steps[first]["reward"] == 0.5
-    assert [k for p in harness.partitions for k in p if k.startswith(b"S/")] == [f"S/{second}".encode()]
+    one, two = first["event_id"], second["event_id"]
+    assert harness.steps[two]["trajectory_id"] == f"traj-{one}"
+    assert harness.steps[two]["parent_step_id"] == one
+    # A call writes its conversation's record (link state and trajectory) and its response id's index entry.
+    assert CountingStore.writes - before == 2
+    assert _keys(harness, b"R/") == [f"R/{key_hash(key)}".encode()]
+    assert _keys(harness, b"L/") == _keys(harness, b"T/") == _keys(harness, b"S/") == []
+    harness.feedback(feedback("fb", "step", two, reward=1.0))
+    harness.feedback(feedback("fb-first", "step", one, reward=0.5))
+    harness.checkpoint()
+    assert harness.steps[two]["reward"] == 1.0  # found by a scan of the record its id's hash names
+    assert harness.steps[one]["reward"] == 0.5  # its trajectory's namesake
+
+
+def test_a_second_trajectory_of_a_key_moves_the_first_out_and_feedback_still_finds_both() -> None:
+    harness = Harness()
+    key = "shared-task"
+    calls = [_call(key, "a0", [user("task")], "x", 1_000)]
+    calls.append(_call(key, "a1", [user("task"), {"role": "assistant", "content": "x"}, user("go")], "y",
+                       2_000))
+    for call in calls:
+        harness.llm(call, key)
+    harness.checkpoint()
+    assert not _keys(harness, b"T/")  # one trajectory: it lives in the conversation's record
+    calls.append(_call(key, "b0", [user("task")], "z", 3_000))  # another rollout of the same task
+    harness.llm(calls[-1], key)
+    harness.checkpoint()
+    trajectories = {harness.steps[c["event_id"]]["trajectory_id"] for c in calls}
+    assert trajectories == {f"traj-{calls[0]['event_id']}", f"traj-{calls[2]['event_id']}"}
+    records = _state(harness, b"R/")
+    (home,) = records.values()
+    assert home["t"] == {}  # both trajectories under their own ids' hashes now
+    assert len(_keys(harness, b"T/")) == 2
+    # The continuation is no longer found by a scan of its hash's record: it got an index entry.
+    assert _keys(harness, b"S/") == [f"S/{calls[1]['event_id']}".encode()]
+    harness.restart()
+    for n, call in enumerate(calls):
+        harness.feedback(feedback(f"fb-{n}", "step", call["event_id"], reward=float(n)))
+    harness.checkpoint()
+    assert [harness.steps[c["event_id"]]["reward"] for c in calls] == [0.0, 1.0, 2.0]
+
+
+def test_state_kept_before_home_records_is_read_and_moved_into_them() -> None:
+    harness = Harness()
+    key = "older-worker"
+    first = _call(key, "o1", [user("task")], "a", 1_000)
+    harness.llm(first, key)
+    harness.checkpoint()
+    # Rewrite the state as a worker before home records kept it: L/<key>, T/<hash of the trajectory id>
+    # and an S entry for a continuation (none here: the first call is its trajectory's namesake).
+    (name,) = _keys(harness, b"R/")
+    part = next(p for p in harness.partitions if name in p)
+    home = orjson.loads(part.pop(name))
+    ((tid, record),) = home["t"].items()
+    part[f"L/{key}".encode()] = orjson.dumps(home["l"][key])
+    part[f"T/{key_hash(tid)}".encode()] = orjson.dumps({tid: record})
+    harness.restart()
+    second = _call(key, "o2", [user("task"), {"role": "assistant", "content": "a"}, user("more")], "b", 2_000)
+    harness.llm(second, key)
+    harness.checkpoint()
+    assert harness.steps[second["event_id"]]["parent_step_id"] == first["event_id"]  # the link state read
+    assert harness.steps[second["event_id"]]["trajectory_id"] == tid
+    assert _keys(harness, b"L/") == _keys(harness, b"T/") == []  # moved, not copied
+    assert list(_state(harness, b"R/")[name]["t"]) == [tid]
+    harness.feedback(feedback("fb", "trajectory", tid, reward=1.0, terminal=True))
+    harness.checkpoint()
+    assert harness.steps[first["event_id"]]["trajectory_reward"] == 1.0
 
 
 def test_a_checkpoint_writes_each_key_once_however_many_events_touched_it() -> None:
