@@ -1,7 +1,8 @@
 """Stream worker throughput and end-to-end latency, against Kafka's own consume rate in the same run.
 
 Load: black-box agent conversations (8 turns each, prompts growing from 256 tokens by the previous
-reply and a new user turn, engine token ids present) captured by the proxy, plus one final reward
+reply and a new user turn, engine token ids present, event ids minted as the proxy mints them)
+captured by the proxy, plus one final reward
 per call from a reward model, i.e. every call becomes a normalized step, joined with its reward,
 merged into its trajectory's prefix tree.
 
@@ -57,6 +58,7 @@ from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.conversation import conversation_key  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
 from clawr1.core.routing import partition_of, routable_id  # noqa: E402
+from clawr1.proxy.record import event_id as proxy_event_id  # noqa: E402
 from clawr1.schemas.codec import codec_for, pack_record  # noqa: E402
 from clawr1.streams.config import StreamTopics  # noqa: E402
 from clawr1.streams.worker import READY_LINE  # noqa: E402
@@ -76,7 +78,8 @@ def conversation(tag: str, n: int) -> list[dict[str, Any]]:
     for turn in range(TURNS):
         reply_ids = [(n * 17 + turn * 7 + i) % 32_000 for i in range(REPLY_TOKENS)]
         reply = f"reply {turn} of {n}"
-        event_id = f"{tag}-{n}-{turn}"
+        # Minted as the proxy mints them: routable to the call's Kafka key (its conversation key).
+        event_id = proxy_event_id("bench", f"{tag}-{n}-{turn}", conversation_key(messages))
         calls.append({
             "event_id": event_id, "captured_at_ms": 0, "proxy_instance": "bench", "api": "openai.chat",
             "method": "POST", "url": "http://engine/v1/chat/completions", "upstream": "http://engine",
@@ -220,19 +223,24 @@ def latency(bootstrap: str, topics: StreamTopics, rate: float, seconds: float) -
             "kafka_hop_p50_ms": statistics.median(hop), "kafka_hop_p99_ms": percentile(hop, 0.99)}
 
 
-def wait_assigned(bootstrap: str, group: str, members: int, partitions: int, timeout: float = 120) -> None:
-    """Until ``group`` has ``members`` members sharing all ``partitions`` (a rebalance settled)."""
+def wait_assigned(bootstrap: str, group: str, members: int, inputs: list[str], partitions: int,
+                  timeout: float = 120) -> None:
+    """Until ``group`` has ``members`` members sharing every partition of ``inputs`` (a rebalance
+    settled); Quix's changelog partitions, which its members also hold, are not counted."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + timeout
+    wanted = len(inputs) * partitions
+    seen = ""
     while time.monotonic() < deadline:
         described = admin.describe_consumer_groups([group])[group].result(10)
-        assigned = sum(len(m.assignment.topic_partitions) for m in described.members)
-        if len(described.members) == members and assigned == partitions:
+        assigned = sum(tp.topic in inputs for m in described.members for tp in m.assignment.topic_partitions)
+        if len(described.members) == members and assigned == wanted:
             return
+        seen = f"{len(described.members)} members, {assigned} of {wanted} input partitions"
         time.sleep(0.2)
-    raise RuntimeError(f"group {group} did not settle on {members} members within {timeout}s")
+    raise RuntimeError(f"group {group} did not settle on {members} members within {timeout}s ({seen})")
 
 
 def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
@@ -305,7 +313,7 @@ def throughput(bootstrap: str, load: str, n: int, length: int, workers: int,
         try:
             for worker in group:
                 worker.wait_ready()
-            wait_assigned(bootstrap, "bench" + suffix, workers, len(topics.inputs()) * PARTITIONS)
+            wait_assigned(bootstrap, "bench" + suffix, workers, topics.inputs(), PARTITIONS)
             cpu_at_ready = sum(worker.cpu_seconds() for worker in group)
             ready = time.monotonic()
             if load == "blackbox":

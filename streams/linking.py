@@ -186,19 +186,20 @@ def step_ids_of(turn: Turn) -> list[str]:
 
 def reply_digest(turn: Turn, reply_messages: list[dict[str, Any]]) -> str:
     """Identity of ``prompt + reply``: the prefix a continuation of this reply starts with."""
-    return prefix_digests([*turn.messages, *reply_messages])[-1]
+    prompt = turn.message_digests
+    return [*prompt, *prefix_digests(reply_messages, prompt[-1] if prompt else None)][-1]
 
 
 _DIGEST_CHARS = 32  # 128 bits: collisions within one key are out of reach, and the state stays small
 
 
-def _digests(messages: list[dict[str, Any]]) -> list[str]:
-    return [d[:_DIGEST_CHARS] for d in prefix_digests(messages)]
+def _digests(turn: Turn) -> list[str]:
+    return [d[:_DIGEST_CHARS] for d in turn.message_digests]
 
 
 def _prompt_digest(turn: Turn) -> str:
-    digests = _digests(turn.messages)
-    return digests[-1] if digests else ""
+    digests = turn.message_digests
+    return digests[-1][:_DIGEST_CHARS] if digests else ""
 
 
 def _group_key(turn: Turn, prompt: str) -> str:
@@ -250,7 +251,7 @@ def _placement(state: LinkState, turn: Turn) -> _Place:
     moved_on = {n.slot for n in scope.values() if n.continued}  # slots whose rollout went on
     # What a continuation can follow: live steps, and superseded ones whose slot has not gone on.
     parents = {s: n for s, n in scope.items() if n.tail and (not n.superseded or n.slot not in moved_on)}
-    digests = _digests(turn.messages)
+    digests = _digests(turn)
     prompt = digests[-1] if digests else ""
     depth_of = {d: i for i, d in enumerate(digests)}
     # The deepest step whose prompt plus reply the turn starts with, and the deepest whose prompt only.

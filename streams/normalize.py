@@ -15,7 +15,6 @@ from typing import Any
 
 import orjson
 
-from clawr1.core.conversation import prefix_digests
 from clawr1.streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
 from clawr1.streams.rewards import inline_fact
 from clawr1.streams.tokenization import Retokenizer
@@ -53,9 +52,9 @@ def _sha(value: Any) -> str:
     return hashlib.sha256(orjson.dumps(value)).hexdigest()
 
 
-def prompt_id_of(messages: list[dict[str, Any]], prompt_ids: list[int]) -> str:
+def prompt_id_of(turn: Turn) -> str:
     """Content hash of the prompt: its conversation digest, or of its token ids without messages."""
-    return prefix_digests(messages)[-1] if messages else _sha(prompt_ids)
+    return turn.message_digests[-1] if turn.messages else _sha(turn.prompt_token_ids)
 
 
 @dataclass(frozen=True)
@@ -133,7 +132,7 @@ def steps_from_turn(turn: Turn, assignments: list[Assignment],
     """One step per reply (choice), placed by its assignment; a failed call is one failed step."""
     replies = turn.replies or [Reply(0, "", [], [])]
     single = len(replies) == 1
-    prompt_id = prompt_id_of(turn.messages, turn.prompt_token_ids)
+    prompt_id = prompt_id_of(turn)
     facts = []
     for step_id, reply, assignment in zip(step_ids_of(turn), replies, assignments, strict=True):
         tokens = choose_tokens(turn, reply, retokenizer)

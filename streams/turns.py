@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+from clawr1.core.conversation import prefix_digests
 
 SAMPLING_KEYS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "max_output_tokens",
@@ -81,6 +84,12 @@ class Turn:
     @property
     def failed(self) -> bool:
         return self.error is not None
+
+    @cached_property
+    def message_digests(self) -> list[str]:
+        """``prefix_digests`` of the messages, once per turn: linking and normalizing ask for them
+        several times a call, and each pass hashes the whole history."""
+        return prefix_digests(self.messages)
 
 
 def _json(text: str, what: str) -> Any:

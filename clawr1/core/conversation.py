@@ -88,12 +88,13 @@ def message_digest(message: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def prefix_digests(messages: Sequence[dict[str, Any]]) -> list[str]:
-    """``result[i]`` identifies ``messages[: i + 1]``: equal digests mean equal prefixes.
+def prefix_digests(messages: Sequence[dict[str, Any]], after: str | None = None) -> list[str]:
+    """``result[i]`` identifies ``messages[: i + 1]``: equal digests mean equal prefixes. ``after``, the
+    last digest of messages before these, continues that chain.
 
     Reasoning messages do not count: ``result[i]`` repeats the digest before one."""
     digests: list[str] = []
-    current = _EMPTY
+    current = after or _EMPTY
     for message in messages:
         if not is_reasoning(message):
             current = hashlib.sha256((current + message_digest(message)).encode()).hexdigest()
