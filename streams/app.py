@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from functools import partial
+from pathlib import Path
 from typing import Any, Literal, cast
 
 from quixstreams import Application
@@ -79,6 +80,15 @@ class CheckpointFlush(BaseSink):
         self._flush()
 
 
+def state_dir(config: StreamConfig) -> Path:
+    """Where this worker's RocksDB partitions live: one folder per worker slot. Workers of one machine
+    that shared a folder waited on each other's partition locks (up to 30 s in Quix) whenever a partition
+    moved while its last owner still held it open (a frozen worker, one slow to revoke); the stall
+    watch took the waiter for stuck and killed it, and the group rebalanced again. A partition new to a
+    slot is rebuilt from its changelog, as on any other machine."""
+    return config.data_dir / config.app_id / (config.instance_id or "")
+
+
 def kafka_overrides(config: StreamConfig, client_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the worker sets on Quix's consumer and producer beyond Quix's own exactly-once settings."""
     consumer: dict[str, Any] = {
@@ -118,7 +128,7 @@ class StreamsApp:
             # default, the last records before a pause waited up to 1 s in an open transaction.
             consumer_poll_timeout=min(0.05, config.commit_interval_ms / 2000),
             commit_every=config.commit_every,
-            state_dir=str(config.data_dir / config.app_id),
+            state_dir=str(state_dir(config)),
             rocksdb_options=RocksDBOptions(dumps=_same, loads=_same),
             consumer_extra_config=consumer,
             producer_extra_config=producer,
