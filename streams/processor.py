@@ -22,8 +22,7 @@ routable step id a scan of ``R`` and ``T`` under its hash misses (a black-box ca
 conversation, other than the call that started it, when its trajectory is not in the home record);
 ``L/<raw key>`` link state as workers before home records kept it; ``H/<step id>`` feedback that reached
 a routable step id before its step; ``X/<target id>`` index entries and held feedback of other ids
-(``clawr1.streams.targets``); ``G/<scope>`` prompt-group merge scopes (their newest steps' tokens in the
-record's tail) and ``GC/<scope>\\x1f<n>`` their sealed chunks of tokens.
+(``clawr1.streams.targets``); ``G/<scope>`` and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
 
 Delivery is exactly-once (outputs, state and input offsets commit in one Kafka transaction), so nothing
 here is re-published for a crash's sake; a duplicate *input* (a client that sent the same step twice)
@@ -71,7 +70,7 @@ from clawr1.streams.rewards import fact_digest, feedback_fact
 from clawr1.streams.store import Store
 from clawr1.streams.targets import Refusal, Target, TargetState, add_feedback, add_target
 from clawr1.streams.tokenization import Retokenizer
-from clawr1.streams.trajectory_record import TAIL, TAIL_TOKENS, Chunk, Trajectory, TrajectoryRecord
+from clawr1.streams.trajectory_record import Chunk, Trajectory, TrajectoryRecord
 from clawr1.streams.turns import Turn, turn_from_llm_call, turn_from_service_event
 
 log = logging.getLogger(__name__)
@@ -423,12 +422,12 @@ class Processor:
         record = TrajectoryRecord.from_json(data)
 
         def load(n: int) -> Chunk | None:
-            chunk: Chunk | None = self.store.get(part, "C", _chunk_key(trajectory_id, n))
+            chunk: Chunk | None = self.store.get(part, "C", f"{trajectory_id}{_SEP}{n}")
             return chunk
 
         def new(n: int) -> Chunk:
             chunk: Chunk = {}
-            self.store.put(part, "C", _chunk_key(trajectory_id, n), chunk)
+            self.store.put(part, "C", f"{trajectory_id}{_SEP}{n}", chunk)
             return chunk
 
         trajectory = Trajectory(trajectory_id, record, load, new)
@@ -536,65 +535,34 @@ class Processor:
                 self.dead_letter("prefix", f"{type(exc).__name__}: {exc}", self.origin)
 
     def _merge_group(self, step: ScopeStep) -> None:
-        """A prompt group's scope: its record (``G``) holds the newest steps' tokens in its tail, sealed into
-        a chunk (``GC``) as a trajectory's tail is, so a merge writes one record while the group is small."""
         part = home_partition(step.scope_id, self.partitions)
         group = self._groups.get(step.scope_id)
         if group is None:
             group = self.store.get(part, "G", step.scope_id) or {"scope": None, "where": {}, "chunks": 0}
-            # Records written before group tails have none: all their tokens are in chunks.
-            group.setdefault("tail", {})
-            group.setdefault("tail_tokens", 0)
             self._groups[step.scope_id] = group
         state = ScopeState.from_json(group["scope"])
 
+        def chunk_name(n: int) -> str:
+            return f"{step.scope_id}{_SEP}{n}"
+
         def tokens_of(step_id: str) -> tuple[list[int], list[int]] | None:
             n = group["where"].get(step_id)
-            if n == TAIL:
-                entry = group["tail"].get(step_id)
-            else:
-                chunk = None if n is None else self.store.get(part, "GC", _chunk_key(step.scope_id, n))
-                entry = None if chunk is None else chunk.get(step_id)
+            chunk = None if n is None else self.store.get(part, "GC", chunk_name(n))
+            entry = None if chunk is None else chunk.get(step_id)
             return None if entry is None else (entry[0], entry[1])
 
         tree = self._tree(step.scope_id, state, tokens_of)
         merge = merge_step(state, tree, step, self.bounds)
         if merge.outcome == "added":
-            self._keep_group_tokens(part, group, step)
-        group["scope"] = state.to_json()
-        self._merged(step.scope_id, state, tree, merge)
-
-    def _keep_group_tokens(self, part: int, group: dict[str, Any], step: ScopeStep) -> None:
-        entry = [step.prompt_ids, step.response_ids]
-        tokens = len(step.prompt_ids) + len(step.response_ids) + 1
-        if step.step_id in group["tail"]:
-            old = group["tail"].pop(step.step_id)
-            group["tail_tokens"] -= len(old[0]) + len(old[1]) + 1
-        if tokens > TAIL_TOKENS:  # too big for the tail: the checkpoint's open chunk
             n = self._open_groups.get(step.scope_id)
             if n is None:
-                n = self._open_groups[step.scope_id] = self._new_group_chunk(part, group, step.scope_id, {})
-            self.store.get(part, "GC", _chunk_key(step.scope_id, n))[step.step_id] = entry
+                n = self._open_groups[step.scope_id] = group["chunks"]
+                group["chunks"] += 1
+                self.store.put(part, "GC", chunk_name(n), {})
+            self.store.get(part, "GC", chunk_name(n))[step.step_id] = [step.prompt_ids, step.response_ids]
             group["where"][step.step_id] = n
-            return
-        if group["tail_tokens"] + tokens > TAIL_TOKENS:
-            sealed = self._new_group_chunk(part, group, step.scope_id, group["tail"])
-            group["where"].update(dict.fromkeys(group["tail"], sealed))
-            group["tail"], group["tail_tokens"] = {}, 0
-        group["tail"][step.step_id] = entry
-        group["tail_tokens"] += tokens
-        group["where"][step.step_id] = TAIL
-
-    def _new_group_chunk(self, part: int, group: dict[str, Any], scope_id: str,
-                         entries: dict[str, Any]) -> int:
-        n: int = group["chunks"]
-        group["chunks"] += 1
-        self.store.put(part, "GC", _chunk_key(scope_id, n), entries)
-        return n
-
-
-def _chunk_key(scope_id: str, n: int) -> str:
-    return f"{scope_id}{_SEP}{n}"
+        group["scope"] = state.to_json()
+        self._merged(step.scope_id, state, tree, merge)
 
 
 def _scope_signature(state: StepState, trajectory: Trajectory) -> tuple[str, str | None] | None:

@@ -45,7 +45,6 @@ class Harness:
         self.processor = Processor(StreamConfig("k:1", Path("/unused")), PARTITIONS,
                                    Store(lambda p: self.partitions[p]), self.outbox)
         self.steps: dict[str, dict[str, Any]] = {}
-        self.nodes: dict[tuple[str, str], dict[str, Any]] = {}  # prefix-tree nodes, as published last
         self.hops = 0
 
     def restart(self) -> None:
@@ -77,7 +76,6 @@ class Harness:
                 held = self.steps.get(record["step_id"])
                 if held is None or held["version"] <= record["version"]:
                     self.steps[record["step_id"]] = record
-            self.nodes.update(self.outbox.nodes)
             internal = dict(self.outbox.internal)
             self.outbox.clear()
             if not internal:
@@ -285,72 +283,3 @@ def test_a_fact_too_big_for_the_tail_gets_a_chunk_and_records_from_before_tails_
     harness.checkpoint()
     assert harness.steps[big["step_id"]]["prompt_token_ids"] == big["prompt_token_ids"]
     assert harness.steps[big["step_id"]]["trajectory_reward"] == 1.0
-
-
-def _tokened_conversation(key: str, turns: int, prompt_tokens: int) -> list[dict[str, Any]]:
-    """A black-box conversation whose engine returned token ids, each prompt the last plus its reply."""
-    history: list[dict[str, Any]] = [user("task")]
-    prompt = list(range(prompt_tokens))
-    calls = []
-    for turn in range(turns):
-        reply = [50_000 + turn] * 16
-        calls.append(llm_call(routable_id(key, f"{key}/{turn}".encode()), list(history), [f"r{turn}"],
-                              at=1_000 * (turn + 1), prompt_ids=list(prompt), reply_ids=[reply],
-                              response_id=f"chatcmpl-{key}-{turn}"))
-        history += [{"role": "assistant", "content": f"r{turn}"}, user(f"u{turn}")]
-        prompt += reply + [60_000 + turn] * 8
-    return calls
-
-
-def _group_writes(harness: Harness) -> tuple[int, int]:
-    return len(_keys(harness, b"G/")), len(_keys(harness, b"GC/"))
-
-
-def test_a_prompt_group_keeps_its_newest_tokens_in_its_record_until_they_outgrow_the_tail() -> None:
-    key = "grouped"
-    calls = _tokened_conversation(key, 8, 1_500)
-    harness, reference = Harness(), Harness()
-    for n, call in enumerate(calls[:6]):
-        for each in (harness, reference):
-            each.llm(call, key)
-            each.checkpoint()
-        if n < 3:  # ~1,500-1,600 tokens a call: the 8,192-token tail holds the first ones
-            assert _group_writes(harness) == (1, 0)
-    assert _group_writes(harness)[1] >= 1  # sealed into a chunk once the tail would outgrow its bound
-    (group,) = _state(harness, b"G/").values()
-    assert group["tail_tokens"] <= 8_192 and group["tail"]
-    # Rebuilt after a restart from the tail and the chunks, the group's tree merges the next calls as the
-    # tree kept in memory does.
-    harness.restart()
-    for call in calls[6:]:
-        for each in (harness, reference):
-            each.llm(call, key)
-            each.checkpoint()
-    assert harness.nodes == reference.nodes and harness.nodes
-
-
-def test_a_group_record_from_before_group_tails_reads_its_tokens_from_chunks() -> None:
-    key = "older-group"
-    calls = _tokened_conversation(key, 4, 200)
-    harness, reference = Harness(), Harness()
-    for call in calls[:3]:
-        for each in (harness, reference):
-            each.llm(call, key)
-        for each in (harness, reference):
-            each.checkpoint()
-    # As a worker before group tails kept it: every step's tokens in a chunk, no tail fields.
-    for part in harness.partitions:
-        for name, value in list(part.items()):
-            if name.startswith(b"G/"):
-                group = orjson.loads(value)
-                chunk = {s: group["tail"][s] for s in group["tail"]}
-                part[b"GC/" + name[2:] + f"\x1f{group['chunks']}".encode()] = orjson.dumps(chunk)
-                group["where"].update(dict.fromkeys(chunk, group["chunks"]))
-                group["chunks"] += 1
-                del group["tail"], group["tail_tokens"]
-                part[name] = orjson.dumps(group)
-    harness.restart()
-    for each in (harness, reference):
-        each.llm(calls[3], key)
-        each.checkpoint()
-    assert harness.nodes == reference.nodes
