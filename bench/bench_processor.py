@@ -1,0 +1,100 @@
+"""The worker's stream logic alone, in this process: CPU and state writes per step, without Kafka.
+
+A ``Processor`` over dict stores (``tests/unit/streams``' harness: a checkpoint flushes, the worker's
+own messages are delivered to their partitions) takes ``bench_streams.py``'s black-box load (8-turn
+conversations with engine token ids, event ids minted as the proxy mints them, a reward per call), the
+conversations interleaved turn by turn as agents running at once send them, a checkpoint every
+``--checkpoint`` events; or its white-box load (``--load whitebox``: steps of 512 + 128 tokens in
+trajectories of 10, a checkpoint per 100). What it explains: where the worker's CPU per step goes
+(``--profile``), and what a change does to it, run against two checkouts alternately (this file
+imports the checkout it lies in)::
+
+    .venv/bin/python bench/bench_processor.py [--load blackbox|whitebox] [--steps 1600] [--repeat 3]
+        [--checkpoint 40] [--profile]
+
+Prints one JSON line: CPU ms per step of each repeat (process time), state writes per step (changelog
+records the worker would produce) and internal hops per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.bench_streams import CODEC, conversation, reward_for, whitebox_steps  # noqa: E402
+from tests.unit.streams.test_streams_processor import CountingStore, Harness  # noqa: E402
+
+
+def _decoded(schema: str, record: dict[str, Any]) -> dict[str, Any]:
+    """As the worker sees a record: through the codec, every field present."""
+    return CODEC.decode_records(CODEC.encode(schema, record), expect=schema)[0]
+
+
+def blackbox_events(steps: int) -> list[tuple[str, dict[str, Any]]]:
+    calls = [c for n in range(max(1, steps // 8)) for c in conversation("bp", n)]
+    calls.sort(key=lambda c: (c["request_started_ms"], c["event_id"]))  # turn by turn across agents
+    events: list[tuple[str, dict[str, Any]]] = []
+    for call in calls:
+        events.append(("llm", _decoded("raw_llm_call", call)))
+        events.append(("feedback", _decoded("feedback", reward_for(call["event_id"]))))
+    return events
+
+
+def whitebox_events(steps: int) -> list[tuple[str, dict[str, Any]]]:
+    return [("whitebox", _decoded("whitebox_step", r)) for r in whitebox_steps("wp", steps, 10)]
+
+
+def run_once(events: list[tuple[str, dict[str, Any]]], checkpoint: int) -> tuple[float, int, int]:
+    """CPU seconds, state writes and hops for the events through a fresh harness."""
+    harness = Harness()
+    started = time.process_time()
+    for n, (kind, record) in enumerate(events, 1):
+        if kind == "llm":
+            harness.llm(record, record["conversation_key"])
+        elif kind == "feedback":
+            harness.feedback(record)
+        else:
+            harness.whitebox(record)
+        if n % checkpoint == 0:
+            harness.checkpoint()
+            # The worker keeps no outputs past a checkpoint (harnesses before e6bd229 keep no nodes).
+            for kept in (harness.steps, getattr(harness, "nodes", {})):
+                kept.clear()
+    harness.checkpoint()
+    return time.process_time() - started, CountingStore.writes, harness.hops
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--load", choices=("blackbox", "whitebox"), default="blackbox")
+    parser.add_argument("--steps", type=int, default=1600)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--checkpoint", type=int, default=0,
+                        help="events per checkpoint (default 40 black-box events, 100 white-box steps)")
+    parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of one run")
+    args = parser.parse_args()
+    events = blackbox_events(args.steps) if args.load == "blackbox" else whitebox_events(args.steps)
+    steps = sum(kind != "feedback" for kind, _ in events)
+    checkpoint = args.checkpoint or (40 if args.load == "blackbox" else 100)
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.runcall(run_once, events, checkpoint)
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(30)
+    runs = [run_once(events, checkpoint) for _ in range(args.repeat)]
+    print(json.dumps({"load": args.load, "steps": steps, "checkpoint_events": checkpoint,
+                      "cpu_ms_per_step": [round(cpu / steps * 1000, 3) for cpu, _, _ in runs],
+                      "state_writes_per_step": round(runs[-1][1] / steps, 2),
+                      "hops_per_step": round(runs[-1][2] / steps, 3)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
