@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -61,3 +62,13 @@ def test_a_named_slot_is_a_static_member_with_a_stable_transactional_id() -> Non
     assert producer["partitioner"] == "murmur2_random"
     consumer, producer = kafka_overrides(StreamConfig.from_settings(load_settings({})), "c")
     assert "group.instance.id" not in consumer and "transactional.id" not in producer
+
+
+def test_each_worker_slot_keeps_its_state_in_a_folder_of_its_own() -> None:
+    """Two workers of one machine never open (and wait on the lock of) the same RocksDB partition."""
+    from clawr1.streams.app import state_dir
+
+    base = StreamConfig("k:1", Path("/d/streams"), app_id="w")
+    slots = {state_dir(replace(base, instance_id=slot)) for slot in ("up-0", "up-1")}
+    assert slots == {Path("/d/streams/w/up-0"), Path("/d/streams/w/up-1")}
+    assert state_dir(base) == Path("/d/streams/w")  # a worker without a slot: the app's folder
