@@ -157,11 +157,9 @@ class Processor:
         for home in list(homes):
             record = self._home(home)
             assert record is not None
-            sole = soles[home] = home_record.sole_trajectory(record)
+            sole = self._sole(soles, home, record)
             for tid in [t for t in record["t"] if t != sole and t not in self._dirty_trajectories]:
-                moved = record["t"].pop(tid)  # its link state named a second trajectory: out it goes
-                self._t_record(records, home[0], tid)[tid] = moved
-                self._index(home[0], tid, moved["steps"], key_hash(tid), home[1])
+                self._move_out(home, record, tid, record["t"][tid], records)
         for tid in self._dirty_trajectories:
             self._keep(tid, records, homes, soles)
         for (part, name), value in records.items():
@@ -197,26 +195,38 @@ class Processor:
         home = (home_partition(trajectory_id, self.partitions), home_hash(trajectory_id))
         record = self._home(home)
         data = self._trajectories[trajectory_id].record.to_json()
-        if record is not None and home not in soles:
-            soles[home] = home_record.sole_trajectory(record)
-        resident = record is not None and soles[home] == trajectory_id
-        kept_at = ("R", home[1]) if resident else ("T", key_hash(trajectory_id))
         found_at = self._found_at.get(trajectory_id)
-        if found_at == ("R", home[1]) and kept_at != found_at:
-            assert record is not None
-            del record["t"][trajectory_id]
-            homes.add(home)
-        elif found_at is not None and found_at[0] == "T" and kept_at != found_at:
-            del self._t_record(records, home[0], trajectory_id)[trajectory_id]
-        if kept_at[0] == "R":
-            assert record is not None
+        if record is not None and self._sole(soles, home, record) == trajectory_id:
             record["t"][trajectory_id] = data
             homes.add(home)
+            kept_under = home[1]
+            if found_at is not None and found_at[0] == "T":  # moved in
+                del self._t_record(records, home[0], trajectory_id)[trajectory_id]
+                self._index(home[0], trajectory_id, data["steps"], kept_under, found_at[1])
+        elif record is not None and found_at is not None and found_at[0] == "R":
+            self._move_out(home, record, trajectory_id, data, records)
+            homes.add(home)
+            kept_under = key_hash(trajectory_id)
         else:
             self._t_record(records, home[0], trajectory_id)[trajectory_id] = data
-        if found_at is not None and found_at != kept_at:
-            self._index(home[0], trajectory_id, data["steps"], kept_at[1], found_at[1])
-        self._index(home[0], trajectory_id, self._arrivals.get(trajectory_id, ()), kept_at[1], None)
+            kept_under = key_hash(trajectory_id)
+        self._index(home[0], trajectory_id, self._arrivals.get(trajectory_id, ()), kept_under, None)
+
+    @staticmethod
+    def _sole(soles: dict[tuple[int, str], str | None], home: tuple[int, str],
+              record: home_record.HomeRecord) -> str | None:
+        """The one trajectory the home's link state names, worked out once per flush."""
+        if home not in soles:
+            soles[home] = home_record.sole_trajectory(record)
+        return soles[home]
+
+    def _move_out(self, home: tuple[int, str], record: home_record.HomeRecord, trajectory_id: str,
+                  data: dict[str, Any], records: dict[tuple[int, str], dict[str, Any]]) -> None:
+        """A trajectory leaves its home record (its link state named a second one): kept under its own
+        hash, with ``S`` entries for the steps a scan of the home record found."""
+        del record["t"][trajectory_id]
+        self._t_record(records, home[0], trajectory_id)[trajectory_id] = data
+        self._index(home[0], trajectory_id, data["steps"], key_hash(trajectory_id), home[1])
 
     def _index(self, part: int, trajectory_id: str, step_ids: Any, kept_under: str,
                found_under: str | None) -> None:

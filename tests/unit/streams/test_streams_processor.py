@@ -140,12 +140,18 @@ def _keys(harness: Harness, prefix: bytes) -> list[bytes]:
     return sorted(k for p in harness.partitions for k in p if k.startswith(prefix))
 
 
-def test_a_black_box_conversation_is_one_record_with_its_link_state() -> None:
+def _started(key: str, name: str) -> tuple[Harness, dict[str, Any]]:
+    """A harness after a conversation's first call and its checkpoint."""
     harness = Harness()
-    key = "conversation-root"
-    first = _call(key, "call-1", [user("task")], "a", 1_000)
+    first = _call(key, name, [user("task")], "a", 1_000)
     harness.llm(first, key)
     harness.checkpoint()
+    return harness, first
+
+
+def test_a_black_box_conversation_is_one_record_with_its_link_state() -> None:
+    key = "conversation-root"
+    harness, first = _started(key, "call-1")
     before = CountingStore.writes
     second = _call(key, "call-2", [user("task"), {"role": "assistant", "content": "a"}, user("more")], "b",
                    2_000)
@@ -194,11 +200,8 @@ def test_a_second_trajectory_of_a_key_moves_the_first_out_and_feedback_still_fin
 
 
 def test_state_kept_before_home_records_is_read_and_moved_into_them() -> None:
-    harness = Harness()
     key = "older-worker"
-    first = _call(key, "o1", [user("task")], "a", 1_000)
-    harness.llm(first, key)
-    harness.checkpoint()
+    harness, first = _started(key, "o1")
     # Rewrite the state as a worker before home records kept it: L/<key>, T/<hash of the trajectory id>
     # and an S entry for a continuation (none here: the first call is its trajectory's namesake).
     (name,) = _keys(harness, b"R/")
