@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import clickhouse_connect
+import pyarrow as pa
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError, DataError
 
@@ -163,6 +164,23 @@ class PoolStore:
                 raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
             raise
         return len(rows)
+
+    def insert_arrow(self, table: str, data: pa.Table, dedup_token: str | None = None) -> int:
+        """Insert an Arrow table whose column names are the table's; otherwise as ``insert``."""
+        if not data.num_rows:
+            return 0
+        settings: dict[str, Any] = dict(_INSERT_SETTINGS)
+        if dedup_token:
+            settings["insert_deduplication_token"] = dedup_token
+        try:
+            self._call(lambda c: c.insert_arrow(table, data, settings=settings))
+        except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
+            raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
+        except PoolError as exc:
+            if isinstance(exc.__cause__, DataError):
+                raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
+            raise
+        return int(data.num_rows)
 
     def insert_raw(self, table: str, data: bytes, fmt: str = "JSONEachRow",
                    column_names: Sequence[str] | None = None, dedup_token: str | None = None,

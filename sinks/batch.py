@@ -6,16 +6,27 @@ load that is one insert per ``max_seconds``, and the first message after a pause
 deduplication token is derived from the offset ranges it covers, so re-inserting the same ranges after
 a crash (before the offsets were committed) is dropped by ClickHouse; replays with other boundaries
 collapse through the tables' version replacement instead.
+
+A table's rows come as row tuples (``rows.py``) or, from envelopes of a columnar route, as Arrow blocks
+(``columns.py``); each kind is one insert, a ``RowPart`` or a ``ColumnPart``, which the sink can split
+to isolate a row ClickHouse refuses.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
+from clawr1.sinks.columns import restamp
 from clawr1.sinks.rows import Origin
+
+if TYPE_CHECKING:
+    from clawr1.pool.store import PoolStore
 
 
 @dataclass
@@ -24,17 +35,91 @@ class OffsetRange:
     last: int
 
 
+@dataclass(frozen=True)
+class Block:
+    """An envelope's records as one Arrow table; ``origin_of(i)`` is where its record ``i`` came from
+    (made only for a dead letter: it re-encodes the record to cite it)."""
+
+    data: pa.Table
+    origin: Origin
+    origin_of: Callable[[int], Origin]
+
+
+@dataclass(frozen=True)
+class RowPart:
+    """Row tuples, inserted as one block."""
+
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+    origins: list[Origin]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def slice(self, lo: int, hi: int) -> RowPart:
+        return RowPart(self.columns, self.rows[lo:hi], self.origins[lo:hi])
+
+    def origin(self, index: int) -> Origin:
+        return self.origins[index]
+
+    def write(self, store: PoolStore, table: str, token: str) -> None:
+        store.insert(table, self.rows, self.columns, dedup_token=token)
+
+
+@dataclass(frozen=True)
+class ColumnPart:
+    """Arrow blocks, inserted as one."""
+
+    data: pa.Table
+    origin: Callable[[int], Origin]
+
+    def __len__(self) -> int:
+        return int(self.data.num_rows)
+
+    def slice(self, lo: int, hi: int) -> ColumnPart:
+        return ColumnPart(self.data.slice(lo, hi - lo), lambda index: self.origin(lo + index))
+
+    def write(self, store: PoolStore, table: str, token: str) -> None:
+        store.insert_arrow(table, self.data, dedup_token=token)
+
+
+def _origin_in(blocks: list[Block]) -> Callable[[int], Origin]:
+    def origin(index: int) -> Origin:
+        for block in blocks:
+            if index < block.data.num_rows:
+                return block.origin_of(index)
+            index -= block.data.num_rows
+        raise IndexError(index)
+    return origin
+
+
 @dataclass
 class TableRows:
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     origins: list[Origin] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.rows) + sum(int(block.data.num_rows) for block in self.blocks)
 
     def restamp(self, column: str, value: Any) -> None:
         """Set ``column`` in every row: the sink stamps ``ingested_at`` as it writes the rows (what a
         reader of the pool calls ingested), not when it read their messages."""
         at = self.columns.index(column)
         self.rows = [(*row[:at], value, *row[at + 1:]) for row in self.rows]
+        self.blocks = [replace(block, data=restamp(block.data, column, value)) for block in self.blocks]
+
+    def parts(self, token: str) -> list[tuple[str, RowPart | ColumnPart]]:
+        """(deduplication token, part) per insert: the rows, then the blocks; the first keeps
+        ``token``, so a replay of the same offsets in the same form is dropped as before."""
+        parts: list[tuple[str, RowPart | ColumnPart]] = []
+        if self.rows:
+            parts.append((token, RowPart(self.columns, self.rows, self.origins)))
+        if self.blocks:
+            data = pa.concat_tables([block.data for block in self.blocks])
+            parts.append((f"{token}/columns" if parts else token, ColumnPart(data, _origin_in(self.blocks))))
+        return parts
 
 
 @dataclass
@@ -50,6 +135,10 @@ class Batch:
         rows.rows.append(row)
         rows.origins.append(origin)
         self.rows += 1
+
+    def add_block(self, table: str, columns: tuple[str, ...], block: Block) -> None:
+        self.tables.setdefault(table, TableRows(columns)).blocks.append(block)
+        self.rows += block.data.num_rows
 
     def consumed(self, origin: Origin) -> None:
         """Record that the message at ``origin`` is covered by this batch (stored or dead-lettered)."""
@@ -90,6 +179,7 @@ class Batch:
                     if (o.topic, o.partition) not in lost]
             rows.rows = [r for r, _ in kept]
             rows.origins = [o for _, o in kept]
-        self.rows = sum(len(r.rows) for r in self.tables.values())
-        self.messages = len({(o.topic, o.partition, o.offset)
-                             for r in self.tables.values() for o in r.origins})
+            rows.blocks = [b for b in rows.blocks if (b.origin.topic, b.origin.partition) not in lost]
+        self.rows = sum(len(r) for r in self.tables.values())
+        self.messages = len({(o.topic, o.partition, o.offset) for r in self.tables.values()
+                             for o in [*r.origins, *(b.origin for b in r.blocks)]})

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
+import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from clawr1.core.backoff import Backoff
@@ -30,8 +31,9 @@ from clawr1.core.metrics import (
     SINK_ROWS_OUT,
 )
 from clawr1.pool.store import PoolDataError, PoolError, PoolStore
-from clawr1.schemas.codec import AvroCodec, DecodeError
-from clawr1.sinks.batch import Batch, TableRows
+from clawr1.schemas.codec import AvroCodec, DecodeError, unpack_record
+from clawr1.sinks.batch import Batch, Block, ColumnPart, RowPart, TableRows
+from clawr1.sinks.columns import ColumnPlan
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.rows import (
     DEAD_LETTER_COLUMNS,
@@ -87,11 +89,14 @@ def _observe_flush(batch: Batch, seconds: float) -> None:
     SINK_BATCH_MESSAGES.observe(batch.messages)
     SINK_FLUSH_SECONDS.observe(seconds)
     for table, rows in batch.tables.items():
-        SINK_ROWS_OUT.labels(table=table).inc(len(rows.rows))
+        SINK_ROWS_OUT.labels(table=table).inc(len(rows))
     steps = batch.tables.get(STEPS_ROUTE.table)
     now = now_ms()
-    for row in steps.rows if steps is not None else ():
-        INGEST_TO_POOL_SECONDS.observe(max(0, now - row[_CREATED_AT]) / 1000)
+    created = [row[_CREATED_AT] for row in steps.rows] if steps is not None else []
+    for block in steps.blocks if steps is not None else ():
+        created.extend(block.data.column("created_at_ms").cast(pa.int64()).to_pylist())
+    for at in created:
+        INGEST_TO_POOL_SECONDS.observe(max(0, now - at) / 1000)
 
 
 class PoolSink:
@@ -105,6 +110,7 @@ class PoolSink:
         self.codec = codec
         self.partitions = partitions
         self.routes = routes_for(config)
+        self.plans = {route.table: ColumnPlan.of(route) for route in self.routes.values() if route.columnar}
         self.stats = SinkStats()
         self._batch = Batch()
         self._consumer: Consumer | None = None
@@ -126,11 +132,16 @@ class PoolSink:
             if origin.value is None:
                 raise RowError("empty message (no value)")
             envelope = self.codec.writer_of(origin.value).name != route.schema
-            records = self.codec.decode_records(origin.value, expect=route.schema)
+            records = self.codec.decode_records(origin.value, expect=route.schema, plain=False)
+            if envelope and self._took_block(route, records, origin, stamp):
+                records = []
+            elif envelope:
+                records = [unpack_record(route.schema, record) for record in records]
         except DecodeError as exc:
             self._dead_letter(origin, "undecodable", f"undecodable {route.schema!r} message: {exc}", stamp)
-        except RowError as exc:
+        except ValueError as exc:  # RowError, or a packed array of a size no array has
             self._dead_letter(origin, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
+            records = []
         for index, record in enumerate(records):
             # A record of an envelope is cited alone: its own bytes, its place in the envelope.
             at = replace(origin, value=None, index=index,
@@ -145,6 +156,23 @@ class PoolSink:
         self.stats.messages += 1
         SINK_MESSAGES_IN.labels(topic=origin.topic).inc()
 
+    def _took_block(self, route: TableRoute, records: list[dict[str, Any]], origin: Origin,
+                    stamp: int) -> bool:
+        """An envelope of a columnar route, added as one Arrow block; False when a record needs the
+        row path (which words why)."""
+        plan = self.plans.get(route.table)
+        data = None if plan is None else plan.build(records, origin, stamp)
+        if data is None:
+            return False
+
+        def origin_of(index: int) -> Origin:
+            plain = unpack_record(route.schema, records[index])
+            return replace(origin, value=None, index=index,
+                           cite=partial(self.codec.encode, route.schema, plain))
+
+        self._batch.add_block(route.table, tuple(route.columns), Block(data, origin, origin_of))
+        return True
+
     def _dead_letter(self, origin: Origin, cause: str, reason: str, stamp: int) -> None:
         log.warning("dead letter %s: %s", origin.position, reason)
         self.stats.dead_letters += 1
@@ -155,35 +183,39 @@ class PoolSink:
     # -- writing ------------------------------------------------------------------------------------
 
     def _insert_rows(self, table: str, rows: TableRows, token: str, stop: threading.Event) -> bool:
+        """Insert the rows and blocks; False if stopped first."""
+        return all(self._insert_part(table, part, part_token, stop) for part_token, part in rows.parts(token))
+
+    def _insert_part(self, table: str, part: RowPart | ColumnPart, token: str, stop: threading.Event) -> bool:
         """Insert, isolating rows ClickHouse cannot type into dead letters; False if stopped first."""
-        pending: list[tuple[int, int]] = [(0, len(rows.rows))]
+        pending: list[tuple[int, int]] = [(0, len(part))]
         while pending:
             lo, hi = pending.pop()
-            block_token = token if (lo, hi) == (0, len(rows.rows)) else f"{token}/{lo}-{hi}"
+            block_token = token if (lo, hi) == (0, len(part)) else f"{token}/{lo}-{hi}"
             try:
-                if not self._insert_retrying(table, rows.columns, rows.rows[lo:hi], block_token, stop):
+                if not self._insert_retrying(table, part.slice(lo, hi), block_token, stop):
                     return False
             except PoolDataError as exc:
                 if hi - lo > 1:
                     mid = (lo + hi) // 2
                     pending.extend([(mid, hi), (lo, mid)])
                     continue
-                origin = rows.origins[lo]
+                origin = part.origin(lo)
                 row = sink_dead_letter_row(origin, f"row rejected by table {table!r}: {exc}", now_ms())
-                if not self._insert_retrying(_DEAD_LETTER_TABLE, DEAD_LETTER_COLUMNS, [row],
-                                             f"{block_token}/dead", stop):
+                dead = RowPart(DEAD_LETTER_COLUMNS, [row], [origin])
+                if not self._insert_retrying(_DEAD_LETTER_TABLE, dead, f"{block_token}/dead", stop):
                     return False
                 self.stats.dead_letters += 1
                 SINK_DEAD_LETTERS.labels(reason="rejected").inc()
         return True
 
-    def _insert_retrying(self, table: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]],
-                         token: str, stop: threading.Event) -> bool:
+    def _insert_retrying(self, table: str, part: RowPart | ColumnPart, token: str,
+                         stop: threading.Event) -> bool:
         """Retry server-side failures with backoff until they pass or ``stop`` is set."""
         delays = _RETRY_BACKOFF.delays()
         while True:
             try:
-                self.store.insert(table, rows, columns, dedup_token=token)
+                part.write(self.store, table, token)
                 return True
             except PoolDataError:
                 raise
@@ -203,14 +235,14 @@ class PoolSink:
         stamp = now_ms()
         for table, rows in batch.tables.items():
             rows.restamp("ingested_at", stamp)
-            if rows.rows and not self._insert_rows(table, rows, batch.dedup_token(table), stop):
+            if not self._insert_rows(table, rows, batch.dedup_token(table), stop):
                 return False
         if self.config.exit_after_insert:
             log.warning("exit-after-insert hook: leaving before the commit")
             os._exit(EXIT_AFTER_INSERT_CODE)
         self._commit(batch)
         for table, rows in batch.tables.items():
-            self.stats.rows[table] = self.stats.rows.get(table, 0) + len(rows.rows)
+            self.stats.rows[table] = self.stats.rows.get(table, 0) + len(rows)
         self.stats.flushes += 1
         _observe_flush(batch, time.monotonic() - started)
         self._batch = Batch()

@@ -16,7 +16,7 @@ from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
 from clawr1.pool.migrations import STEP_FIELDS
 
 REWARD_STATES = frozenset({"pending", "final"})
-_MAX_EPOCH_MS = 10_000_000_000_000  # year 2286, inside DateTime64(3)'s range
+MAX_EPOCH_MS = 10_000_000_000_000  # year 2286, inside DateTime64(3)'s range
 _MAX_TOKEN_ID = 2**32 - 1
 
 
@@ -64,11 +64,12 @@ DEAD_LETTER_COLUMNS: tuple[str, ...] = (
 _BOOL_STEP_FIELDS = frozenset({"terminal", "ready", "prompt_group_inferred"})
 _TIME_STEP_FIELDS = frozenset({"created_at_ms", "updated_at_ms"})
 _OPTIONAL_TIME_STEP_FIELDS = frozenset({"prompt_group_closes_at_ms"})
+STEP_STATES = ("reward_status", "trajectory_reward_status")
 
 
 def _epoch_ms(record: dict[str, Any], name: str) -> int:
     value = record[name]
-    if not 0 <= value < _MAX_EPOCH_MS:
+    if not 0 <= value < MAX_EPOCH_MS:
         raise RowError(f"{name}={value} is not an epoch time in milliseconds")
     return int(value)
 
@@ -85,7 +86,7 @@ def _source(origin: Origin, now_ms: int) -> tuple[Any, ...]:
 
 
 def step_row(record: dict[str, Any], origin: Origin, now_ms: int) -> tuple[Any, ...]:
-    for name in ("reward_status", "trajectory_reward_status"):
+    for name in STEP_STATES:
         if record[name] not in REWARD_STATES:
             raise RowError(f"{name} {record[name]!r} is not one of {sorted(REWARD_STATES)}")
     values: list[Any] = []
@@ -140,16 +141,26 @@ def sink_dead_letter_row(origin: Origin, reason: str, now_ms: int) -> tuple[Any,
 
 @dataclass(frozen=True)
 class TableRoute:
-    """Which schema a topic carries and how its records become rows of which table."""
+    """Which schema a topic carries and how its records become rows of which table.
+
+    A route with ``columnar`` set takes an envelope's records as Arrow columns (``sinks/columns.py``);
+    ``times`` (epoch milliseconds, optional ones may be null) and ``states`` (one of
+    ``REWARD_STATES``) are the checks ``to_row`` makes beyond the token ids, which that path makes too.
+    """
 
     schema: str
     table: str
     columns: Sequence[str]
     to_row: Callable[[dict[str, Any], Origin, int], tuple[Any, ...]]
+    columnar: bool = False
+    times: frozenset[str] = frozenset()
+    states: tuple[str, ...] = ()
 
 
-STEPS_ROUTE = TableRoute(STEPS.schema, "step_versions", STEP_COLUMNS, step_row)
+STEPS_ROUTE = TableRoute(STEPS.schema, "step_versions", STEP_COLUMNS, step_row, columnar=True,
+                         times=_TIME_STEP_FIELDS | _OPTIONAL_TIME_STEP_FIELDS,
+                         states=STEP_STATES)
 FEEDBACK_ROUTE = TableRoute(RAW_FEEDBACK.schema, "feedback_log", FEEDBACK_COLUMNS, feedback_row)
 PREFIX_NODES_ROUTE = TableRoute(PREFIX_NODES.schema, "prefix_node_versions", PREFIX_NODE_COLUMNS,
-                                prefix_node_row)
+                                prefix_node_row, columnar=True, times=frozenset({"updated_at_ms"}))
 DLQ_ROUTE = TableRoute(DLQ.schema, "dead_letter_log", DEAD_LETTER_COLUMNS, dead_letter_row)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from clawr1.core.settings import load_settings
-from clawr1.sinks.batch import Batch
+from clawr1.sinks.batch import Batch, Block, ColumnPart, RowPart
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.rows import Origin
 
@@ -67,6 +68,50 @@ def test_lost_partitions_are_forgotten() -> None:
     assert batch.commit_offsets() == [("steps", 0, 2)]
     assert batch.tables["step_versions"].rows == [("0:1",)]
     assert batch.messages == 1
+
+
+def block_of(partition: int, offset: int, ids: list[str]) -> Block:
+    """An envelope's block whose record ``i`` cites itself as ``(partition, offset, i)``."""
+    at = origin(partition, offset)
+    data = pa.table({"step_id": ids, "ingested_at": [0] * len(ids)})
+    return Block(data, at, lambda i: Origin("steps", partition, offset, None, None, index=i))
+
+
+def with_blocks() -> Batch:
+    batch = Batch()
+    for partition, offset, ids in ((0, 4, ["a", "b"]), (1, 9, ["c", "d", "e"])):
+        batch.add_block("step_versions", ("step_id", "ingested_at"), block_of(partition, offset, ids))
+        batch.consumed(origin(partition, offset))
+    return batch
+
+
+def test_blocks_are_one_insert_that_splits_and_cites_each_record() -> None:
+    batch = with_blocks()
+    assert batch.rows == 5 and len(batch.tables["step_versions"]) == 5
+    batch.tables["step_versions"].restamp("ingested_at", 42)
+    [(token, part)] = batch.tables["step_versions"].parts("tok")
+    assert token == "tok" and isinstance(part, ColumnPart)
+    assert part.data.column("step_id").to_pylist() == ["a", "b", "c", "d", "e"]
+    assert set(part.data.column("ingested_at").cast(pa.int64()).to_pylist()) == {42}
+    middle = part.slice(1, 4)
+    assert middle.data.column("step_id").to_pylist() == ["b", "c", "d"]
+    assert [middle.origin(i).position for i in range(3)] == ["steps:0:4#1", "steps:1:9#0", "steps:1:9#1"]
+
+
+def test_rows_and_blocks_of_one_table_are_two_inserts_with_their_own_tokens() -> None:
+    batch = with_blocks()
+    batch.add("step_versions", ("step_id", "ingested_at"), ("r", 0), origin(2, 1))
+    parts = batch.tables["step_versions"].parts("tok")
+    assert [(token, type(part)) for token, part in parts] == [("tok", RowPart), ("tok/columns", ColumnPart)]
+    assert [len(part) for _, part in parts] == [1, 5]
+
+
+def test_lost_partitions_take_their_blocks_along() -> None:
+    batch = with_blocks()
+    batch.drop_partitions({("steps", 1)})
+    assert batch.rows == 2 and batch.messages == 1
+    [(_, part)] = batch.tables["step_versions"].parts("tok")
+    assert part.data.column("step_id").to_pylist() == ["a", "b"]
 
 
 def test_sink_config_reads_overrides_from_the_environment() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from clawr1.core.settings import Settings
 from clawr1.pool.store import PoolStore
+from clawr1.schemas.codec import codec_for, pack_record
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.pool_sink import EXIT_AFTER_INSERT_CODE
 from clawr1.sinks.runner import run_sink
@@ -87,6 +88,49 @@ def test_sink_stores_every_topic_and_dead_letters_bad_messages(
     reasons = " | ".join(r["reason"] for r in sink_made)
     assert "undecodable" in reasons and "prompt_token_ids holds ids outside" in reasons
     assert any(r["original_value"] == "\x00not avro at all" for r in sink_made)
+
+
+def envelope(schema: str, records: list[dict[str, object]]) -> bytes:
+    return codec_for().encode_batch(schema, [pack_record(schema, r) for r in records])
+
+
+def test_sink_stores_envelopes_as_columns_and_words_a_bad_record_alone(
+        kafka_bootstrap: str, unique: str, pool_store: PoolStore) -> None:
+    config = sink_config(unique)
+    settings = Settings(kafka_bootstrap=kafka_bootstrap, topic_partitions=2)
+    good = [step(f"e{i}", 1, trajectory_id="te", step_index=i, prompt_token_ids=list(range(i, i + 50)),
+                 response_logprobs=[-0.25, -0.5]) for i in range(10)]
+    mixed = [step(f"m{i}", 1, trajectory_id="tm", step_index=i) for i in range(5)]
+    mixed[3]["prompt_token_ids"] = [1, -2]
+    produce(kafka_bootstrap, config.steps_topic, [("te", "step", envelope("step", good)),
+                                                  ("tm", "step", envelope("step", mixed))])
+    produce(kafka_bootstrap, config.prefix_nodes_topic, [("g", "prefix_node", envelope("prefix_node", [
+        record("prefix_node", scope_id="g", scope_kind="prompt_group", node_id=f"n{i}", token_ids=[i, i + 1],
+               version=1, total_tokens=4, tree_tokens=2, forks=1, updated_at_ms=1_760_000_000_000)
+        for i in range(3)]))])
+
+    stop = threading.Event()
+    ready = threading.Event()
+    worker = threading.Thread(target=run_sink, args=(settings, pool_store, stop, ready.set, config))
+    worker.start()
+    try:
+        assert ready.wait(30), "the sink never became ready"
+        wait_committed(kafka_bootstrap, config.group_id, topics_of(config))
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
+
+    steps = {r["step_id"]: r for r in pool_store.query(
+        "SELECT step_id, prompt_token_ids, response_logprobs FROM steps")}
+    assert sorted(steps) == sorted([*(f"e{i}" for i in range(10)), "m0", "m1", "m2", "m4"])
+    assert steps["e7"]["prompt_token_ids"] == list(range(7, 57)) and steps["e7"]["response_logprobs"] == [
+        -0.25, -0.5]
+    [dead] = pool_store.query("SELECT dlq_id, reason, original_value FROM dead_letters")
+    assert "prompt_token_ids holds ids outside" in dead["reason"]
+    assert dead["dlq_id"].endswith("#3")
+    assert codec_for().decode(bytes.fromhex(dead["original_value"]))[1]["step_id"] == "m3"  # cited alone
+    assert pool_store.query("SELECT count() AS n FROM prefix_nodes") == [{"n": 3}]
 
 
 def _sink_env(config: SinkConfig, bootstrap: str, pool_path: Path, exit_after_insert: bool) -> dict[str, str]:
