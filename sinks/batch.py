@@ -7,9 +7,9 @@ deduplication token is derived from the offset ranges it covers, so re-inserting
 a crash (before the offsets were committed) is dropped by ClickHouse; replays with other boundaries
 collapse through the tables' version replacement instead.
 
-A table's rows come as row tuples (``rows.py``) or, from envelopes of a columnar route, as Arrow blocks
-(``columns.py``); each kind is one insert, a ``RowPart`` or a ``ColumnPart``, which the sink can split
-to isolate a row ClickHouse refuses.
+A table's rows come as row tuples (``rows.py``) or, from envelopes of a columnar route, as records still
+packed that the flush turns into one Arrow block (``columns.py``); each kind is one insert, a ``RowPart``
+or a ``ColumnPart``, which the sink can split to isolate a row ClickHouse refuses.
 """
 
 from __future__ import annotations
@@ -17,12 +17,11 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from clawr1.sinks.columns import restamp
 from clawr1.sinks.rows import Origin
 
 if TYPE_CHECKING:
@@ -36,11 +35,11 @@ class OffsetRange:
 
 
 @dataclass(frozen=True)
-class Block:
-    """An envelope's records as one Arrow table; ``origin_of(i)`` is where its record ``i`` came from
+class Envelope:
+    """An envelope's records, packed as they came; ``origin_of(i)`` is where its record ``i`` came from
     (made only for a dead letter: it re-encodes the record to cite it)."""
 
-    data: pa.Table
+    records: list[dict[str, Any]]
     origin: Origin
     origin_of: Callable[[int], Origin]
 
@@ -83,12 +82,12 @@ class ColumnPart:
         store.insert_arrow(table, self.data, dedup_token=token)
 
 
-def _origin_in(blocks: list[Block]) -> Callable[[int], Origin]:
+def _origin_in(envelopes: list[Envelope]) -> Callable[[int], Origin]:
     def origin(index: int) -> Origin:
-        for block in blocks:
-            if index < block.data.num_rows:
-                return block.origin_of(index)
-            index -= block.data.num_rows
+        for envelope in envelopes:
+            if index < len(envelope.records):
+                return envelope.origin_of(index)
+            index -= len(envelope.records)
         raise IndexError(index)
     return origin
 
@@ -98,27 +97,29 @@ class TableRows:
     columns: tuple[str, ...]
     rows: list[tuple[Any, ...]] = field(default_factory=list)
     origins: list[Origin] = field(default_factory=list)
-    blocks: list[Block] = field(default_factory=list)
+    envelopes: list[Envelope] = field(default_factory=list)
+    columns_data: pa.Table | None = None  # the envelopes' records as one block, once the flush built it
 
     def __len__(self) -> int:
-        return len(self.rows) + sum(int(block.data.num_rows) for block in self.blocks)
+        return len(self.rows) + sum(len(envelope.records) for envelope in self.envelopes)
 
     def restamp(self, column: str, value: Any) -> None:
         """Set ``column`` in every row: the sink stamps ``ingested_at`` as it writes the rows (what a
         reader of the pool calls ingested), not when it read their messages."""
         at = self.columns.index(column)
         self.rows = [(*row[:at], value, *row[at + 1:]) for row in self.rows]
-        self.blocks = [replace(block, data=restamp(block.data, column, value)) for block in self.blocks]
 
     def parts(self, token: str) -> list[tuple[str, RowPart | ColumnPart]]:
-        """(deduplication token, part) per insert: the rows, then the blocks; the first keeps
-        ``token``, so a replay of the same offsets in the same form is dropped as before."""
+        """(deduplication token, part) per insert: the rows, then the envelopes' block (built by then);
+        the first keeps ``token``, so a replay of the same offsets in the same form is dropped as before."""
         parts: list[tuple[str, RowPart | ColumnPart]] = []
         if self.rows:
             parts.append((token, RowPart(self.columns, self.rows, self.origins)))
-        if self.blocks:
-            data = pa.concat_tables([block.data for block in self.blocks])
-            parts.append((f"{token}/columns" if parts else token, ColumnPart(data, _origin_in(self.blocks))))
+        if self.envelopes:
+            if self.columns_data is None:
+                raise RuntimeError("the envelopes were not built into columns before the insert")
+            part = ColumnPart(self.columns_data, _origin_in(self.envelopes))
+            parts.append((f"{token}/columns" if parts else token, part))
         return parts
 
 
@@ -136,9 +137,9 @@ class Batch:
         rows.origins.append(origin)
         self.rows += 1
 
-    def add_block(self, table: str, columns: tuple[str, ...], block: Block) -> None:
-        self.tables.setdefault(table, TableRows(columns)).blocks.append(block)
-        self.rows += block.data.num_rows
+    def add_envelope(self, table: str, columns: tuple[str, ...], envelope: Envelope) -> None:
+        self.tables.setdefault(table, TableRows(columns)).envelopes.append(envelope)
+        self.rows += len(envelope.records)
 
     def consumed(self, origin: Origin) -> None:
         """Record that the message at ``origin`` is covered by this batch (stored or dead-lettered)."""
@@ -179,7 +180,7 @@ class Batch:
                     if (o.topic, o.partition) not in lost]
             rows.rows = [r for r, _ in kept]
             rows.origins = [o for _, o in kept]
-            rows.blocks = [b for b in rows.blocks if (b.origin.topic, b.origin.partition) not in lost]
+            rows.envelopes = [e for e in rows.envelopes if (e.origin.topic, e.origin.partition) not in lost]
         self.rows = sum(len(r) for r in self.tables.values())
         self.messages = len({(o.topic, o.partition, o.offset) for r in self.tables.values()
-                             for o in [*r.origins, *(b.origin for b in r.blocks)]})
+                             for o in [*r.origins, *(e.origin for e in r.envelopes)]})

@@ -32,7 +32,7 @@ from clawr1.core.metrics import (
 )
 from clawr1.pool.store import PoolDataError, PoolError, PoolStore
 from clawr1.schemas.codec import AvroCodec, DecodeError, unpack_record
-from clawr1.sinks.batch import Batch, Block, ColumnPart, RowPart, TableRows
+from clawr1.sinks.batch import Batch, ColumnPart, Envelope, RowPart, TableRows
 from clawr1.sinks.columns import ColumnPlan
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.rows import (
@@ -93,8 +93,8 @@ def _observe_flush(batch: Batch, seconds: float) -> None:
     steps = batch.tables.get(STEPS_ROUTE.table)
     now = now_ms()
     created = [row[_CREATED_AT] for row in steps.rows] if steps is not None else []
-    for block in steps.blocks if steps is not None else ():
-        created.extend(block.data.column("created_at_ms").cast(pa.int64()).to_pylist())
+    if steps is not None and steps.columns_data is not None:
+        created.extend(steps.columns_data.column("created_at_ms").cast(pa.int64()).to_pylist())
     for at in created:
         INGEST_TO_POOL_SECONDS.observe(max(0, now - at) / 1000)
 
@@ -128,12 +128,15 @@ class PoolSink:
         route = self.routes[origin.topic]
         stamp = now_ms()
         records: list[dict[str, Any]] = []
+        envelope = False
         try:
             if origin.value is None:
                 raise RowError("empty message (no value)")
             envelope = self.codec.writer_of(origin.value).name != route.schema
             records = self.codec.decode_records(origin.value, expect=route.schema, plain=False)
-            if envelope and self._took_block(route, records, origin, stamp):
+            if envelope and route.table in self.plans:  # columns, built at the flush
+                self._batch.add_envelope(route.table, tuple(route.columns),
+                                         self._envelope(route, records, origin))
                 records = []
             elif envelope:
                 records = [unpack_record(route.schema, record) for record in records]
@@ -142,6 +145,14 @@ class PoolSink:
         except ValueError as exc:  # RowError, or a packed array of a size no array has
             self._dead_letter(origin, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
             records = []
+        self._add_rows(route, records, origin, envelope, stamp)
+        self._batch.consumed(origin)
+        self.stats.messages += 1
+        SINK_MESSAGES_IN.labels(topic=origin.topic).inc()
+
+    def _add_rows(self, route: TableRoute, records: list[dict[str, Any]], origin: Origin, envelope: bool,
+                  stamp: int) -> None:
+        """Plain records as row tuples; each that cannot be a row becomes a dead letter."""
         for index, record in enumerate(records):
             # A record of an envelope is cited alone: its own bytes, its place in the envelope.
             at = replace(origin, value=None, index=index,
@@ -152,26 +163,38 @@ class PoolSink:
                 self._dead_letter(at, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
             else:
                 self._batch.add(route.table, tuple(route.columns), row, at)
-        self._batch.consumed(origin)
-        self.stats.messages += 1
-        SINK_MESSAGES_IN.labels(topic=origin.topic).inc()
 
-    def _took_block(self, route: TableRoute, records: list[dict[str, Any]], origin: Origin,
-                    stamp: int) -> bool:
-        """An envelope of a columnar route, added as one Arrow block; False when a record needs the
-        row path (which words why)."""
-        plan = self.plans.get(route.table)
-        data = None if plan is None else plan.build(records, origin, stamp)
-        if data is None:
-            return False
-
+    def _envelope(self, route: TableRoute, records: list[dict[str, Any]], origin: Origin) -> Envelope:
         def origin_of(index: int) -> Origin:
             plain = unpack_record(route.schema, records[index])
             return replace(origin, value=None, index=index,
                            cite=partial(self.codec.encode, route.schema, plain))
+        return Envelope(records, origin, origin_of)
 
-        self._batch.add_block(route.table, tuple(route.columns), Block(data, origin, origin_of))
-        return True
+    def _build_columns(self, stamp: int) -> None:
+        """Each columnar table's envelopes -> one Arrow block (built once per flush: its cost is mostly
+        per column). An envelope with a record the row path would refuse goes that way instead, so its
+        good records become rows and the bad ones dead letters, with the row path's reasons."""
+        for table, rows in list(self._batch.tables.items()):
+            plan = self.plans.get(table)
+            if plan is None or not rows.envelopes:
+                continue
+            data = plan.build([(e.records, e.origin) for e in rows.envelopes], stamp)
+            if data is None:
+                refused = [e for e in rows.envelopes if plan.build([(e.records, e.origin)], stamp) is None]
+                rows.envelopes = [e for e in rows.envelopes if e not in refused]
+                for envelope in refused:
+                    self._take_by_rows(plan.route, envelope, stamp)
+                data = plan.build([(e.records, e.origin) for e in rows.envelopes], stamp)
+            rows.columns_data = data
+
+    def _take_by_rows(self, route: TableRoute, envelope: Envelope, stamp: int) -> None:
+        try:
+            records = [unpack_record(route.schema, record) for record in envelope.records]
+        except ValueError as exc:  # a packed array of a size no array has
+            self._dead_letter(envelope.origin, "invalid", f"invalid {route.schema!r} record: {exc}", stamp)
+            return
+        self._add_rows(route, records, envelope.origin, envelope=True, stamp=stamp)
 
     def _dead_letter(self, origin: Origin, cause: str, reason: str, stamp: int) -> None:
         log.warning("dead letter %s: %s", origin.position, reason)
@@ -233,6 +256,7 @@ class PoolSink:
             return True
         started = time.monotonic()
         stamp = now_ms()
+        self._build_columns(stamp)
         for table, rows in batch.tables.items():
             rows.restamp("ingested_at", stamp)
             if not self._insert_rows(table, rows, batch.dedup_token(table), stop):

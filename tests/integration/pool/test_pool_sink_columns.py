@@ -48,7 +48,7 @@ def stored_both_ways(store: PoolStore, route: TableRoute, records: list[dict[str
     for name in ("by_rows", "by_columns"):
         store.command(f"CREATE TABLE {name} AS {route.table}")
     store.insert("by_rows", [route.to_row(r, AT, STAMP) for r in records], route.columns)
-    block = ColumnPlan.of(route).build([pack_record(route.schema, r) for r in records], AT, STAMP)
+    block = ColumnPlan.of(route).build([([pack_record(route.schema, r) for r in records], AT)], STAMP)
     assert block is not None
     store.insert_arrow("by_columns", block)
     return [store.query(f"SELECT * FROM {name} ORDER BY {route.columns[0]}, {route.columns[2]}")
@@ -83,12 +83,22 @@ def test_a_record_the_row_path_refuses_is_never_built(fields: dict[str, Any]) ->
     records = [*varied_steps(), step("s-bad", 1, **fields)]
     with pytest.raises(RowError):
         STEPS_ROUTE.to_row(records[-1], AT, STAMP)
-    assert ColumnPlan.of(STEPS_ROUTE).build([pack_record("step", r) for r in records], AT, STAMP) is None
-    assert ColumnPlan.of(STEPS_ROUTE).build([pack_record("step", r) for r in records[:-1]], AT, STAMP) \
-        is not None
+    plan = ColumnPlan.of(STEPS_ROUTE)
+    assert plan.build([([pack_record("step", r) for r in records], AT)], STAMP) is None
+    assert plan.build([([pack_record("step", r) for r in records[:-1]], AT)], STAMP) is not None
 
 
 def test_a_packed_array_of_a_size_no_array_has_is_not_built() -> None:
     packed = pack_record("step", step("s-odd", 1))
     packed["prompt_token_ids"] += b"\x01"
-    assert ColumnPlan.of(STEPS_ROUTE).build([packed], AT, STAMP) is None
+    assert ColumnPlan.of(STEPS_ROUTE).build([([packed], AT)], STAMP) is None
+
+
+def test_one_block_of_several_envelopes_keeps_each_records_source() -> None:
+    packed = [pack_record("step", r) for r in varied_steps()]
+    later = Origin("clawr1.steps", 1, 12, None, None)
+    block = ColumnPlan.of(STEPS_ROUTE).build([(packed[:2], AT), (packed[2:], later)], STAMP)
+    assert block is not None
+    assert block.column("step_id").to_pylist() == ["s-plain", "s-full", "s-empty"]
+    assert block.column("source_partition").to_pylist() == [3, 3, 1]
+    assert block.column("source_offset").to_pylist() == [70, 70, 12]
