@@ -34,6 +34,21 @@ def topics_of(config: SinkConfig) -> list[str]:
     return [config.steps_topic, config.prefix_nodes_topic, config.dlq_topic, config.feedback_topic]
 
 
+def sink_until_committed(settings: Settings, pool_store: PoolStore, config: SinkConfig) -> None:
+    """Run the sink in a thread until it committed everything on its topics, then stop it."""
+    stop = threading.Event()
+    ready = threading.Event()
+    worker = threading.Thread(target=run_sink, args=(settings, pool_store, stop, ready.set, config))
+    worker.start()
+    try:
+        assert ready.wait(30), "the sink never became ready"
+        wait_committed(settings.kafka_bootstrap, config.group_id, topics_of(config))
+    finally:
+        stop.set()
+        worker.join(30)
+    assert not worker.is_alive()
+
+
 def test_sink_stores_every_topic_and_dead_letters_bad_messages(
         kafka_bootstrap: str, unique: str, pool_store: PoolStore) -> None:
     config = sink_config(unique)
@@ -60,17 +75,7 @@ def test_sink_stores_every_topic_and_dead_letters_bad_messages(
                                       failed_at_ms=1_760_000_000_000)),
     ])
 
-    stop = threading.Event()
-    ready = threading.Event()
-    worker = threading.Thread(target=run_sink, args=(settings, pool_store, stop, ready.set, config))
-    worker.start()
-    try:
-        assert ready.wait(30), "the sink never became ready"
-        wait_committed(kafka_bootstrap, config.group_id, topics_of(config))
-    finally:
-        stop.set()
-        worker.join(30)
-    assert not worker.is_alive()
+    sink_until_committed(settings, pool_store, config)
 
     steps = {r["step_id"]: r for r in pool_store.query("SELECT step_id, version, reward, ready FROM steps")}
     assert len(steps) == 30
@@ -109,17 +114,7 @@ def test_sink_stores_envelopes_as_columns_and_words_a_bad_record_alone(
                version=1, total_tokens=4, tree_tokens=2, forks=1, updated_at_ms=1_760_000_000_000)
         for i in range(3)]))])
 
-    stop = threading.Event()
-    ready = threading.Event()
-    worker = threading.Thread(target=run_sink, args=(settings, pool_store, stop, ready.set, config))
-    worker.start()
-    try:
-        assert ready.wait(30), "the sink never became ready"
-        wait_committed(kafka_bootstrap, config.group_id, topics_of(config))
-    finally:
-        stop.set()
-        worker.join(30)
-    assert not worker.is_alive()
+    sink_until_committed(settings, pool_store, config)
 
     steps = {r["step_id"]: r for r in pool_store.query(
         "SELECT step_id, prompt_token_ids, response_logprobs FROM steps")}
