@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import copy
 import io
 import json
@@ -15,7 +16,7 @@ from avro.compatibility import ReaderWriterCompatibilityChecker, SchemaCompatibi
 from avro.schema import parse as parse_avro
 from confluent_kafka.schema_registry import SchemaRegistryError
 
-from clawr1.schemas.batch import batch_schema, record_name_of
+from clawr1.schemas.batch import batch_schema, pack_doubles, pack_ints, record_name_of, unpack_ints
 from clawr1.schemas.codec import (
     SCHEMA_DIR,
     AvroCodec,
@@ -140,6 +141,17 @@ def incompatibilities(writer: dict[str, Any], reader: dict[str, Any]) -> list[st
     if result.compatibility is SchemaCompatibilityType.compatible:
         return []
     return [f"at {', '.join(sorted(result.locations))}: {message}" for message in sorted(result.messages)]
+
+
+def test_packed_arrays_are_little_endian_and_refuse_what_arrays_refuse() -> None:
+    ids = [0, 1, 2**31 - 1, -(2**31), 151_935]
+    assert pack_ints(ids) == array.array("i", ids).tobytes() and unpack_ints(pack_ints(ids)) == ids
+    assert pack_ints(iter(ids)) == pack_ints(tuple(ids)) == pack_ints(ids)  # any iterable, as before
+    assert pack_doubles([1, -0.5]) == array.array("d", [1.0, -0.5]).tobytes()
+    with pytest.raises(OverflowError):
+        pack_ints([2**31])
+    with pytest.raises(TypeError):
+        pack_ints([1.5])
 
 
 @pytest.mark.parametrize("name", all_schema_names())
