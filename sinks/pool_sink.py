@@ -181,11 +181,14 @@ class PoolSink:
                 continue
             data = plan.build([(e.records, e.origin) for e in rows.envelopes], stamp)
             if data is None:
-                refused = [e for e in rows.envelopes if plan.build([(e.records, e.origin)], stamp) is None]
-                rows.envelopes = [e for e in rows.envelopes if e not in refused]
-                for envelope in refused:
-                    self._take_by_rows(plan.route, envelope, stamp)
-                data = plan.build([(e.records, e.origin) for e in rows.envelopes], stamp)
+                kept: list[Envelope] = []
+                for envelope in rows.envelopes:
+                    if plan.build([(envelope.records, envelope.origin)], stamp) is None:
+                        self._take_by_rows(plan.route, envelope, stamp)
+                    else:
+                        kept.append(envelope)
+                rows.envelopes = kept
+                data = plan.build([(e.records, e.origin) for e in kept], stamp) if kept else None
             rows.columns_data = data
 
     def _take_by_rows(self, route: TableRoute, envelope: Envelope, stamp: int) -> None:
@@ -206,7 +209,7 @@ class PoolSink:
     # -- writing ------------------------------------------------------------------------------------
 
     def _insert_rows(self, table: str, rows: TableRows, token: str, stop: threading.Event) -> bool:
-        """Insert the rows and blocks; False if stopped first."""
+        """Insert the rows, then the envelopes' block; False if stopped first."""
         return all(self._insert_part(table, part, part_token, stop) for part_token, part in rows.parts(token))
 
     def _insert_part(self, table: str, part: RowPart | ColumnPart, token: str, stop: threading.Event) -> bool:
