@@ -107,8 +107,11 @@ def test_sink_stores_envelopes_as_columns_and_words_a_bad_record_alone(
                  response_logprobs=[-0.25, -0.5]) for i in range(10)]
     mixed = [step(f"m{i}", 1, trajectory_id="tm", step_index=i) for i in range(5)]
     mixed[3]["prompt_token_ids"] = [1, -2]
-    produce(kafka_bootstrap, config.steps_topic, [("te", "step", envelope("step", good)),
-                                                  ("tm", "step", envelope("step", mixed))])
+    odd = pack_record("step", step("o1", 1, trajectory_id="to"))
+    odd["prompt_token_ids"] += b"\x01"  # no int32 array has 13 bytes
+    produce(kafka_bootstrap, config.steps_topic, [
+        ("te", "step", envelope("step", good)), ("tm", "step", envelope("step", mixed)),
+        ("to", "step", codec_for().encode_batch("step", [odd]))])
     produce(kafka_bootstrap, config.prefix_nodes_topic, [("g", "prefix_node", envelope("prefix_node", [
         record("prefix_node", scope_id="g", scope_kind="prompt_group", node_id=f"n{i}", token_ids=[i, i + 1],
                version=1, total_tokens=4, tree_tokens=2, forks=1, updated_at_ms=1_760_000_000_000)
@@ -121,10 +124,14 @@ def test_sink_stores_envelopes_as_columns_and_words_a_bad_record_alone(
     assert sorted(steps) == sorted([*(f"e{i}" for i in range(10)), "m0", "m1", "m2", "m4"])
     assert steps["e7"]["prompt_token_ids"] == list(range(7, 57)) and steps["e7"]["response_logprobs"] == [
         -0.25, -0.5]
-    [dead] = pool_store.query("SELECT dlq_id, reason, original_value FROM dead_letters")
+    letters = pool_store.query("SELECT dlq_id, reason, original_value FROM dead_letters")
+    [dead] = [d for d in letters if "#" in d["dlq_id"]]  # a record of an envelope
+    [odd_dead] = [d for d in letters if "#" not in d["dlq_id"]]  # a whole message
     assert "prompt_token_ids holds ids outside" in dead["reason"]
     assert dead["dlq_id"].endswith("#3")
     assert codec_for().decode(bytes.fromhex(dead["original_value"]))[1]["step_id"] == "m3"  # cited alone
+    assert "invalid 'step' record" in odd_dead["reason"]
+    assert codec_for().writer_of(bytes.fromhex(odd_dead["original_value"])).name == "step_batch"  # as it came
     assert pool_store.query("SELECT count() AS n FROM prefix_nodes") == [{"n": 3}]
 
 
