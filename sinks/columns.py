@@ -30,7 +30,7 @@ _SCALARS = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "doubl
 _PACKED: dict[str, tuple[np.dtype[Any], pa.DataType]] = {
     "int": (np.dtype("<i4"), pa.uint32()), "double": (np.dtype("<f8"), pa.float64())}
 
-Column = Callable[[list[Any]], "pa.Array | None"]
+Column = Callable[[list[Any]], pa.Array]
 
 
 class _Refused(Exception):
@@ -68,7 +68,8 @@ def _packed(dtype: np.dtype[Any], item: pa.DataType) -> Column:
             if flat.size and flat.min() < 0:  # ids above 2^31 cannot be packed: the row path's range
                 raise _Refused
             flat = flat.view(np.uint32)
-        return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(flat, item))
+        # 64-bit offsets: a flush may hold more than 2^31 token ids in all (ClickHouse reads large lists).
+        return pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(flat, item))
     return build
 
 

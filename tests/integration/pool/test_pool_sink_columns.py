@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from clawr1.pool.store import PoolStore
@@ -102,3 +103,5 @@ def test_one_block_of_several_envelopes_keeps_each_records_source() -> None:
     assert block.column("step_id").to_pylist() == ["s-plain", "s-full", "s-empty"]
     assert block.column("source_partition").to_pylist() == [3, 3, 1]
     assert block.column("source_offset").to_pylist() == [70, 70, 12]
+    # 64-bit offsets: a flush's token ids may number more than 2^31.
+    assert block.schema.field("prompt_token_ids").type == pa.large_list(pa.uint32())
