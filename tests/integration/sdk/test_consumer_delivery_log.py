@@ -105,7 +105,9 @@ def test_a_late_entry_is_read_however_long_the_member_was_away(
     restarted) for longer than the allowance itself is still read: the member goes back to where it last
     checked (kept in its cursor across a restart), not only to the allowance before the pool's clock; and
     it gets only that entry (the rest was committed)."""
-    monkeypatch.setattr(delivery, "LATE_ARRIVAL_MS", 300)
+    # The copy must become visible within the allowance of its stamp (a's), as an insert running beside
+    # another would; writing, reading and committing took more than 0.3 s on a loaded machine, so 1.5 s.
+    monkeypatch.setattr(delivery, "LATE_ARRIVAL_MS", 1500)
     pool.write(step("a"), step("b"))
     consumer = PoolConsumer(source, "away")
     try:
@@ -114,7 +116,7 @@ def test_a_late_entry_is_read_however_long_the_member_was_away(
         if restart:
             consumer.close()
         _copy_of(pool, "a", "0-late")
-        time.sleep(1.0)  # the allowance (0.3 s) passes
+        time.sleep(2.0)  # the allowance (1.5 s) passes
         if restart:
             consumer = PoolConsumer(source, "away")
         assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]
