@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -152,35 +152,32 @@ class PoolStore:
         """
         if not rows:
             return 0
-        merged = {**_INSERT_SETTINGS, **(settings or {})}
-        if dedup_token:
-            merged["insert_deduplication_token"] = dedup_token
-        try:
-            self._call(lambda c: c.insert(table, rows, column_names=list(column_names), settings=merged))
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
-        except PoolError as exc:
-            if isinstance(exc.__cause__, DataError):
-                raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
-            raise
+        names = list(column_names)
+        self._insert(table, dedup_token, settings,
+                     lambda c, merged: c.insert(table, rows, column_names=names, settings=merged))
         return len(rows)
 
     def insert_arrow(self, table: str, data: pa.Table, dedup_token: str | None = None) -> int:
         """Insert an Arrow table whose column names are the table's; otherwise as ``insert``."""
         if not data.num_rows:
             return 0
-        settings: dict[str, Any] = dict(_INSERT_SETTINGS)
+        self._insert(table, dedup_token, None, lambda c, merged: c.insert_arrow(table, data, settings=merged))
+        return int(data.num_rows)
+
+    def _insert(self, table: str, dedup_token: str | None, settings: Mapping[str, Any] | None,
+                send: Callable[[Client, dict[str, Any]], Any]) -> None:
+        """One insert with the store's settings and token; rows ClickHouse cannot type -> PoolDataError."""
+        merged = {**_INSERT_SETTINGS, **(settings or {})}
         if dedup_token:
-            settings["insert_deduplication_token"] = dedup_token
+            merged["insert_deduplication_token"] = dedup_token
         try:
-            self._call(lambda c: c.insert_arrow(table, data, settings=settings))
+            self._call(lambda c: send(c, merged))
         except (TypeError, ValueError, OverflowError, pa.ArrowException) as exc:
             raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
         except PoolError as exc:
             if isinstance(exc.__cause__, DataError):
                 raise PoolDataError(f"rows do not fit table {table!r}: {exc}") from exc
             raise
-        return int(data.num_rows)
 
     def insert_raw(self, table: str, data: bytes, fmt: str = "JSONEachRow",
                    column_names: Sequence[str] | None = None, dedup_token: str | None = None,
