@@ -30,12 +30,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_streams import CODEC, conversation, reward_for, whitebox_steps  # noqa: E402
+from clawr1.schemas.codec import pack_record  # noqa: E402
 from tests.unit.streams.test_streams_processor import CountingStore, Harness  # noqa: E402
 
 
 def _decoded(schema: str, record: dict[str, Any]) -> dict[str, Any]:
-    """As the worker sees a record: through the codec, every field present."""
-    return CODEC.decode_records(CODEC.encode(schema, record), expect=schema)[0]
+    """As the worker sees a record: from an envelope (as the gateway and the proxy send them), every field
+    present, its token ids int32 arrays (lists on checkouts before the worker read them so)."""
+    message = CODEC.encode_batch(schema, [pack_record(schema, record)])
+    try:
+        return CODEC.decode_records(message, expect=schema, int_arrays=True)[0]
+    except TypeError:  # an older checkout's codec
+        return CODEC.decode_records(message, expect=schema)[0]
 
 
 def blackbox_events(steps: int) -> list[tuple[str, dict[str, Any]]]:

@@ -105,9 +105,9 @@ def pack_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
     return pack(_plan(name), record)
 
 
-def unpack_record(name: str, record: dict[str, Any]) -> dict[str, Any]:
-    """A packed record of schema ``name`` back in its plain form."""
-    return unpack(_plan(name), record)
+def unpack_record(name: str, record: dict[str, Any], int_arrays: bool = False) -> dict[str, Any]:
+    """A packed record of schema ``name`` back in its plain form (``batch.unpack``)."""
+    return unpack(_plan(name), record, int_arrays)
 
 
 @lru_cache(maxsize=1)
@@ -246,9 +246,11 @@ class AvroCodec:
             raise DecodeError(f"corrupt {writer.name!r} body: {exc}") from exc
         return writer.name, record  # type: ignore[return-value]
 
-    def decode_records(self, data: bytes | None, expect: str, plain: bool = True) -> list[dict[str, Any]]:
+    def decode_records(self, data: bytes | None, expect: str, plain: bool = True,
+                       int_arrays: bool = False) -> list[dict[str, Any]]:
         """The records of a message written as one ``expect`` record or as its envelope (``<expect>_batch``),
-        plain (token arrays as lists) or, with ``plain=False``, as they came."""
+        plain (token arrays as lists; with ``int_arrays``, an envelope's int arrays as int32 numpy arrays)
+        or, with ``plain=False``, as they came. A packed array of impossible size is a DecodeError."""
         if not isinstance(data, bytes | bytearray | memoryview):
             raise DecodeError(f"expected bytes, got {type(data).__name__}")
         name = self.writer_of(bytes(data)).name
@@ -257,7 +259,12 @@ class AvroCodec:
         _, record = self.decode(data)
         if name == expect:
             return [record]
-        return [unpack_record(expect, r) for r in record["records"]] if plain else record["records"]
+        if not plain:
+            return record["records"]
+        try:
+            return [unpack_record(expect, r, int_arrays) for r in record["records"]]
+        except ValueError as exc:
+            raise DecodeError(f"corrupt {name!r} body: a packed array: {exc}") from exc
 
     def decode_all(self, data: bytes | None) -> tuple[str, list[dict[str, Any]]]:
         """(record schema name, its plain records) of a message written as one record or an envelope."""

@@ -179,7 +179,9 @@ class StreamsApp:
             try:
                 if value is None:
                     raise InvalidEvent("empty message (no value)")
-                records = self.codec.decode_records(value, expect=schema)
+                # Token ids as int32 arrays: the stream logic checks, hashes, merges and packs them again
+                # without a Python int per token (``clawr1.streams.turns.TokenIds``).
+                records = self.codec.decode_records(value, expect=schema, int_arrays=True)
             except (DecodeError, InvalidEvent) as exc:
                 self._dead_letter(origin, "decode" if isinstance(exc, DecodeError) else "validate", str(exc))
                 return

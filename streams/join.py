@@ -204,5 +204,5 @@ def scope_of(record: dict[str, Any]) -> tuple[str, str]:
 def mergeable(record: dict[str, Any]) -> bool:
     """Whether the step's tokens go into its scope's prefix tree (ready or not, as long as tokenized and
     of a trainable status)."""
-    tokenized = record["token_provenance"] != "none" and bool(record["prompt_token_ids"])
+    tokenized = record["token_provenance"] != "none" and len(record["prompt_token_ids"]) > 0
     return record["status"] in TRAINABLE_STATUSES and tokenized

@@ -38,7 +38,7 @@ def message(kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def pack(messages: list[tuple[str, dict[str, Any]]]) -> bytes:
-    return orjson.dumps({"messages": messages})
+    return orjson.dumps({"messages": messages}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 def unpack(data: bytes) -> list[tuple[str, dict[str, Any]]]:

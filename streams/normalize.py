@@ -18,7 +18,7 @@ import orjson
 from clawr1.streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
 from clawr1.streams.rewards import inline_fact
 from clawr1.streams.tokenization import Retokenizer
-from clawr1.streams.turns import Reply, Turn, turn_from_whitebox
+from clawr1.streams.turns import Reply, TokenIds, Turn, turn_from_whitebox
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _dumps(value: Any) -> str:
 
 def _sha(value: Any) -> str:
     """Digest of ids and text; orjson writes these exactly as ``_dumps`` does (compact, UTF-8), faster."""
-    return hashlib.sha256(orjson.dumps(value)).hexdigest()
+    return hashlib.sha256(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)).hexdigest()
 
 
 def prompt_id_of(turn: Turn) -> str:
@@ -59,8 +59,8 @@ def prompt_id_of(turn: Turn) -> str:
 
 @dataclass(frozen=True)
 class Tokens:
-    prompt: list[int]
-    response: list[int]
+    prompt: TokenIds
+    response: TokenIds
     logprobs: list[float] | None
     provenance: str  # engine | retokenized | none
     tokenizer: str | None
@@ -78,12 +78,12 @@ def choose_tokens(turn: Turn, reply: Reply, retokenizer: Retokenizer | None) -> 
     """
     if turn.failed:
         return NO_TOKENS
-    if turn.engine_tokens and turn.prompt_token_ids and reply.token_ids:
+    if turn.engine_tokens and len(turn.prompt_token_ids) and len(reply.token_ids):
         aligned = reply.logprobs is not None and len(reply.logprobs) == len(reply.token_ids)
         checks = [] if aligned or reply.logprobs is None else ["logprobs not aligned with token ids; dropped"]
         return Tokens(turn.prompt_token_ids, reply.token_ids, reply.logprobs if aligned else None, "engine",
                       None, checks)
-    partial = ["incomplete engine ids not used"] if turn.prompt_token_ids or reply.token_ids else []
+    partial = ["incomplete engine ids not used"] if len(turn.prompt_token_ids) or len(reply.token_ids) else []
     if retokenizer is None or not turn.messages:  # nothing to render without a prompt
         return Tokens([], [], None, "none", None, partial)
     prompt, response = retokenizer.encode_turn(turn.messages, turn.raw_prompt, reply.text, reply.tool_calls,

@@ -15,12 +15,12 @@ figures at that version: the pool takes the scope's figures from its highest-ver
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.prefix_tree import PrefixTree, StepTokens
+from clawr1.streams.turns import TokenIds
 
 
 @dataclass(frozen=True)
@@ -30,17 +30,10 @@ class ScopeStep:
     scope_id: str
     scope_kind: str
     step_id: str
-    prompt_ids: list[int]
-    response_ids: list[int]
+    prompt_ids: TokenIds
+    response_ids: TokenIds
     parent_step_id: str | None
     updated_at_ms: int
-
-    def encode(self) -> bytes:
-        return json.dumps(self.__dict__, separators=(",", ":")).encode()
-
-    @classmethod
-    def decode(cls, data: bytes) -> ScopeStep:
-        return cls(**json.loads(data))
 
     def tokens(self) -> StepTokens:
         return StepTokens(self.step_id, self.prompt_ids, self.response_ids, self.parent_step_id)
@@ -83,7 +76,7 @@ class Merge:
 
 
 def rebuild(state: ScopeState,
-            tokens_of: Callable[[str], tuple[list[int], list[int]] | None]) -> PrefixTree:
+            tokens_of: Callable[[str], tuple[TokenIds, TokenIds] | None]) -> PrefixTree:
     """The scope's tree from its state and the stored tokens.
 
     The state and the tokens are two table writes; a crash can keep the first and lose the
@@ -109,7 +102,7 @@ def _rows(scope_id: str, state: ScopeState, tree: PrefixTree, node_ids: set[int]
             "node_id": str(n.node_id),
             "parent_node_id": None if n.parent_id is None else str(n.parent_id),
             "depth_start": n.start_depth,
-            "token_ids": n.tokens.tolist(),
+            "token_ids": n.tokens,  # packed from the array (``schemas.batch``): no list on the way
             "step_ids": list(n.step_ids),
             "version": state.version,
             "total_tokens": tree.total_tokens,

@@ -71,7 +71,7 @@ from clawr1.streams.store import Store
 from clawr1.streams.targets import Refusal, Target, TargetState, add_feedback, add_target
 from clawr1.streams.tokenization import Retokenizer
 from clawr1.streams.trajectory_record import Chunk, Trajectory, TrajectoryRecord
-from clawr1.streams.turns import Turn, turn_from_llm_call, turn_from_service_event
+from clawr1.streams.turns import TokenIds, Turn, turn_from_llm_call, turn_from_service_event
 
 log = logging.getLogger(__name__)
 
@@ -516,7 +516,7 @@ class Processor:
 
     # ------------------------------------------------------------------ prefix trees
     def _tree(self, scope_id: str, state: ScopeState,
-              tokens_of: Callable[[str], tuple[list[int], list[int]] | None]) -> PrefixTree:
+              tokens_of: Callable[[str], tuple[TokenIds, TokenIds] | None]) -> PrefixTree:
         """The scope's tree: from the cache when it matches the stored state, else rebuilt from it."""
         cached = self.trees.pop(scope_id, None)  # put back after a successful merge only
         if cached is not None and cached[0] == state.version and len(cached[1]) == len(state.steps):
@@ -555,7 +555,7 @@ class Processor:
         def chunk_name(n: int) -> str:
             return f"{step.scope_id}{_SEP}{n}"
 
-        def tokens_of(step_id: str) -> tuple[list[int], list[int]] | None:
+        def tokens_of(step_id: str) -> tuple[TokenIds, TokenIds] | None:
             n = group["where"].get(step_id)
             chunk = None if n is None else self.store.get(part, "GC", chunk_name(n))
             entry = None if chunk is None else chunk.get(step_id)

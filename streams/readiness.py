@@ -47,7 +47,7 @@ class ReadinessRule:
         """``step`` is a normalized step record (step.avsc field names)."""
         if step["status"] not in TRAINABLE_STATUSES or step["link_status"] == "superseded":
             return False
-        has_tokens = bool(step["prompt_token_ids"]) and bool(step["response_token_ids"])
+        has_tokens = len(step["prompt_token_ids"]) > 0 and len(step["response_token_ids"]) > 0
         final_step = step["reward"] is not None and step["reward_status"] == "final"
         final_trajectory = (step["trajectory_reward"] is not None
                             and step["trajectory_reward_status"] == "final")

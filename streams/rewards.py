@@ -33,7 +33,8 @@ def fact_digest(fact: dict[str, Any]) -> str:
     """Content identity of a fact (a step's source record, a feedback): orjson with sorted keys, as a
     step fact carries its token ids and this runs for every step (the standard library's encoder was
     the worker's largest single cost)."""
-    return hashlib.sha256(orjson.dumps(fact, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+    return hashlib.sha256(orjson.dumps(fact, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY)
+                          ).hexdigest()[:32]
 
 
 def feedback_fact(record: dict[str, Any]) -> dict[str, Any]:

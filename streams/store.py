@@ -70,7 +70,7 @@ class Store:
             if value is _DELETED:
                 state.delete(key)
             else:
-                state.set(key, orjson.dumps(value))
+                state.set(key, orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY))
             written += 1
         self.clear()
         return written

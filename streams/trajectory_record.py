@@ -23,6 +23,7 @@ from typing import Any
 
 from clawr1.streams.join import StepState, TrajectoryState
 from clawr1.streams.prefix_scope import ScopeState
+from clawr1.streams.turns import TokenIds
 
 # A chunk is closed once it holds this many token ids (its changelog record stays well under a MB).
 CHUNK_TOKENS = 40_000
@@ -165,6 +166,6 @@ class Trajectory:
         self.record.chunks += 1
         return number, self._new(number)
 
-    def tokens_of(self, step_id: str) -> tuple[list[int], list[int]] | None:
+    def tokens_of(self, step_id: str) -> tuple[TokenIds, TokenIds] | None:
         base = self.base(step_id)
         return None if base is None else (base["prompt_token_ids"], base["response_token_ids"])

@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from clawr1.core.conversation import prefix_digests
+
+TokenIds = list[int] | np.ndarray
+"""Token ids as they came: a list (a lone record, stored state, a service's JSON) or an int32 array (an
+envelope's packed ids, ``AvroCodec.decode_records(int_arrays=True)``). Code that handles them takes
+either: ``len``, iteration, indexing and orjson with ``OPT_SERIALIZE_NUMPY`` (which writes both as
+the same JSON), never truth value, ``==`` or ``+``."""
 
 SAMPLING_KEYS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "max_completion_tokens", "max_output_tokens",
@@ -43,7 +51,7 @@ class Reply:
     tool_calls: list[Any]
     messages: list[dict[str, Any]]
     finish_reason: str | None = None
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: TokenIds = field(default_factory=list)
     logprobs: list[float] | None = None
 
 
@@ -62,7 +70,7 @@ class Turn:
     step_index: int | None = None  # explicit (service event)
     prompt_group_id: str | None = None
     prompt_group_size: int | None = None
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: TokenIds = field(default_factory=list)
     engine_tokens: bool = False
     raw_prompt: str | None = None  # completions API: the prompt is text, not chat messages
     engine_response_id: str | None = None
@@ -105,9 +113,13 @@ def _messages(value: Any, what: str) -> list[dict[str, Any]]:
     return value
 
 
-def _token_ids(value: Any, what: str) -> list[int]:
+def _token_ids(value: Any, what: str) -> TokenIds:
     if value is None:
         return []
+    if isinstance(value, np.ndarray):  # an envelope's packed ids: int32 by the codec, only the sign to check
+        if value.size and value.min() < 0:
+            raise InvalidEvent(f"{what} must be a list of non-negative integers")
+        return value
     # Type and sign checked in C (``map``/``set``/``min``): a 640-token step made this a hot loop.
     if not isinstance(value, list) or value and (not set(map(type, value)) <= {int} or min(value) < 0):
         raise InvalidEvent(f"{what} must be a list of non-negative integers")
@@ -291,7 +303,7 @@ def turn_from_service_event(record: dict[str, Any]) -> Turn | None:
         prompt_group_id=_optional(payload, "prompt_group_id", str),
         prompt_group_size=_optional(payload, "prompt_group_size", int),
         prompt_token_ids=_token_ids(payload.get("prompt_token_ids"), "payload prompt_token_ids"),
-        engine_tokens=bool(response_ids),
+        engine_tokens=len(response_ids) > 0,
         engine_response_id=_optional(payload, "response_id", str),
         model=_optional(payload, "model", str),
         agent=_optional(payload, "agent", str),

@@ -2,7 +2,8 @@
 
 The mix has rewards before their steps, a duplicated call, white-box steps out of order, a
 re-submitted step, feedback for a target that never comes, undecodable bytes, an unknown schema
-version, a record of the wrong schema, a tombstone and invalid records. ``EXPECTED_STEPS`` and
+version, a record of the wrong schema, a tombstone, invalid records, and records in envelopes (whose
+token ids the worker reads as arrays), one of them corrupt. ``EXPECTED_STEPS`` and
 ``EXPECTED_DEAD_LETTERS`` are the exact outcome, worked out by hand from the rules in
 docs/streams.md (versions count the distinct facts joined into a step).
 """
@@ -13,6 +14,7 @@ import struct
 from dataclasses import dataclass
 
 from clawr1.core.conversation import conversation_key
+from clawr1.schemas.codec import pack_record
 from tests.integration.streams.events import (
     CODEC,
     assistant,
@@ -52,6 +54,11 @@ def _whitebox(record: dict) -> Raw:
     return Raw("raw_steps", record["trajectory_id"].encode(), CODEC.encode("whitebox_step", record))
 
 
+def _envelope(topic: str, schema: str, key: str, record: dict) -> Raw:
+    """The record alone in an envelope, as the gateway and the proxy send them: its ids read as arrays."""
+    return Raw(topic, key.encode(), CODEC.encode_batch(schema, [pack_record(schema, record)]))
+
+
 def _event(record: dict) -> Raw:
     return Raw("raw_events", record["trajectory_id"].encode(), CODEC.encode("service_event", record))
 
@@ -80,13 +87,16 @@ S1 = service_event("ev-s1", "svc-1", {"prompt_messages": [user("hi there")], "re
 UNKNOWN_SCHEMA = b"\xc3\x01" + struct.pack("<Q", 0x1234_5678_9ABC_DEF0) + b"\x02\x04body"
 WRONG_SCHEMA = CODEC.encode("feedback", feedback("wrong", "step", "x"))
 BAD_TARGET = CODEC.encode("feedback", {**feedback("fb-bad", "step", "c1"), "target_kind": "session"})
+# An envelope whose packed ids cannot be int32s (7 bytes): the whole message is the dead letter.
+CORRUPT_ENVELOPE = CODEC.encode_batch("whitebox_step", [{**pack_record("whitebox_step", W0),
+                                                        "prompt_token_ids": b"\x01" * 7}])
 BAD_MESSAGES = CODEC.encode("raw_llm_call", {**llm_call("bad-1", [user("x")], ["y"], at=9_000),
                                              "messages_json": "{broken"})
 
 MIX: list[Raw] = [
     _feedback(feedback("fb-c1", "response", "resp-c1", reward=1.0, at=900)),  # before its step
     _llm(C1),
-    _whitebox(W2),  # white-box steps out of order
+    _envelope("raw_steps", "whitebox_step", "wb-1", W2),  # white-box steps out of order
     Raw("raw_llm", b"junk", b"not avro at all"),
     _llm(C2),
     _feedback(feedback("fb-c2b", "step", "c2", reward=0.6, at=2_200)),  # final before provisional
@@ -104,13 +114,14 @@ MIX: list[Raw] = [
     _llm(FAILED),
     _feedback(feedback("fb-ghost", "step", "never-seen", reward=1.0)),
     Raw("raw_feedback", b"c1", BAD_TARGET),
-    _llm(C3),
+    _envelope("raw_llm", "raw_llm_call", llm_key(C3), C3),
     Raw("raw_feedback", b"c1", None),
     _event(S1),
     _whitebox(W1_FINAL),  # re-submitted with its final reward
     _feedback(feedback("fb-g1", "step", "g:1", reward=0.0, components={"format": 0.0}, source="rule",
                        source_name="fmt", at=4_200)),
     Raw("raw_llm", b"bad-1", BAD_MESSAGES),
+    Raw("raw_steps", b"wb-1", CORRUPT_ENVELOPE),
     _feedback(feedback("fb-traj", "trajectory", "traj-c1", reward=5.0, source="env", source_name="",
                        at=3_500)),
 ]
@@ -170,6 +181,7 @@ EXPECTED_DEAD_LETTERS = [
     ("raw_feedback", "validate", "target_kind must be one of step, response, trajectory", BAD_TARGET),
     ("raw_feedback", "validate", "empty message (no value)", None),
     ("raw_llm", "validate", "messages_json is not JSON", BAD_MESSAGES),
+    ("raw_steps", "decode", "a packed array", CORRUPT_ENVELOPE),
 ]
 # Final version of each merge scope: its merged steps plus those whose parent it knows.
 EXPECTED_SCOPE_VERSIONS = {"c1": 3 + 2, "g": 2, "wb-1": 3 + 2, "svc-1": 2 + 1}

@@ -18,7 +18,8 @@ def test_merging_emits_only_changed_nodes_with_scope_figures() -> None:
     state, tree = ScopeState(), build_tree([])
     first = merge_step(state, tree, step("s1", [1, 2, 3], [4]), BOUNDS)
     assert first.outcome == "added"
-    assert [(r["token_ids"], r["step_ids"], r["version"]) for r in first.rows] == [([1, 2, 3, 4], ["s1"], 1)]
+    assert [(r["token_ids"].tolist(), r["step_ids"], r["version"]) for r in first.rows] \
+        == [([1, 2, 3, 4], ["s1"], 1)]
     second = merge_step(state, tree, step("s2", [1, 2, 3, 4, 5], [6], parent="s1"), BOUNDS)
     rows = {tuple(r["token_ids"]): r for r in second.rows}
     assert set(rows) == {(5, 6)}  # s1's node is unchanged: s2 only hangs below it
@@ -37,7 +38,8 @@ def test_split_re_emits_the_shortened_node() -> None:
     state, tree = ScopeState(), build_tree([])
     merge_step(state, tree, step("a", [1, 2], [3, 4]), BOUNDS)
     rows = merge_step(state, tree, step("b", [1, 2], [3, 9]), BOUNDS).rows
-    assert sorted((r["depth_start"], r["token_ids"]) for r in rows) == [(0, [1, 2, 3]), (3, [4]), (3, [9])]
+    assert sorted((r["depth_start"], r["token_ids"].tolist()) for r in rows) \
+        == [(0, [1, 2, 3]), (3, [4]), (3, [9])]
 
 
 def test_redelivery_republishes_the_path_and_a_late_parent_counts() -> None:
@@ -46,7 +48,7 @@ def test_redelivery_republishes_the_path_and_a_late_parent_counts() -> None:
     merge_step(state, tree, step("s2", [9], [9]), BOUNDS)
     again = merge_step(state, tree, step("s2", [9], [9]), BOUNDS)
     assert again.outcome == "duplicate" and not again.state_changed
-    assert [(r["token_ids"], r["version"]) for r in again.rows] == [([9, 9], 2)]
+    assert [(r["token_ids"].tolist(), r["version"]) for r in again.rows] == [([9, 9], 2)]
     parent = merge_step(state, tree, step("s2", [9], [9], parent="s1"), BOUNDS)
     assert parent.outcome == "parent" and [(r["version"], r["forks"]) for r in parent.rows] == [(3, 1)]
     with pytest.raises(ValueError):

@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 
 from clawr1.core.routing import key_hash, partition_of, routable_id
+from clawr1.schemas.codec import AvroCodec
 from clawr1.streams.config import StreamConfig
-from clawr1.streams.outbox import Outbox
+from clawr1.streams.outbox import Envelope, Outbox
 from clawr1.streams.processor import Origin, Processor
 from clawr1.streams.store import Store
 from tests.integration.streams.events import feedback, llm_call, user, whitebox_step
@@ -38,7 +39,9 @@ class CountingStore(dict[bytes, Any]):
 class Harness:
     """Events in, checkpoints, and the worker's own messages delivered to their partitions."""
 
-    def __init__(self) -> None:
+    def __init__(self, codec: AvroCodec | None = None) -> None:
+        """``codec`` given: every checkpoint's outputs are also kept encoded, as they would leave, in
+        ``published``."""
         CountingStore.writes = 0
         self.partitions = [CountingStore() for _ in range(PARTITIONS)]
         self.outbox = Outbox(PARTITIONS)
@@ -46,6 +49,8 @@ class Harness:
                                    Store(lambda p: self.partitions[p]), self.outbox)
         self.steps: dict[str, dict[str, Any]] = {}
         self.hops = 0
+        self.codec = codec
+        self.published: list[Envelope] = []
 
     def restart(self) -> None:
         """A new processor over the same stores, as after a worker restart."""
@@ -72,6 +77,8 @@ class Harness:
         """Flush, keep the published steps, and deliver the worker's messages (more checkpoints)."""
         while True:
             self.processor.flush()
+            if self.codec is not None:
+                self.published += self.outbox.envelopes(self.codec, "steps", "nodes", "work", "dead")
             for record in self.outbox.steps.values():
                 held = self.steps.get(record["step_id"])
                 if held is None or held["version"] <= record["version"]:
