@@ -215,7 +215,7 @@ def _apply(plan: _Plan, record: dict[str, Any], pack: bool, int_arrays: bool = F
 
 
 def pack(plan: _Plan, record: dict[str, Any]) -> dict[str, Any]:
-    """The packed form of a record (a new dict; arrays, lists or int numpy arrays, become bytes)."""
+    """The packed form of a record (a new dict; arrays, as lists or as int numpy arrays, become bytes)."""
     return _apply(plan, record, pack=True)
 
 
