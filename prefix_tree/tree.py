@@ -173,6 +173,10 @@ class PrefixTree:
         self._total_tokens = 0
         self._tree_tokens = 0
         self._num_nodes = 0
+        # Forks are judged as steps arrive, not recounted per read: a merge publishes ``forks`` on every
+        # row it changes, and a recount walks every step of the scope (quadratic in a long trajectory).
+        self._forks: set[str] = set()
+        self._awaiting: dict[str, list[str]] = {}  # parent step id -> steps naming it that came first
 
     # ------------------------------------------------------------------ building
     def add(self, step: StepTokens) -> set[int]:
@@ -186,11 +190,12 @@ class PrefixTree:
         if known is not None:
             if known.length != len(seq) or not np.array_equal(self.rebuild(step.step_id), seq):
                 raise ValueError(f"step {step.step_id!r} was already added with other tokens")
-            if step.parent_step_id is not None:
+            if step.parent_step_id is not None and step.parent_step_id != known.parent_step_id:
                 known.parent_step_id = step.parent_step_id
+                self._judge(step.step_id)
             return set()
         changed: set[int] = set()
-        node, depth, length = self._root, 0, len(seq)
+        node, depth, length = self._continued(step.parent_step_id, seq)
         while depth < length:
             child = node.children.get(int(seq[depth]))
             if child is None:
@@ -214,7 +219,33 @@ class PrefixTree:
         changed.add(node.node_id)
         self._steps[step.step_id] = _StepEntry(node, length, step.parent_step_id)
         self._total_tokens += length
+        self._judge(step.step_id)
+        for waiting in self._awaiting.pop(step.step_id, ()):
+            self._judge(waiting)  # by the parent it names now, whichever that is
         return changed
+
+    def _continued(self, parent_step_id: str | None, seq: np.ndarray) -> tuple[_TreeNode, int, int]:
+        """Where a walk down for ``seq`` starts: below its parent step when that step's sequence is its
+        prefix (the usual next turn: one compare instead of a node-by-node walk as deep as the
+        trajectory), else at the root. Both walks end alike: the parent's path has nothing to split."""
+        parent = None if parent_step_id is None else self._steps.get(parent_step_id)
+        if parent_step_id is not None and parent is not None and parent.length <= len(seq) \
+                and np.array_equal(self.rebuild(parent_step_id), seq[:parent.length]):
+            return parent.node, parent.length, len(seq)
+        return self._root, 0, len(seq)
+
+    def _judge(self, step_id: str) -> None:
+        """Whether the step is a fork, once its parent is here (else it waits for it). A step's verdict
+        never changes after that: tokens are fixed, and a split keeps every node's ancestors."""
+        entry = self._steps[step_id]
+        self._forks.discard(step_id)
+        if entry.parent_step_id is None:
+            return
+        parent = self._steps.get(entry.parent_step_id)
+        if parent is None:
+            self._awaiting.setdefault(entry.parent_step_id, []).append(step_id)
+        elif not self._is_on_path(parent.node, entry.node):
+            self._forks.add(step_id)
 
     def _split(self, node: _TreeNode, offset: int) -> _TreeNode:
         """Cut ``node`` after ``offset`` tokens; return the new upper half.
@@ -325,16 +356,11 @@ class PrefixTree:
         A parent that has not arrived yet, or lives in another scope, is not judged, so
         the count can grow as late steps come in.
         """
-        out = []
-        for step_id, entry in self._steps.items():
-            parent = self._steps.get(entry.parent_step_id) if entry.parent_step_id else None
-            if parent is not None and not self._is_on_path(parent.node, entry.node):
-                out.append(step_id)
-        return sorted(out)
+        return sorted(self._forks)
 
     @property
     def forks(self) -> int:
-        return len(self.fork_step_ids)
+        return len(self._forks)
 
     @staticmethod
     def _is_on_path(ancestor: _TreeNode, node: _TreeNode) -> bool:

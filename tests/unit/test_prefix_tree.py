@@ -131,7 +131,7 @@ def test_tree_is_independent_of_insertion_order(steps: list[StepTokens], rnd: ra
     rnd.shuffle(shuffled)
     a, b = build_tree(steps), build_tree(shuffled)
     assert a.tree_tokens == b.tree_tokens
-    assert a.forks == b.forks
+    assert a.fork_step_ids == b.fork_step_ids == naive_forks(steps)  # children before their parents too
 
     def canon(tree: PrefixTree) -> list[tuple]:
         return [
@@ -269,6 +269,26 @@ def test_forks_count_drifted_turns_and_late_parents() -> None:
     assert tree.fork_step_ids == ["t3"]
     for s in (turn1, turn2, drift):
         assert tree.rebuild(s.step_id).tolist() == seq_of(s)
+
+
+@settings(max_examples=150, deadline=None)
+@given(step_sets(), st.randoms(use_true_random=False))
+def test_forks_follow_parents_named_on_redelivery(steps: list[StepTokens], rnd: random.Random) -> None:
+    """A step first merged without its parent (or with another) takes the one a re-delivery names:
+    its verdict is judged again, and a parent it waited for under its old name no longer counts."""
+    tree = PrefixTree()
+    order = steps[:]
+    rnd.shuffle(order)
+    parents: dict[str, str | None] = {}
+    for s in order:
+        parents[s.step_id] = rnd.choice([None, *(t.step_id for t in steps)])
+        tree.add(StepTokens(s.step_id, s.prompt_ids, s.response_ids, parents[s.step_id]))
+    for s in order:
+        if s.parent_step_id is not None:
+            tree.add(s)
+            parents[s.step_id] = s.parent_step_id
+    final = [StepTokens(s.step_id, s.prompt_ids, s.response_ids, parents[s.step_id]) for s in steps]
+    assert tree.fork_step_ids == naive_forks(final)
 
 
 def test_redelivery_is_a_no_op_and_conflicts_are_refused() -> None:
