@@ -5,12 +5,14 @@ own messages are delivered to their partitions) takes ``bench_streams.py``'s bla
 conversations with engine token ids, event ids minted as the proxy mints them, a reward per call), the
 conversations interleaved turn by turn as agents running at once send them, a checkpoint every
 ``--checkpoint`` events; or its white-box load (``--load whitebox``: steps of 512 + 128 tokens in
-trajectories of 10, a checkpoint per 100). What it explains: where the worker's CPU per step goes
-(``--profile``), and what a change does to it, run against two checkouts alternately (this file
-imports the checkout it lies in)::
+trajectories of ``--length`` 10, a checkpoint per 100); or GRPO rollouts (``--load rollouts``:
+``bench_streams.rollout_steps``, groups of 8 rollouts of 8 turns whose prompts grow from 1,024 tokens
+by 256 a turn, a checkpoint per 200 steps, as a rollout worker posts them). What it explains: where the
+worker's CPU per step goes (``--profile``), and what a change does to it, run against two checkouts
+alternately (this file imports the checkout it lies in)::
 
-    .venv/bin/python bench/bench_processor.py [--load blackbox|whitebox] [--steps 1600] [--repeat 3]
-        [--checkpoint 40] [--profile]
+    .venv/bin/python bench/bench_processor.py [--load blackbox|whitebox|rollouts] [--steps 1600]
+        [--length 10] [--repeat 3] [--checkpoint 40] [--profile]
 
 Prints one JSON line: CPU ms per step of each repeat (process time), state writes per step (changelog
 records the worker would produce) and internal hops per step.
@@ -29,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_streams import CODEC, conversation, reward_for, whitebox_steps  # noqa: E402
+from bench.bench_streams import CODEC, conversation, reward_for, rollout_steps, whitebox_steps  # noqa: E402
 from clawr1.schemas.codec import pack_record  # noqa: E402
 from tests.unit.streams.test_streams_processor import CountingStore, Harness  # noqa: E402
 
@@ -54,8 +56,12 @@ def blackbox_events(steps: int) -> list[tuple[str, dict[str, Any]]]:
     return events
 
 
-def whitebox_events(steps: int) -> list[tuple[str, dict[str, Any]]]:
-    return [("whitebox", _decoded("whitebox_step", r)) for r in whitebox_steps("wp", steps, 10)]
+def whitebox_events(steps: int, length: int = 10) -> list[tuple[str, dict[str, Any]]]:
+    return [("whitebox", _decoded("whitebox_step", r)) for r in whitebox_steps("wp", steps, length)]
+
+
+def rollout_events(steps: int) -> list[tuple[str, dict[str, Any]]]:
+    return [("whitebox", _decoded("whitebox_step", r)) for r in rollout_steps("rp", max(1, steps // 64))]
 
 
 def run_once(events: list[tuple[str, dict[str, Any]]], checkpoint: int) -> tuple[float, int, int]:
@@ -80,16 +86,18 @@ def run_once(events: list[tuple[str, dict[str, Any]]], checkpoint: int) -> tuple
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--load", choices=("blackbox", "whitebox"), default="blackbox")
+    parser.add_argument("--load", choices=("blackbox", "whitebox", "rollouts"), default="blackbox")
     parser.add_argument("--steps", type=int, default=1600)
+    parser.add_argument("--length", type=int, default=10, help="white-box steps per trajectory")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--checkpoint", type=int, default=0,
                         help="events per checkpoint (default 40 black-box events, 100 white-box steps)")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of one run")
     args = parser.parse_args()
-    events = blackbox_events(args.steps) if args.load == "blackbox" else whitebox_events(args.steps)
+    events = (whitebox_events(args.steps, args.length) if args.load == "whitebox"
+              else {"blackbox": blackbox_events, "rollouts": rollout_events}[args.load](args.steps))
     steps = sum(kind != "feedback" for kind, _ in events)
-    checkpoint = args.checkpoint or (40 if args.load == "blackbox" else 100)
+    checkpoint = args.checkpoint or {"blackbox": 40, "whitebox": 100, "rollouts": 200}[args.load]
     if args.profile:
         profile = cProfile.Profile()
         profile.runcall(run_once, events, checkpoint)

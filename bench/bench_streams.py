@@ -254,6 +254,33 @@ def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
+def rollout_steps(tag: str, groups: int, rollouts: int = 8, turns: int = 8, task: int = 1024,
+                  response: int = 128, tool: int = 128) -> list[dict[str, Any]]:
+    """GRPO rollouts as a rollout worker posts them: ``groups`` prompt groups of ``rollouts`` each, every
+    rollout ``turns`` steps whose prompt is the group's task (``task`` tokens) followed by each earlier
+    turn's response and tool output (prompts grow turn by turn), a reward on the last turn; trajectory
+    after trajectory, as rollouts finish."""
+    steps = []
+    for g in range(groups):
+        group = f"{tag}-g{g}"
+        context = [(g * 7919 + k) % 32_000 for k in range(task)]
+        for r in range(rollouts):
+            prompt = list(context)
+            for t in range(turns):
+                seed = (g * rollouts + r) * turns + t
+                reply = [(seed * 17 + k) % 32_000 for k in range(response)]
+                last = t == turns - 1
+                trajectory = f"{group}-r{r}"
+                steps.append({"step_id": routable_id(trajectory, f"{trajectory}-{t}".encode()),
+                              "trajectory_id": trajectory, "step_index": t, "prompt_group_id": group,
+                              "prompt_group_size": rollouts, "prompt_token_ids": list(prompt),
+                              "response_token_ids": reply, "response_logprobs": [-0.5] * response,
+                              "reward": 1.0 if last else None, "terminal": last, "received_at_ms": 1,
+                              "agent": "bench"})
+                prompt += reply + [(seed * 13 + k) % 32_000 for k in range(tool)]
+    return steps
+
+
 def messages_written(bootstrap: str, suffix: str, app_id: str) -> dict[str, int]:
     """Messages in every topic of this run (raw, internal, output, the worker's state changelog), by
     their short names; offsets count transaction markers too, as Kafka stores them."""
