@@ -8,6 +8,11 @@ round trip of same-size messages on the same broker, in the same run.
   and each size of ``--batches``), timed from the first POST until ``count()`` of them in ``steps``
   equals N; steps/s and the ratio to the baseline.
 - the same with trajectories of ``--long`` steps (default 200): per-step cost against length.
+- rollouts (``--rollouts`` steps, default 3,072): GRPO groups of 8 rollouts of 8 turns whose prompts
+  grow from 1,024 tokens by each turn's 128-token reply and 128-token tool output (2,048 tokens per step
+  on average, reply included; a reward on each rollout's last turn), posted trajectory after trajectory
+  in requests of ``--rollout-batch`` (200), as a rollout worker posts finished rollouts: what the prefix
+  tree and the state see in training.
 - messages: for each run, the messages every topic of the stack gained (offsets, transaction markers
   included), per step, and the CPU each process of the stack (and this client) spent per step, and
   their sum over the stack (``cpu_ms_per_step_stack``: every process but this client and the engine).
@@ -36,7 +41,8 @@ CPU per step of the same load run again (its JIT compiling, its new segments), w
 deployment does not pay.
 
     .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 100]
-        [--batches 1,10,100,500] [--seconds 10] [--long 200] [--warmup 4000] [--workers 2] [--kafka-nodes 1]
+        [--batches 1,10,100,500] [--seconds 10] [--long 200] [--rollouts 3072] [--rollout-batch 200]
+        [--warmup 4000] [--workers 2] [--kafka-nodes 1]
 
 ``--kafka-nodes 3`` runs the stack on a local 3-broker cluster (every topic on 3 brokers, 2 in sync):
 the ``broker`` CPU is then the three brokers' together, replication included.
@@ -69,6 +75,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
+from bench.bench_streams import rollout_steps  # noqa: E402
 from bench.common import (  # noqa: E402
     cpu_by_role,
     percentile,
@@ -227,14 +234,31 @@ class Costs:
 def whitebox_throughput(stack: Stack, n: int, batch: int, length: int = 10) -> dict[str, Any]:
     """Steps/s posted -> queryable, and the Kafka messages and CPU each step cost."""
     run = "bw" + uuid.uuid4().hex[:8]
-    steps = [step(run, i, length) for i in range(n)]
+    return {**posted_throughput(stack, run, [step(run, i, length) for i in range(n)], batch),
+            "trajectory_length": length}
+
+
+def rollouts_throughput(stack: Stack, n: int, batch: int) -> dict[str, Any]:
+    """The same for GRPO rollouts (``bench_streams.rollout_steps``: groups of 8 rollouts of 8 turns,
+    prompts growing from 1,024 tokens by 256 a turn) as a rollout worker posts them."""
+    run = "br" + uuid.uuid4().hex[:8]
+    steps = [{k: v for k, v in s.items() if k not in ("step_id", "received_at_ms")}
+             for s in rollout_steps(run, max(1, n // 64))]
+    tokens = sum(len(s["prompt_token_ids"]) + len(s["response_token_ids"]) for s in steps)
+    return {**posted_throughput(stack, run, steps, batch), "tokens_per_step": round(tokens / len(steps))}
+
+
+def posted_throughput(stack: Stack, run: str, steps: list[dict[str, Any]], batch: int) -> dict[str, Any]:
+    """``steps`` (trajectories named ``<run>-...``) posted in requests of ``batch``: steps/s posted ->
+    queryable, and the Kafka messages and CPU each step cost."""
+    n = len(steps)
     before = Costs.now(stack)
     with GatewayClient(stack.api, batch_size=batch, timeout_s=120) as client:
         started = time.monotonic()
         client.submit_steps(steps)
         accepted = time.monotonic()
     done = stack.wait_count(f"trajectory_id LIKE '{run}-%'", n, timeout=600)
-    return {"steps": n, "batch": batch, "trajectory_length": length, "accept_s": round(accepted - started, 3),
+    return {"steps": n, "batch": batch, "accept_s": round(accepted - started, 3),
             "queryable_s": round(done - started, 3), "steps_per_s": round(n / (done - started), 1),
             **Costs.now(stack).per_unit_since(before, n, "step")}
 
@@ -303,6 +327,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--long", type=int, default=200,
                         help="also post steps in trajectories this long (0: skip) and compare")
+    parser.add_argument("--rollouts", type=int, default=3072,
+                        help="also post this many steps of GRPO rollouts (0: skip)")
+    parser.add_argument("--rollout-batch", type=int, default=200, help="steps per request of the rollouts")
     parser.add_argument("--workers", type=int, default=2,
                         help="also run the main white-box load on a stack with this many workers (1: skip)")
     parser.add_argument("--kafka-nodes", type=int, default=1, help="local Kafka brokers (3: replicated)")
@@ -321,6 +348,8 @@ def main() -> int:
             by_batch = [whitebox_throughput(stack, min(args.steps, 100 * b), b)
                         for b in (int(x) for x in args.batches.split(",") if x)]
             long = whitebox_throughput(stack, args.steps, args.batch, args.long) if args.long else None
+            rollouts = (rollouts_throughput(stack, args.rollouts, args.rollout_batch)
+                        if args.rollouts else None)
             black = blackbox_throughput(stack, args.calls, args.agents)
             capacity = white["steps_per_s"]
             rates = sorted({round(capacity * f, 1) for f in (0.25, 0.5, 0.8)} | {100.0})
@@ -348,6 +377,8 @@ def main() -> int:
         "whitebox_long_trajectories": long and {
             **long, "ratio_to_kafka": round(long["steps_per_s"] / baseline, 4),
             "steps_per_s_vs_10_step_trajectories": round(long["steps_per_s"] / white["steps_per_s"], 3)},
+        "whitebox_rollouts": rollouts and {
+            **rollouts, "ratio_to_kafka": round(rollouts["steps_per_s"] / baseline, 4)},
         "blackbox": {**black, "ratio_to_kafka": round(black["calls_per_s"] / baseline, 4)},
         "freshness": fresh,
         "workers": scaled and {
