@@ -28,7 +28,7 @@ FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and 
 # Feedback for a routable step id (key: the id), in the partition the id names.
 ROUTED_FEEDBACK = "routed_feedback"  # {"feedback", "origin"}
 # A tokenized step for a prompt group's merge scope (key: scope id).
-SCOPE_STEP = "scope_step"  # ScopeStep fields
+SCOPE_STEP = "scope_step"  # ScopeStep.to_message(): token ids packed
 
 TRAJECTORY_KINDS = frozenset({STEP, STEP_FEEDBACK, TRAJECTORY_FEEDBACK, SUPERSEDE, UNSUPERSEDE})
 

@@ -15,11 +15,13 @@ figures at that version: the pool takes the scope's figures from its highest-ver
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.prefix_tree import PrefixTree, StepTokens
+from clawr1.schemas.batch import pack_ints, unpack_int_array
 from clawr1.streams.turns import TokenIds
 
 
@@ -37,6 +39,27 @@ class ScopeStep:
 
     def tokens(self) -> StepTokens:
         return StepTokens(self.step_id, self.prompt_ids, self.response_ids, self.parent_step_id)
+
+    def to_message(self) -> dict[str, Any]:
+        """The fields as a ``scope_step`` work message carries them: token ids as base64 of packed int32.
+        As JSON lists, a GRPO rollout's 2,000 ids cost the group's partition ~90 us to parse and turn
+        back into an array; packed, ~10 us."""
+        return {**self.__dict__, "prompt_ids": _packed(self.prompt_ids),
+                "response_ids": _packed(self.response_ids)}
+
+    @classmethod
+    def from_message(cls, fields: dict[str, Any]) -> ScopeStep:
+        """A ``scope_step`` message's step; token ids as lists (older workers' messages) are read too."""
+        return cls(**{**fields, "prompt_ids": _unpacked(fields["prompt_ids"]),
+                      "response_ids": _unpacked(fields["response_ids"])})
+
+
+def _packed(ids: TokenIds) -> str:
+    return base64.b64encode(pack_ints(ids)).decode("ascii")
+
+
+def _unpacked(ids: str | list[int]) -> TokenIds:
+    return unpack_int_array(base64.b64decode(ids, validate=True)) if isinstance(ids, str) else ids
 
 
 @dataclass

@@ -349,7 +349,7 @@ class Processor:
         elif kind == messages.ROUTED_FEEDBACK:
             self._resolve_routed(key, message)
         elif kind == messages.SCOPE_STEP:
-            self._merge_group(ScopeStep(**{k: v for k, v in message.items() if k != "kind"}))
+            self._merge_group(ScopeStep.from_message({k: v for k, v in message.items() if k != "kind"}))
         else:
             raise ValueError(f"unknown internal message kind {kind!r}")
 
@@ -512,7 +512,7 @@ class Processor:
             self._merge_trajectory(trajectory, scope_step)
         else:
             self._dispatch(home_partition(scope_id, self.partitions), scope_id,
-                           messages.message(messages.SCOPE_STEP, **scope_step.__dict__))
+                           messages.message(messages.SCOPE_STEP, **scope_step.to_message()))
 
     # ------------------------------------------------------------------ prefix trees
     def _tree(self, scope_id: str, state: ScopeState,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from clawr1.prefix_tree import build_tree
+from clawr1.streams import messages
 from clawr1.streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
 
 BOUNDS = Bounds(max_steps=3, max_tokens=100)
@@ -89,3 +91,18 @@ def test_rebuild_drops_a_step_whose_tokens_were_lost_so_its_redelivery_merges_it
     again = merge_step(restored_state, restored, step("b", [1, 2, 3, 4], [5], parent="a"), BOUNDS)
     assert again.outcome == "added" and restored.to_rows("T") == tree.to_rows("T")
     assert restored_state.version == state.version
+
+
+def test_a_scope_step_message_carries_ids_packed_and_an_older_workers_lists_still_read() -> None:
+    sent = ScopeStep("g", "prompt_group", "s1", np.array([0, 7, 2**31 - 1], np.int32), [5, 6], "s0", 9)
+    fields = sent.to_message()
+    assert isinstance(fields["prompt_ids"], str) and isinstance(fields["response_ids"], str)
+    [(key, body)] = messages.unpack(messages.pack([("g", messages.message(messages.SCOPE_STEP, **fields))]))
+    got = ScopeStep.from_message({k: v for k, v in body.items() if k != "kind"})
+    assert (key, got.prompt_ids.tolist(), got.response_ids.tolist()) == ("g", [0, 7, 2**31 - 1], [5, 6])
+    assert (got.scope_id, got.scope_kind, got.step_id, got.parent_step_id, got.updated_at_ms) \
+        == ("g", "prompt_group", "s1", "s0", 9)
+    older = ScopeStep.from_message({**sent.__dict__, "prompt_ids": [0, 7, 2**31 - 1], "response_ids": [5, 6]})
+    assert older.tokens().prompt_ids.tolist() == [0, 7, 2**31 - 1]
+    with pytest.raises(ValueError):
+        ScopeStep.from_message({**fields, "prompt_ids": "not base64!"})

@@ -10,6 +10,7 @@ import orjson
 
 from clawr1.core.routing import key_hash, partition_of, routable_id
 from clawr1.schemas.codec import AvroCodec
+from clawr1.streams import messages
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.outbox import Envelope, Outbox
 from clawr1.streams.processor import Origin, Processor
@@ -87,10 +88,10 @@ class Harness:
             self.outbox.clear()
             if not internal:
                 return
-            for partition, messages in internal.items():
+            for partition, sent in internal.items():
                 self.hops += 1
                 self._at(partition)
-                for key, message in messages:
+                for key, message in messages.unpack(messages.pack(sent)):  # as the work topic carries them
                     self.processor.on_work(key, message)
 
 
