@@ -228,9 +228,9 @@ class PrefixTree:
         """Where a walk down for ``seq`` starts: below its parent step when that step's sequence is its
         prefix (the usual next turn: one compare instead of a node-by-node walk as deep as the
         trajectory), else at the root. Both walks end alike: the parent's path has nothing to split."""
-        parent = None if parent_step_id is None else self._steps.get(parent_step_id)
-        if parent_step_id is not None and parent is not None and parent.length <= len(seq) \
-                and np.array_equal(self.rebuild(parent_step_id), seq[:parent.length]):
+        if parent_step_id is None or (parent := self._steps.get(parent_step_id)) is None:
+            return self._root, 0, len(seq)
+        if parent.length <= len(seq) and np.array_equal(self.rebuild(parent_step_id), seq[:parent.length]):
             return parent.node, parent.length, len(seq)
         return self._root, 0, len(seq)
 
