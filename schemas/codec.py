@@ -28,6 +28,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from clawr1.core.registry import SCHEMA_REGISTRY_CA_FILE, SCHEMA_REGISTRY_CERT_FILE, SCHEMA_REGISTRY_KEY_FILE
 from clawr1.schemas.batch import batch_name, batch_schema, pack, plan_of, record_name_of, unpack
+from clawr1.schemas.compiled import Reader, Writer, compile_reader, compile_writer
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 HISTORY_DIR = SCHEMA_DIR / "history"
@@ -93,6 +94,16 @@ def history_versions(name: str) -> list[SchemaVersion]:
         return [_version(name, batch_schema(v.raw)) for v in history_versions(record)]
     paths = sorted(HISTORY_DIR.glob(f"{name}.v*.avsc"), key=lambda p: int(p.stem.rsplit(".v", 1)[1]))
     return [_version(name, json.loads(p.read_text())) for p in paths]
+
+
+@cache
+def _writer(name: str) -> Writer | None:
+    return compile_writer(current_schema(name).raw)
+
+
+@cache
+def _reader(name: str) -> Reader | None:
+    return compile_reader(current_schema(name).raw)
 
 
 @cache
@@ -207,9 +218,15 @@ class AvroCodec:
             body.write(CONFLUENT_MAGIC + struct.pack(">I", schema_id))
         else:
             body.write(SINGLE_OBJECT_MAGIC + version.fingerprint)
+        writer = _writer(name)
+        if writer is not None:
+            try:
+                return body.getvalue() + writer(record)
+            except Exception:  # noqa: BLE001, S110 - fastavro then writes it, or says why it cannot
+                pass
         try:
             fastavro.schemaless_writer(body, version.parsed, record, strict_allow_default=True)
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise EncodeError(f"record does not match schema {name!r}: {exc}") from exc
         return body.getvalue()
 
@@ -236,6 +253,12 @@ class AvroCodec:
             raise DecodeError(f"expected a {expect!r} message, got {writer.name!r}")
         reader = current_schema(writer.name)
         offset = 10 if data[:2] == SINGLE_OBJECT_MAGIC else 5
+        compiled = _reader(writer.name) if reader.fingerprint == writer.fingerprint else None
+        if compiled is not None:
+            try:
+                return writer.name, compiled(data, offset)
+            except Exception:  # noqa: BLE001, S110 - fastavro then reads it, or says why it cannot
+                pass
         try:
             record = fastavro.schemaless_reader(
                 io.BytesIO(data[offset:]),
