@@ -9,13 +9,20 @@ Sections, each with a baseline measured in the same run:
   full schema, skip indexes, ZSTD, the materialized views), against the same token arrays inserted into a
   bare two-column MergeTree (LZ4, no indexes); then the same steps as ready versions, which the delivery
   log also copies with their payload.
+* ``flush``: CPU of one sink flush's insert into ``step_versions`` by rows per insert (1, 25, 250, 1000),
+  the sink's own columnar inserts spaced as its flushes are, counted over every thread of the process (the
+  engine inserts and merges in its own). The same inserts after the delivery log's two feeds are dropped,
+  then the step lookup's feed too, against a baseline table of the same columns and codecs without skip
+  indexes or feeds; beside them ``prefix_node_versions``, which each flush also writes. Embedded pools
+  only: a ClickHouse server spends that CPU in its own process.
 * ``scale``: N steps generated in SQL (trajectories of 8 steps with growing, prefix-sharing prompts);
   id-lookup latency (step, prompt, response, trajectory ids) and curated-scan latency (ready, final,
   one policy version) through the ``steps`` view, against the same lookup with skip indexes disabled;
   bytes on disk per token for the whole table, and for the pool with and without the delivery log's
   payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``).
 
-Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 1-2 minutes on 2 cores);
+Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 3-4 minutes on 2 cores; ``--flush-only``
+runs that section alone, about 2 minutes);
 ``--steps 1000000 10000000`` adds 10M steps (several minutes on 2 cores and ~1 GB of disk).
 Figures are printed and written to ``bench/results/bench_pool.json``.
 """
@@ -36,8 +43,9 @@ import numpy as np
 
 from clawr1.pool.migrations import DELIVERY_LOG, PAYLOAD_FIELDS, STEP_LOOKUP, id_lookup_sql
 from clawr1.pool.store import PoolStore, quote_identifier
-from clawr1.schemas.codec import current_schema
-from clawr1.sinks.rows import STEP_COLUMNS, Origin, step_row
+from clawr1.schemas.codec import current_schema, pack_record
+from clawr1.sinks.columns import ColumnPlan
+from clawr1.sinks.rows import PREFIX_NODES_ROUTE, STEP_COLUMNS, STEPS_ROUTE, Origin, TableRoute, step_row
 
 VOCAB = 151_936
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_pool.json"
@@ -56,10 +64,14 @@ def zipf_tokens(rng: np.random.Generator, n: int) -> list[int]:
     return (rng.zipf(1.15, n) % VOCAB).astype(np.uint32).tolist()
 
 
+def schema_defaults(name: str) -> dict[str, Any]:
+    return {f["name"]: f.get("default") for f in current_schema(name).raw["fields"]}
+
+
 def agent_trajectories(trajectories: int, turns: int = 8, seed: int = 7) -> list[dict[str, Any]]:
     """Step records of agent conversations: a shared system prompt, then growing turn histories."""
     rng = np.random.default_rng(seed)
-    defaults = {f["name"]: f.get("default") for f in current_schema("step").raw["fields"]}
+    defaults = schema_defaults("step")
     system = zipf_tokens(rng, 300)
     steps: list[dict[str, Any]] = []
     for t in range(trajectories):
@@ -155,6 +167,80 @@ def bench_insert(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any
     print(f"  insert: {result['rows_per_s']} rows/s, {result['tokens_per_s']} tokens/s "
           f"({result['full_schema_vs_bare']}x the bare-table speed); ready versions (copied into the "
           f"delivery log): {result['ready_rows_per_s']} rows/s ({result['ready_vs_not_ready']}x)")
+    return result
+
+
+FLUSH_ROWS = (1, 25, 250, 1000)
+FLUSH_INSERTS = {1: 60, 25: 40, 250: 16, 1000: 6}  # inserts per size: more where each is cheap
+FLUSH_SPACING_S = 0.05  # between inserts, as the sink's flushes are spaced (shorter, to keep the run short)
+
+
+def flush_blocks(route: TableRoute, records: list[dict[str, Any]], rows: int) -> list[Any]:
+    """The Arrow blocks the sink's flushes would insert, ``rows`` records each (``sinks/columns.py``)."""
+    plan = ColumnPlan.of(route)
+    packed = [pack_record(route.schema, r) for r in records[:rows * FLUSH_INSERTS[rows]]]
+    return [plan.build([(packed[i:i + rows], Origin(route.schema, 0, i, None, None))], 1_760_000_000_000)
+            for i in range(0, len(packed), rows)]
+
+
+def spent(work: Callable[[], None]) -> tuple[float, float]:
+    """(CPU seconds of every thread of this process, wall seconds) over ``work`` and a settle after it
+    for the merges it started."""
+    start, began = time.process_time(), time.monotonic()
+    work()
+    time.sleep(1.0)
+    return time.process_time() - start, time.monotonic() - began
+
+
+def insert_cost(store: PoolStore, table: str, blocks_by_rows: dict[int, list[Any]],
+                tag: str) -> dict[str, float]:
+    """Milliseconds of process CPU per insert, by rows per insert, less what the process spends idle."""
+    out: dict[str, float] = {}
+    for rows, blocks in blocks_by_rows.items():
+        def run(bs: list[Any] = blocks, r: int = rows) -> None:
+            for n, block in enumerate(bs):
+                store.insert_arrow(table, block, dedup_token=f"{tag}-{r}-{n}")
+                time.sleep(FLUSH_SPACING_S)
+
+        idle, idle_wall = spent(lambda: time.sleep(0.5))
+        busy, wall = spent(run)
+        out[str(rows)] = round(1000 * (busy - idle * wall / idle_wall) / len(blocks), 2)
+    return out
+
+
+def prefix_nodes(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A trajectory-scope node per step, 64 of its response's ids (node rows are small)."""
+    defaults = schema_defaults("prefix_node")
+    return [{**defaults, "scope_id": s["trajectory_id"], "scope_kind": "trajectory", "node_id": f"node-{i}",
+             "depth_start": 0, "token_ids": s["response_token_ids"][:64], "step_ids": [s["step_id"]],
+             "version": 1, "total_tokens": 640, "tree_tokens": 64, "forks": 0,
+             "updated_at_ms": 1_760_000_000_000} for i, s in enumerate(steps)]
+
+
+def bench_flush(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    # A flush mixes versions that are ready (the delivery log copies their payload) and not (their keys).
+    records = [{**s, "ready": i % 2 == 0} for i, s in enumerate(steps)]
+    blocks = {rows: flush_blocks(STEPS_ROUTE, records, rows) for rows in FLUSH_ROWS}
+    baseline = "baseline: same columns, no skip indexes, no feed"
+    cases: dict[str, dict[str, float]] = {}
+    cases["step_versions"] = insert_cost(store, "step_versions", blocks, "full")
+    store.command(f"DROP VIEW {DELIVERY_LOG}_feed")
+    store.command(f"DROP VIEW {DELIVERY_LOG}_moves")
+    cases["without the delivery log's feeds"] = insert_cost(store, "step_versions", blocks, "no-delivery")
+    store.command(f"DROP VIEW {STEP_LOOKUP}_feed")
+    cases["without any feed"] = insert_cost(store, "step_versions", blocks, "no-feed")
+    store.command("CREATE TABLE bare_steps AS step_versions")
+    for index in store.query("SELECT name FROM system.data_skipping_indices "
+                             "WHERE database = currentDatabase() AND table = 'bare_steps'"):
+        store.command(f"ALTER TABLE bare_steps DROP INDEX {index['name']}")
+    cases[baseline] = insert_cost(store, "bare_steps", blocks, "bare")
+    node_blocks = {rows: flush_blocks(PREFIX_NODES_ROUTE, prefix_nodes(steps), rows) for rows in FLUSH_ROWS}
+    cases["prefix_node_versions"] = insert_cost(store, "prefix_node_versions", node_blocks, "nodes")
+    result = {"rows_per_insert": list(FLUSH_ROWS), "spacing_s": FLUSH_SPACING_S, "ms_per_insert": cases,
+              "step_versions_vs_baseline": {r: round(cases["step_versions"][r] / ms, 2)
+                                            for r, ms in cases[baseline].items()}}
+    for name, costs in cases.items():
+        print(f"  flush {name:50s} " + "  ".join(f"{r:>4} rows {ms:7.2f} ms" for r, ms in costs.items()))
     return result
 
 
@@ -268,13 +354,22 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=1500, help="agent trajectories for codecs/insert")
     parser.add_argument("--dsn", default="", help="pool DSN (default: a temporary chDB directory)")
     parser.add_argument("--scale-only", action="store_true", help="skip the codec and insert sections")
+    parser.add_argument("--flush-only", action="store_true", help="run the flush section alone")
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the figures are written")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
         dsn = args.dsn or f"chdb://{tmp}/pool"
         results: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
-        if not args.scale_only:
+        sections = {"flush"} if args.flush_only else {"scale"} if args.scale_only else {
+            "flush", "codecs", "insert", "scale"}
+        if "flush" in sections and not dsn.startswith("chdb://"):
+            print("  flush: skipped, it counts the engine's CPU in this process (a chdb:// pool only)")
+        elif "flush" in sections:
+            store = fresh_store(dsn, "bench_flush")
+            results["flush"] = bench_flush(store, agent_trajectories(750))
+            drop(store)
+        if "codecs" in sections:
             steps = agent_trajectories(args.trajectories)
             print(f"agent workload: {len(steps)} steps, {token_count(steps)} tokens")
             store = fresh_store(dsn, "bench_codecs")
@@ -285,12 +380,13 @@ def main() -> None:
             results["insert"] = bench_insert(store, steps)
             drop(store)
 
-        rng = np.random.default_rng(11)
-        results["scale"] = []
-        for n in args.steps:
-            store = fresh_store(dsn, f"bench_scale_{n}")
-            results["scale"].append(bench_scale(store, n, rng))
-            drop(store)
+        if "scale" in sections:
+            rng = np.random.default_rng(11)
+            results["scale"] = []
+            for n in args.steps:
+                store = fresh_store(dsn, f"bench_scale_{n}")
+                results["scale"].append(bench_scale(store, n, rng))
+                drop(store)
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
