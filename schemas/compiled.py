@@ -23,6 +23,7 @@ handles it. ``tests/unit/test_schemas_compiled.py`` compares both with fastavro 
 from __future__ import annotations
 
 import struct
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -70,7 +71,7 @@ class Unsupported(Exception):
     """A type this module does not compile: fastavro handles the schema."""
 
 
-class _Source:
+class _Source(ABC):
     """A function's source, built by walking the schema once; subclasses say what each type's lines do."""
 
     def __init__(self) -> None:
@@ -111,17 +112,21 @@ class _Source:
         else:
             raise Unsupported(repr(schema))
 
+    @abstractmethod
     def union(self, null: int, other: Any, value: str, depth: int) -> None:
-        raise NotImplementedError
+        """Lines for this kind of type."""
 
+    @abstractmethod
     def record(self, schema: dict[str, Any], value: str, depth: int) -> None:
-        raise NotImplementedError
+        """Lines for this kind of type."""
 
+    @abstractmethod
     def blocks(self, schema: dict[str, Any], value: str, depth: int) -> None:
-        raise NotImplementedError
+        """Lines for this kind of type."""
 
+    @abstractmethod
     def primitive(self, schema: str, value: str, depth: int) -> None:
-        raise NotImplementedError
+        """Lines for this kind of type."""
 
 
 class _WriterSource(_Source):
