@@ -18,6 +18,7 @@ import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -360,26 +361,30 @@ class KafkaBroker:
         finally:
             _stop_process(controller, 30.0)
 
-    def wait_ready(self, timeout: float) -> None:
-        """Ready means this node serves as a broker: its metadata lists it among the live (unfenced)
-        brokers, not merely that its port is open (in a cluster it answers before it has caught up)."""
+    def wait_ready(self, timeout: float, peers: Collection[int] = ()) -> None:
+        """Ready means this node serves as a broker: its metadata lists it, and ``peers``, among the live
+        (unfenced) brokers, not merely that its port is open (in a cluster it answers before it has caught
+        up)."""
         from confluent_kafka.admin import AdminClient
 
+        wanted = {self.node_id, *peers}
         deadline = time.monotonic() + timeout
         admin = None
+        listed: set[int] = set()
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
                 raise BrokerError(f"broker exited with {self.process.returncode}; see {self.log_file}")
             if port_open("127.0.0.1", self.port):
                 admin = admin or AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
                 try:
-                    metadata = admin.list_topics(timeout=2)
-                    if self.node_id in metadata.brokers:
+                    listed = set(admin.list_topics(timeout=2).brokers)
+                    if wanted <= listed:
                         return
                 except Exception:  # noqa: BLE001 - librdkafka raises KafkaException while starting
                     pass
             time.sleep(0.2)
-        raise BrokerError(f"broker not ready after {timeout:.0f}s; see {self.log_file}")
+        missing = f" (live brokers it lists: {sorted(listed)}, wanted {sorted(wanted)})" if listed else ""
+        raise BrokerError(f"broker not ready after {timeout:.0f}s{missing}; see {self.log_file}")
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM lets the broker flush and close its logs; SIGKILL only if it hangs."""
@@ -474,9 +479,12 @@ class KafkaCluster:
         return self
 
     def wait_ready(self, timeout: float) -> None:
+        """Every node lists every node as a live broker: a topic created sooner, with a replica on a node
+        the others do not list yet, can be refused (``ensure_topics`` retries that too)."""
         deadline = time.monotonic() + timeout
+        everyone = [broker.node_id for broker in self.brokers]
         for broker in self.brokers:
-            broker.wait_ready(max(1.0, deadline - time.monotonic()))
+            broker.wait_ready(max(1.0, deadline - time.monotonic()), peers=everyone)
 
     def stop(self, timeout: float = 60.0) -> None:
         """SIGTERM to every node at once (each shuts down cleanly), then wait."""

@@ -95,16 +95,43 @@ def ensure_topics(
     and a cluster one broker short refuses a topic it cannot replicate instead of making a weaker one."""
     admin = make_admin(bootstrap)
     wanted = list(names) if names is not None else [t.name for t in ALL_TOPICS]
+    deadline = time.monotonic() + timeout
     existing = set(admin.list_topics(timeout=timeout).topics)
-    missing = [NewTopic(n, num_partitions=partitions, replication_factor=replication,
-                        config=dict(config or {})) for n in dict.fromkeys(wanted) if n not in existing]
-    for name, future in (admin.create_topics(missing, operation_timeout=timeout).items() if missing else ()):
-        try:
-            future.result(timeout)
-        except KafkaException as exc:
-            if error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:  # another client created it first
+    pending = [n for n in dict.fromkeys(wanted) if n not in existing]
+    while pending:
+        new = [NewTopic(n, num_partitions=partitions, replication_factor=replication,
+                        config=dict(config or {})) for n in pending]
+        refused = {name: exc for name, future in admin.create_topics(new, operation_timeout=timeout).items()
+                   if (exc := _creation_error(future, timeout)) is not None}
+        for name, exc in refused.items():
+            if error_code(exc) not in CREATION_RETRIABLE or time.monotonic() > deadline:
                 raise RuntimeError(f"could not create topic {name}: {exc}") from exc
-    return wait_until_served(admin, wanted, timeout)
+        pending = list(refused)
+        if pending:
+            log.info("retrying the creation of %s: %s", pending, next(iter(refused.values())))
+            time.sleep(0.5)
+    return wait_until_served(admin, wanted, max(1.0, deadline - time.monotonic()))
+
+
+# A cluster still forming or electing its controller answers a creation with these; asked again a moment
+# later it creates the topic. (Seen once on a loaded 2-core machine: UNKNOWN_TOPIC_OR_PART from a
+# 3-broker cluster that had just started.) A refusal on the topic itself (a replication factor the
+# cluster cannot meet, a bad config) is final.
+CREATION_RETRIABLE = frozenset({
+    KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_CONTROLLER, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.LEADER_NOT_AVAILABLE, KafkaError.BROKER_NOT_AVAILABLE, KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+})
+
+
+def _creation_error(future: Any, timeout: float) -> KafkaException | None:
+    """Why the broker refused one topic's creation; None when it was created, or already existed
+    (another client created it first)."""
+    try:
+        future.result(timeout)
+    except KafkaException as exc:
+        return None if error_code(exc) == KafkaError.TOPIC_ALREADY_EXISTS else exc
+    return None
 
 
 def wait_until_served(admin: AdminClient, names: Iterable[str], timeout: float = 30.0) -> dict[str, int]:

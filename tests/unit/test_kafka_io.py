@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -185,6 +187,64 @@ def test_a_failed_rebuild_leaves_the_fatal_error_to_retry() -> None:
     assert producers.fatal is not None and producers.generation == 0
     producers._factory = factory
     assert producers.rebuild_if_fatal() is not None and producers.generation == 1
+
+
+# --- ensure_topics: a forming cluster's refusals asked again, a refusal of the topic itself final ----
+
+
+class RefusingAdmin:
+    """An admin client whose broker answers each topic's creation from a script of error codes (then
+    creates it), and serves every created topic with one partition led by broker 1."""
+
+    def __init__(self, answers: dict[str, list[int]]) -> None:
+        self.answers = answers
+        self.created: set[str] = set()
+        self.asked: list[list[str]] = []
+
+    def list_topics(self, timeout: float) -> Any:
+        topic = SimpleNamespace(error=None, partitions={0: SimpleNamespace(error=None, leader=1)})
+        return SimpleNamespace(topics=dict.fromkeys(self.created, topic))
+
+    def create_topics(self, topics: list[Any], operation_timeout: float) -> dict[str, Future[None]]:
+        self.asked.append([t.topic for t in topics])
+        futures: dict[str, Future[None]] = {}
+        for t in topics:
+            script = self.answers.get(t.topic, [])
+            code = script.pop(0) if script else None
+            future: Future[None] = Future()
+            if code in (None, KafkaError.TOPIC_ALREADY_EXISTS):  # another client may have created it
+                self.created.add(t.topic)
+            if code is None:
+                future.set_result(None)
+            else:
+                future.set_exception(KafkaException(KafkaError(code)))
+            futures[t.topic] = future
+        return futures
+
+
+def test_ensure_topics_asks_again_while_the_cluster_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = RefusingAdmin({"a": [KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.NOT_CONTROLLER],
+                           "b": [KafkaError.TOPIC_ALREADY_EXISTS]})
+    monkeypatch.setattr(kafka_io, "make_admin", lambda _bootstrap: admin)
+    assert kafka_io.ensure_topics("fake:9092", ["a", "b", "c"], timeout=10) == {"a": 1, "b": 1, "c": 1}
+    assert admin.asked == [["a", "b", "c"], ["a"], ["a"]]  # only the refused one is asked again
+
+
+def test_ensure_topics_gives_up_on_a_refusal_of_the_topic(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = RefusingAdmin({"a": [KafkaError.INVALID_REPLICATION_FACTOR]})
+    monkeypatch.setattr(kafka_io, "make_admin", lambda _bootstrap: admin)
+    with pytest.raises(RuntimeError, match="could not create topic a") as raised:
+        kafka_io.ensure_topics("fake:9092", ["a"], timeout=10)
+    assert error_code(raised.value.__cause__) == KafkaError.INVALID_REPLICATION_FACTOR
+    assert admin.asked == [["a"]]
+
+
+def test_ensure_topics_gives_up_on_a_cluster_that_never_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    admin = RefusingAdmin({"a": [KafkaError.UNKNOWN_TOPIC_OR_PART] * 100})
+    monkeypatch.setattr(kafka_io, "make_admin", lambda _bootstrap: admin)
+    with pytest.raises(RuntimeError, match="could not create topic a.*UNKNOWN_TOPIC_OR_PART"):
+        kafka_io.ensure_topics("fake:9092", ["a"], timeout=1.2)
+    assert 2 <= len(admin.asked) <= 5
 
 
 # --- the proxy: what the failed producer held stays spooled and goes out on the new one ---------
