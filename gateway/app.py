@@ -29,7 +29,7 @@ from clawr1.gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
 from clawr1.gateway.config import GatewayConfig, GatewayTopics
 from clawr1.gateway.docs import docs_router
 from clawr1.gateway.errors import ApiError, ErrorBody, install_error_handlers
-from clawr1.gateway.fastpath import fits_schema, pack_steps
+from clawr1.gateway.fastpath import fits_schema, pack_body
 from clawr1.gateway.hosts import LoopbackHostMiddleware
 from clawr1.gateway.idempotency import IdempotencyConflict, IdempotencyStore
 from clawr1.gateway.limits import BodyLimitMiddleware
@@ -150,23 +150,19 @@ _INLINE_BODY_BYTES = 64 * 1024
 def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
             source_name: str) -> tuple[list[OutMessage], list[str]]:
     """Validate the body and turn it into Kafka messages with their ids; ``ApiError`` on bad input."""
-    body = parse_json(raw)
     if ingest.kind == "steps" and state.fast_steps:
-        fast = _encode_fast(state, body, source_name)
+        fast = _encode_fast(state, raw, source_name)
         if fast is not None:
             return fast
-    items = validate_items(body, ingest.model, ingest.check, state.config.max_batch)
+    items = validate_items(parse_json(raw), ingest.model, ingest.check, state.config.max_batch)
     return encode_items(state, ingest, items, source_name)
 
 
-def _encode_fast(state: GatewayState, body: Any,
+def _encode_fast(state: GatewayState, raw: bytes,
                  source_name: str) -> tuple[list[OutMessage], list[str]] | None:
     """The steps of a plain body through ``clawr1.gateway.fastpath``; None: the model path decides
     (any refusal, its reasons, and anything unusual)."""
-    items = body if isinstance(body, list) else [body]
-    if not items or len(items) > state.config.max_batch:
-        return None
-    steps = pack_steps(items, source_name, int(time.time() * 1000))
+    steps = pack_body(raw, source_name, int(time.time() * 1000), state.config.max_batch)
     if steps is None:
         return None
     messages = envelopes(state, state.topics.steps, RAW_STEPS.schema, [(s.key, s.record) for s in steps])

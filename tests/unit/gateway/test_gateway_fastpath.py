@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from clawr1.gateway.fastpath import fits_schema, pack_steps
+from clawr1.gateway.fastpath import fits_schema, pack_body, pack_steps
 from clawr1.gateway.models import StepIn
 from clawr1.gateway.records import step_record
 from clawr1.gateway.validation import check_step, parse_json
@@ -170,6 +170,51 @@ def test_a_batch_takes_the_fast_path_whole_or_not_at_all(items: list[Any]) -> No
     fast = fast_path(items)
     if fast is not None:
         assert fast == [model_path(item) for item in items]
+
+
+def as_body(value: Any) -> bytes:
+    """A JSON text of ``value`` as a client sends it (NaN and the infinities as Python writes them)."""
+    return json.dumps(value).encode()
+
+
+BIG = 2**64  # beyond 64 bits: orjson reads it as a float, parse_json as an int
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(body=step_like() | st.lists(step_like(), min_size=1, max_size=3))
+@example(body={**PLAIN[1], "metadata": {"n": BIG}})
+@example(body={**PLAIN[1], "metadata": {"n": -BIG}})
+@example(body={**PLAIN[2], "prompt_messages": [{"role": "user", "content": "hi", "n": BIG}]})
+@example(body={**PLAIN[0], "reward": BIG})
+@example(body={**PLAIN[0], "reward": 2**53})
+@example(body={**PLAIN[1], "response_logprobs": [-BIG] * 9})
+@example(body={**PLAIN[0], "step_index": BIG})
+@example(body={**PLAIN[0], "policy_version": -2**63 - 1})
+@example(body={**PLAIN[0], "prompt_token_ids": [BIG]})
+@example(body={**PLAIN[0], "reward": 1e400})
+def test_the_orjson_parse_accepts_only_what_parse_json_packs_the_same(body: Any) -> None:
+    """``pack_body`` parses with orjson; what it accepts, it packs as ``pack_steps`` packs the body as
+    ``parse_json`` reads it (that path is checked against the model path above)."""
+    raw = as_body(body)
+    fast = pack_body(raw, SOURCE, NOW, max_batch=10)
+    if fast is None:
+        return  # the model path parses it with parse_json and answers
+    reference = parse_json(raw)
+    assert fast == pack_steps(reference if isinstance(reference, list) else [reference], SOURCE, NOW)
+
+
+@pytest.mark.parametrize("body", [
+    {**PLAIN[1], "metadata": {"n": BIG}}, {**PLAIN[0], "reward": BIG}, {**PLAIN[0], "policy_version": BIG},
+    {**PLAIN[1], "response_logprobs": [-float(BIG)] * 9}, {**PLAIN[0], "metadata": {"n": 1e16}},
+    {**PLAIN[0], "reward": math.nan}, [PLAIN[0]] * 11, [], b"not json"])
+def test_numbers_orjson_may_round_and_bodies_it_refuses_go_to_the_model_path(body: Any) -> None:
+    raw = body if isinstance(body, bytes) else as_body(body)
+    assert pack_body(raw, SOURCE, NOW, max_batch=10) is None
+
+
+def test_the_bench_body_takes_the_orjson_parse() -> None:
+    raw = as_body([make_step(n) for n in range(5)] + PLAIN)
+    assert pack_body(raw, SOURCE, NOW, max_batch=10) == pack_steps(parse_json(raw), SOURCE, NOW) is not None
 
 
 def test_a_batch_encodes_as_the_model_path_batch_does() -> None:
