@@ -178,8 +178,6 @@ class Emitter(Generic[T]):
                 logger.exception("could not build a record from %r; it is not sent", item)
                 continue
             self._unspooled.append((key.encode(), value))
-            # Hand the GIL back between records: the proxy's event loop must not wait behind a batch.
-            time.sleep(0)
         if not self._unspooled:
             return
         try:
