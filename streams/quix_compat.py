@@ -12,7 +12,9 @@ and sinks use:
 - the application's transactional producer (``processing_context.producer``), called from a sink's
   ``flush`` (which Quix runs before the changelogs are produced and the transaction commits);
 - the processing context's ``commit_checkpoint``, wrapped (on that one instance) so that a commit that
-  never returns is seen (``clawr1.streams.commit_watchdog``).
+  never returns is seen (``clawr1.streams.commit_watchdog``);
+- the name Quix gives a store's changelog topic, so the worker can create it before Quix looks for it
+  (``changelog_topic``).
 
 ``tests/unit/streams/test_streams_quix_compat.py`` checks that every name in ``PINNED`` exists on the
 installed version, so an upgrade that renames one fails there with this module named, not in production.
@@ -40,6 +42,17 @@ PINNED: tuple[pins.Pin, ...] = (
 )
 
 STATE_PREFIX = b"clawr1"
+DEFAULT_STORE = "default"
+
+
+def changelog_topic(app_id: str, stream_topic: str, store: str = DEFAULT_STORE) -> str:
+    """The changelog Quix keeps for ``store`` of the dataframe over ``stream_topic`` in app ``app_id``.
+
+    Quix creates a missing changelog and at once reads its metadata and configs back; a broker of a
+    cluster that has not caught up yet answers that it has no such topic, and the worker dies while
+    starting. Created beforehand by ``ensure_topics`` (which waits until the cluster serves it), the
+    topic is simply found. ``tests/integration/streams`` checks Quix uses exactly this name."""
+    return f"changelog__{app_id}--{stream_topic}--{store}"
 
 
 def missing_names(pinned: tuple[pins.Pin, ...] = PINNED) -> list[str]:

@@ -7,8 +7,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient, ConfigResource
 from tokenizers import Tokenizer
 
+from clawr1.streams import quix_compat
 from tests.integration.streams.conftest import (
     Outputs,
     Result,
@@ -44,6 +46,22 @@ def test_latest_version_of_every_step_is_exact(uninterrupted: Result) -> None:
             response,
         )
         assert latest[step_id]["tokenizer"] is None
+
+
+def test_the_state_changelog_is_the_one_the_worker_created(uninterrupted: Result) -> None:
+    """The worker creates its changelog before Quix looks for it (``quix_compat.changelog_topic``): a
+    Quix that named it otherwise would have made a second one, and state would go where the worker did
+    not prepare it."""
+    run = uninterrupted.run
+    admin = AdminClient({"bootstrap.servers": run.bootstrap})
+    listed = admin.list_topics(timeout=10).topics
+    changelogs = {name for name in listed if name.startswith(f"changelog__{run.app_id}-")}
+    expected = quix_compat.changelog_topic(run.app_id, run.topics.work)
+    assert changelogs == {expected}
+    assert len(listed[expected].partitions) == len(listed[run.topics.work].partitions)
+    resource = ConfigResource(ConfigResource.Type.TOPIC, expected)
+    configs = admin.describe_configs([resource])[resource].result(10)
+    assert configs["cleanup.policy"].value == "compact"
 
 
 def test_retokenized_steps_spell_the_template(uninterrupted: Result) -> None:
