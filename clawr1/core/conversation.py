@@ -105,10 +105,7 @@ def prefix_digests(messages: Sequence[dict[str, Any]], after: str | None = None)
 def conversation_key(messages: Sequence[dict[str, Any]]) -> str:
     """Digest of the messages up to the first user turn: every continuation of a call keeps it,
     so all calls of one trajectory share a Kafka partition without any shared proxy state."""
-    digests = prefix_digests(messages)
-    if not digests:
-        return _EMPTY
-    for i, message in enumerate(messages):
-        if message.get("role") == "user":
-            return digests[i]
-    return digests[-1]
+    # Digests only up to that turn: a long conversation's later messages are not hashed on every call.
+    end = next((i + 1 for i, message in enumerate(messages) if message.get("role") == "user"), len(messages))
+    digests = prefix_digests(messages[:end])
+    return digests[-1] if digests else _EMPTY
