@@ -427,11 +427,11 @@ def _went_on(state: LinkState, step_id: str) -> tuple[set[str], list[str]]:
 def _expire(state: LinkState, horizon_ms: int, max_entries: int) -> None:
     oldest = state.clock_ms - horizon_ms
     for mapping in (state.nodes, state.assigned):
-        stale = [k for k, v in mapping.items() if v.at_ms < oldest]
-        excess = sorted(((v.at_ms, k) for k, v in mapping.items() if v.at_ms >= oldest))
-        stale += [k for _, k in excess[: max(0, len(excess) - max_entries)]]
-        for key in stale:
+        for key in [k for k, v in mapping.items() if v.at_ms < oldest]:
             del mapping[key]
+        if len(mapping) > max_entries:  # sorted only then: this runs on every call of the key
+            for _, key in sorted((v.at_ms, k) for k, v in mapping.items())[: len(mapping) - max_entries]:
+                del mapping[key]
 
 
 def _settle(state: LinkState, turn: Turn, place: _Place, assignments: list[Assignment]

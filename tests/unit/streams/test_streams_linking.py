@@ -274,6 +274,15 @@ def test_state_expires_by_event_age_and_refuses_older_unknown_events() -> None:
         link(state, turn("late", [user("q")], ["a"], at=HOUR), horizon=3 * HOUR)
 
 
+def test_state_beyond_its_count_bound_keeps_the_newest_entries() -> None:
+    state = LinkState()
+    for i in range(10):
+        link(state, turn(f"b{i}", [user(f"q{i}")], ["a"], at=i * 1_000), bound=3)
+    assert set(state.assigned) == set(state.nodes) == {"b7", "b8", "b9"}
+    link(state, turn("b10", [user("q10")], ["a"], at=10_000), bound=5)  # a higher bound drops nothing
+    assert set(state.nodes) == {"b7", "b8", "b9", "b10"}
+
+
 def test_first_calls_with_one_prompt_form_an_inferred_group_within_its_window() -> None:
     state = LinkState()
     tool = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
