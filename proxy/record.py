@@ -248,7 +248,11 @@ def spooled(codec: AvroCodec, record: dict[str, Any]) -> bytes:
 
 
 def envelope_of(codec: AvroCodec, values: list[bytes]) -> bytes:
-    """One envelope of spooled values: ``spooled`` ones, or single records an earlier release spooled."""
+    """One envelope of spooled values: ``spooled`` ones (joined as they are), or single records an
+    earlier release spooled (decoded and encoded again)."""
+    joined = codec.join_batches(RAW_LLM.schema, values)
+    if joined is not None:
+        return joined
     records: list[dict[str, Any]] = []
     for value in values:
         name, decoded = codec.decode(value)

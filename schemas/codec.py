@@ -17,7 +17,7 @@ import json
 import os
 import ssl
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache, lru_cache
 from pathlib import Path
@@ -28,7 +28,7 @@ from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from clawr1.core.registry import SCHEMA_REGISTRY_CA_FILE, SCHEMA_REGISTRY_CERT_FILE, SCHEMA_REGISTRY_KEY_FILE
 from clawr1.schemas.batch import batch_name, batch_schema, pack, plan_of, record_name_of, unpack
-from clawr1.schemas.compiled import Reader, Writer, compile_reader, compile_writer
+from clawr1.schemas.compiled import Reader, Writer, compile_reader, compile_writer, long_at, zigzag
 
 SCHEMA_DIR = Path(__file__).resolve().parent
 HISTORY_DIR = SCHEMA_DIR / "history"
@@ -300,6 +300,37 @@ class AvroCodec:
     def encode_batch(self, name: str, packed_records: list[dict[str, Any]]) -> bytes:
         """One envelope message of ``name`` records, given in their packed form (``batch.pack_record``)."""
         return self.encode(batch_name(name), {"records": packed_records})
+
+    def join_batches(self, name: str, values: Sequence[bytes]) -> bytes | None:
+        """Envelopes of ``name`` records as one, without decoding them; None when that cannot be done.
+
+        An envelope's body is its one field, the records' array: a count, the records, a closing 0. So
+        envelopes written with one schema version (the same header) join as the header, the summed
+        count, every envelope's record bytes and one 0. This needs each body to be a single block with a
+        positive count, as this codec and fastavro write them; otherwise (a negative count, a header
+        that differs, another schema) the caller decodes and encodes them."""
+        if not values:
+            return None
+        first = values[0]
+        header = 10 if first[:2] == SINGLE_OBJECT_MAGIC else 5
+        try:
+            if self.writer_of(first).name != batch_name(name):
+                return None
+        except DecodeError:
+            return None
+        count, parts = 0, []
+        for value in values:
+            if value[:header] != first[:header] or value[-1:] != b"\x00":
+                return None
+            try:
+                n, start = long_at(value, header)
+            except (IndexError, ValueError):
+                return None
+            if n <= 0 or start >= len(value):
+                return None
+            count += n
+            parts.append(memoryview(value)[start:-1])
+        return b"".join([first[:header], zigzag(count), *parts, b"\x00"])
 
 
 @lru_cache(maxsize=4)

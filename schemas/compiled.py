@@ -36,7 +36,7 @@ _DOUBLE = struct.Struct("<d")
 _PRIMITIVES = ("null", "boolean", "int", "long", "double", "string", "bytes")
 
 
-def _zigzag(n: int) -> bytes:
+def zigzag(n: int) -> bytes:
     """An Avro int or long: zigzag, then a little-endian base-128 varint."""
     z = (n << 1) ^ (n >> 63)
     if 0 <= z < 0x80:
@@ -53,8 +53,8 @@ def _zigzag(n: int) -> bytes:
     return bytes(out)
 
 
-def _long_at(data: bytes, pos: int) -> tuple[int, int]:
-    """(the long at ``pos``, the position after it), for a varint longer than one byte."""
+def long_at(data: bytes, pos: int) -> tuple[int, int]:
+    """(the long at ``pos``, the position after it)."""
     z, shift = 0, 0
     while True:
         byte = data[pos]
@@ -278,7 +278,7 @@ def _compiled(make_source: Callable[[dict[str, Any]], str], schema: dict[str, An
         source = make_source(schema)
     except Unsupported:
         return None
-    scope: dict[str, Any] = {"_zigzag": _zigzag, "_long_at": _long_at, "_BYTE": _BYTE,
+    scope: dict[str, Any] = {"_zigzag": zigzag, "_long_at": long_at, "_BYTE": _BYTE,
                              "_BOOLEAN": {0: False, 1: True}, "_pack_double": _DOUBLE.pack,
                              "_unpack_double": _DOUBLE.unpack_from}
     exec(compile(source, f"<avro {name} of {schema.get('name')}>", "exec"), scope)  # noqa: S102

@@ -26,6 +26,7 @@ from clawr1.schemas.codec import (
     all_schema_names,
     current_schema,
     history_versions,
+    pack_record,
     registry_config,
     schema_names,
 )
@@ -286,3 +287,35 @@ def test_registry_tls_files_come_from_settings(tmp_path: Path) -> None:
         AvroCodec("https://registry:8081", env)
     with pytest.raises(CodecError, match="CLAWR1_SCHEMA_REGISTRY_CA_FILE: no such file .*absent.pem"):
         AvroCodec("https://registry:8081", {"CLAWR1_SCHEMA_REGISTRY_CA_FILE": str(tmp_path / "absent.pem")})
+
+
+@pytest.mark.parametrize("sizes", [[1], [1, 1], [3, 1, 2], [1] * 70, [64, 1], [200]])
+def test_joined_envelopes_are_the_envelope_of_all_their_records(sizes: list[int]) -> None:
+    """Byte for byte what encoding every record at once writes, for counts whose varint takes one byte
+    and more (64 and up)."""
+    codec = AvroCodec()
+    record = pack_record("step", _example(current_schema("step").raw, {}))
+    records = [{**record, "step_id": f"s{i}"} for i in range(sum(sizes))]
+    values, start = [], 0
+    for size in sizes:
+        values.append(codec.encode_batch("step", records[start:start + size]))
+        start += size
+    assert codec.join_batches("step", values) == codec.encode_batch("step", records)
+
+
+def test_envelopes_that_cannot_be_joined_as_they_are_are_left_to_the_caller() -> None:
+    codec = AvroCodec()
+    record = pack_record("step", _example(current_schema("step").raw, {}))
+    envelope = codec.encode_batch("step", [record])
+    single = codec.encode("step", _example(current_schema("step").raw, {}))
+    assert codec.join_batches("step", []) is None
+    assert codec.join_batches("step", [envelope, single]) is None  # another schema's header
+    assert codec.join_batches("step", [single]) is None
+    assert codec.join_batches("prefix_node", [envelope]) is None  # not the envelope asked for
+    assert codec.join_batches("step", [envelope, envelope[:-1]]) is None  # no closing 0
+    negative = envelope[:10] + b"\x01" + envelope[11:]  # a block count of -1 (other writers' form)
+    assert codec.join_batches("step", [envelope, negative]) is None
+    with RegistryStub() as registry:  # Confluent framing: a 5-byte header
+        framed = AvroCodec(registry.url)
+        value = framed.encode_batch("step", [record])
+        assert framed.join_batches("step", [value, value]) == framed.encode_batch("step", [record, record])
