@@ -306,9 +306,10 @@ class AvroCodec:
 
         An envelope's body is its one field, the records' array: a count, the records, a closing 0. So
         envelopes written with one schema version (the same header) join as the header, the summed
-        count, every envelope's record bytes and one 0. This needs each body to be a single block with a
-        positive count, as this codec and fastavro write them; otherwise (a negative count, a header
-        that differs, another schema) the caller decodes and encodes them."""
+        count, every envelope's record bytes and one 0. Only for envelopes this codec wrote: it writes an
+        array as one block with a positive count, and the join cannot see a second block that another
+        writer may have used (the records would be miscounted). What it can see (a negative count, a
+        header that differs, another schema) returns None, and the caller decodes and encodes."""
         if not values:
             return None
         first = values[0]
