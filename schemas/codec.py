@@ -252,7 +252,7 @@ class AvroCodec:
         if expect is not None and writer.name != expect:
             raise DecodeError(f"expected a {expect!r} message, got {writer.name!r}")
         reader = current_schema(writer.name)
-        offset = 10 if data[:2] == SINGLE_OBJECT_MAGIC else 5
+        offset = _body_start(data)
         compiled = _reader(writer.name) if reader.fingerprint == writer.fingerprint else None
         if compiled is not None:
             try:
@@ -313,7 +313,7 @@ class AvroCodec:
         if not values:
             return None
         first = values[0]
-        header = 10 if first[:2] == SINGLE_OBJECT_MAGIC else 5
+        header = _body_start(first)
         try:
             if self.writer_of(first).name != batch_name(name):
                 return None
@@ -332,6 +332,12 @@ class AvroCodec:
             count += n
             parts.append(memoryview(value)[start:-1])
         return b"".join([first[:header], zigzag(count), *parts, b"\x00"])
+
+
+def _body_start(data: bytes) -> int:
+    """Where a framed message's Avro body starts: after the single-object header (magic and the
+    fingerprint) or the Confluent one (magic and the schema id)."""
+    return 10 if data[:2] == SINGLE_OBJECT_MAGIC else 5
 
 
 @lru_cache(maxsize=4)

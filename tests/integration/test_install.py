@@ -11,7 +11,6 @@ subpackages through the links in clawr1/, and none of their bare names lands on 
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import shutil
 import subprocess
@@ -29,6 +28,7 @@ from clawr1.pool.api import pool_router
 from tests.conftest import fresh_pool_store
 from tests.integration.sdk.conftest import Pool, database_dsn, step
 from tests.support.asgi import serve_asgi
+from tests.support.distributions import requirement_closure
 
 REPO = Path(__file__).resolve().parents[2]
 # Top-level folders that are not shipped: the tests themselves.
@@ -87,24 +87,6 @@ def build_wheel(tmp: Path) -> Path:
     return wheel
 
 
-def core_closure(requires: list[str]) -> list[importlib.metadata.Distribution]:
-    """The distributions the core install needs (no extras), as installed in this environment."""
-    found: dict[str, importlib.metadata.Distribution] = {}
-    todo = [Requirement(r) for r in requires]
-    while todo:
-        requirement = todo.pop()
-        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
-            continue
-        name = canonicalize_name(requirement.name)
-        if name in found:
-            continue
-        dist = importlib.metadata.distribution(requirement.name)
-        assert requirement.specifier.contains(dist.version, prereleases=True), (requirement, dist.version)
-        found[name] = dist
-        todo.extend(Requirement(r) for r in dist.requires or [])
-    return list(found.values())
-
-
 def child_venv(tmp: Path, wheel: Path, requires: list[str]) -> Path:
     """A fresh venv holding the wheel and only the core closure (linked into a folder on its path)."""
     venv = tmp / "venv"
@@ -113,7 +95,7 @@ def child_venv(tmp: Path, wheel: Path, requires: list[str]) -> Path:
     run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", wheel, cwd=tmp)
     deps = tmp / "deps"
     deps.mkdir()
-    for dist in core_closure(requires):
+    for dist in requirement_closure(requires).values():
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
             target = deps / top
             if not target.exists():

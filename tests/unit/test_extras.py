@@ -17,8 +17,9 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from tests.support.distributions import requirement_closure
 
 REPO = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -29,28 +30,6 @@ ROLE_FOLDERS = {
     "sink": ("sinks",),
     "proxy": ("proxy",),
 }
-
-
-def closure(requirements: list[str]) -> set[str]:
-    """The distributions ``requirements`` install, as this environment's metadata says."""
-    seen: set[str] = set()
-    pending = [Requirement(r) for r in requirements]
-    while pending:
-        requirement = pending.pop()
-        name = canonicalize_name(requirement.name)
-        if name in seen:
-            continue
-        seen.add(name)
-        try:
-            needs = metadata.requires(requirement.name) or []
-        except metadata.PackageNotFoundError:
-            continue
-        for text in needs:
-            need = Requirement(text)
-            marker = need.marker
-            if marker is None or any(marker.evaluate({"extra": e}) for e in ["", *requirement.extras]):
-                pending.append(need)
-    return seen
 
 
 def top_level_imports(folder: str) -> dict[str, str]:
@@ -75,7 +54,7 @@ def distributions_of() -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("extra", sorted(ROLE_FOLDERS))
 def test_role_extra_installs_what_its_folders_import(extra: str) -> None:
-    installs = closure([*PROJECT["dependencies"], *PROJECT["optional-dependencies"][extra]])
+    installs = set(requirement_closure([*PROJECT["dependencies"], *PROJECT["optional-dependencies"][extra]]))
     missing = {
         module: where
         for folder in ROLE_FOLDERS[extra]
@@ -87,7 +66,7 @@ def test_role_extra_installs_what_its_folders_import(extra: str) -> None:
 
 def test_the_check_sees_a_missing_distribution() -> None:
     """The gateway's folders without orjson in reach: the check names the module and the file."""
-    installs = closure(list(PROJECT["dependencies"]))
+    installs = set(requirement_closure(list(PROJECT["dependencies"])))
     imports = top_level_imports("gateway")
     assert imports["orjson"] == "gateway/fastpath.py"
     assert not {canonicalize_name(d) for d in distributions_of()["orjson"]} & installs
