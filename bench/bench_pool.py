@@ -11,7 +11,7 @@ Sections, each with a baseline measured in the same run:
   log also copies with their payload.
 * ``flush``: CPU of one sink flush's insert into ``step_versions`` by rows per insert (1, 25, 250, 1000),
   the sink's own columnar inserts spaced as its flushes are, counted over every thread of the process (the
-  engine inserts and merges in its own). The same inserts after the delivery log's two feeds are dropped,
+  engine inserts and merges in its own). The same inserts after the delivery log's feed is dropped,
   then the step lookup's feed too, against a baseline table of the same columns and codecs without skip
   indexes or feeds; beside them ``prefix_node_versions``, which each flush also writes. Embedded pools
   only: a ClickHouse server spends that CPU in its own process.
@@ -225,8 +225,7 @@ def bench_flush(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]
     cases: dict[str, dict[str, float]] = {}
     cases["step_versions"] = insert_cost(store, "step_versions", blocks, "full")
     store.command(f"DROP VIEW {DELIVERY_LOG}_feed")
-    store.command(f"DROP VIEW {DELIVERY_LOG}_moves")
-    cases["without the delivery log's feeds"] = insert_cost(store, "step_versions", blocks, "no-delivery")
+    cases["without the delivery log's feed"] = insert_cost(store, "step_versions", blocks, "no-delivery")
     store.command(f"DROP VIEW {STEP_LOOKUP}_feed")
     cases["without any feed"] = insert_cost(store, "step_versions", blocks, "no-feed")
     store.command("CREATE TABLE bare_steps AS step_versions")

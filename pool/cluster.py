@@ -12,7 +12,8 @@ before it runs, so the single-node DDL in ``migrations.py`` stays the one descri
   runs per shard) would keep both: each sharding key is part of the row's identity (a step's
   ``trajectory_id`` never changes between its versions, and keeps a trajectory's steps on one shard);
 - a materialized view runs on each node from ``T_local`` into the local table of its target, which
-  is sharded the same way, so it never crosses shards; views are created on every node;
+  is sharded the same way, so it never crosses shards; views are created on every node, and a view's
+  ``MODIFY QUERY`` changes it on every node the same way;
 - ``ALTER TABLE T`` alters ``T_local`` and ``T`` alike; a backfill (``INSERT ... SELECT``) runs over the
   Distributed tables with ``distributed_product_mode = 'local'``: its ``NOT IN`` subquery then reads each
   shard's own rows, which is exact because source and target are sharded alike.
@@ -56,6 +57,7 @@ _CREATE_TABLE = re.compile(r"^CREATE TABLE IF NOT EXISTS (\w+) \(", re.IGNORECAS
 _ENGINE = re.compile(r"\bENGINE = (\w*MergeTree)(?:\(([^()]*)\))?", re.IGNORECASE)
 _CREATE_VIEW = re.compile(r"^(CREATE (?:OR REPLACE )?VIEW (?:IF NOT EXISTS )?)(\w+)( AS\b)", re.IGNORECASE)
 _CREATE_MV = re.compile(r"^(CREATE MATERIALIZED VIEW IF NOT EXISTS )(\w+) TO (\w+)( AS\b)", re.IGNORECASE)
+_MODIFY_QUERY = re.compile(r"^ALTER TABLE (\w+) MODIFY QUERY\b", re.IGNORECASE)
 _ALTER = re.compile(r"^ALTER TABLE (\w+) ", re.IGNORECASE)
 _INSERT_SELECT = re.compile(r"^INSERT INTO \w+ .*\bSELECT\b", re.IGNORECASE | re.DOTALL)
 _DROP = re.compile(r"^DROP (VIEW|TABLE) IF EXISTS (\w+)$", re.IGNORECASE)
@@ -109,6 +111,9 @@ def cluster_statements(statement: str, cluster: str, database: str) -> list[str]
     if match := _CREATE_VIEW.match(statement):
         head, view, as_ = match.groups()
         return [f"{head}{db}.{view} {on}{as_}{_qualified_from(statement[match.end():], db)}"]
+    if match := _MODIFY_QUERY.match(statement):  # a feed's query: like its CREATE, over the local tables
+        body = _qualified_from(statement[match.end():], db, local=True)
+        return [f"ALTER TABLE {db}.{match.group(1)} {on} MODIFY QUERY{body}"]
     if match := _ALTER.match(statement):
         table, change = match.group(1), statement[match.end():]
         return [f"ALTER TABLE {db}.{name} {on} {change}" for name in (f"{table}{LOCAL_SUFFIX}", table)]

@@ -6,13 +6,15 @@ or filtered entries never hides the eligible steps behind it; an entry whose pay
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
 from clawr1.consumer_sdk import PoolConsumer, delivery
 from clawr1.consumer_sdk.delivery import LATE_CHECK_S
 from clawr1.pool.consumer_tables import CURSORS_TABLE
-from clawr1.pool.migrations import DELIVERY_LOG, POOL_MIGRATIONS, split_statements
+from clawr1.pool.migrations import DELIVERY_LOG, POOL_MIGRATIONS, apply_migrations, split_statements
+from clawr1.pool.store import PoolStore
 from tests.integration.sdk.conftest import Pool, step
 
 T0 = 1_760_000_000_000
@@ -28,12 +30,12 @@ def logged(pool: Pool) -> list[tuple[str, int, int]]:
 def test_every_version_is_logged_and_a_step_comes_once_in_its_newest(pool: Pool, source: str) -> None:
     pool.write(step("a", reward=0.1), step("b", ready=False))
     pool.write(step("a", version=2, reward=0.7), step("b", version=2))
-    # Versions that are not ready are logged without payload: they only tell that a step moved on. Each
-    # insert's entries come after the last insert's (the two feeds of one insert may stamp a millisecond
-    # apart, so their order within an insert is not fixed).
-    entries = logged(pool)
-    assert sorted(entries[:2]) == [("a", 1, 1), ("b", 1, 0)]
-    assert sorted(entries[2:]) == [("a", 2, 1), ("b", 2, 1)]
+    # Versions that are not ready are logged without payload: they only tell that a step moved on. One
+    # feed writes an insert's entries, ready or not, with one stamp, after the last insert's.
+    assert logged(pool) == [("a", 1, 1), ("b", 1, 0), ("a", 2, 1), ("b", 2, 1)]
+    stamps = pool.store.query(f"SELECT version, uniqExact(logged_at) AS stamps FROM {DELIVERY_LOG} "
+                              "GROUP BY version ORDER BY version")
+    assert [(int(r["version"]), int(r["stamps"])) for r in stamps] == [(1, 1), (2, 1)]
     with PoolConsumer(source, "newest") as consumer:
         batch = consumer.poll(max_steps=10)
         assert list(batch.step_ids) == ["a", "b"]
@@ -162,3 +164,31 @@ def test_the_migration_backfills_older_pools_once_and_expired_payload_is_read_fr
         assert early.prompt_token_ids.tolist() == [1, 2] and early.response_token_ids.tolist() == [3]
         assert early.response_logprobs is not None and early.response_logprobs.tolist() == [-0.5]
         assert ("prompt_messages" in early.metadata) is with_text
+
+
+def test_the_one_feed_logs_what_the_two_feeds_before_it_logged(pool_dsn: str) -> None:
+    """Migration 0013 made the log's two feeds (ready versions, the others) one: a pool made before it logs,
+    once upgraded, the same entries for the same inserts (their stamps aside)."""
+    records = [step("r", reward=0.5, quality_labels=["good"], prompt_token_ids=[1, 2], response_token_ids=[3],
+                    response_logprobs=[-0.1], metadata_json='{"k": 1}'),
+               step("n", ready=False, reward=0.25, quality_labels=["bad"], prompt_token_ids=[4],
+                    response_token_ids=[5, 6], response_logprobs=[-0.2, -0.3], policy_version=3)]
+    before = [(i, sql) for i, sql in POOL_MIGRATIONS if i < "0013"]
+    assert len(before) == len(POOL_MIGRATIONS) - 1  # 0013 is the newest pool migration: the rest is before
+    database = f"feeds_{uuid.uuid4().hex[:12]}"
+    store = PoolStore(pool_dsn, database=database)
+    try:
+        old = Pool(store=store, dsn="")
+        apply_migrations(store, before)
+        entries = f"SELECT * EXCEPT logged_at FROM {DELIVERY_LOG} ORDER BY step_id, version"
+        old.write(*records, ingested_at_ms=T0)
+        by_two = store.query(entries)
+        store.command(f"TRUNCATE TABLE {DELIVERY_LOG}")
+        assert apply_migrations(store)[0] == "0013_delivery_log_one_feed"
+        old.write(*records, ingested_at_ms=T0)
+        assert store.query(entries) == by_two
+        assert [(r["step_id"], r["has_payload"], r["reward"]) for r in by_two] == [("n", 0, None),
+                                                                                   ("r", 1, 0.5)]
+    finally:
+        store.command(f"DROP DATABASE IF EXISTS {database}")
+        store.close()

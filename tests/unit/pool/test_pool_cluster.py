@@ -120,6 +120,9 @@ def test_feeds_and_views_run_on_every_node() -> None:
         # Each node feeds its own shard's rows into its own shard's target: never across shards.
         assert re.search(rf"TO {DB}\.\w+{LOCAL_SUFFIX} AS\b", feed), feed
         assert re.search(rf"FROM {DB}\.step_versions{LOCAL_SUFFIX}\b", feed), feed
+    (changed,) = [s for s in statements if " MODIFY QUERY" in s]  # the delivery log's feeds made one
+    assert changed.startswith(f"ALTER TABLE {DB}.delivery_log_feed ON CLUSTER clawr1 MODIFY QUERY\nSELECT ")
+    assert re.search(rf"FROM {DB}\.step_versions{LOCAL_SUFFIX}$", changed), changed
     views = [s for s in statements if re.match(r"CREATE (OR REPLACE )?VIEW", s)]
     assert views and all(" ON CLUSTER clawr1 AS" in v for v in views)
     for view in views:  # over the Distributed tables, named with the database on every node
