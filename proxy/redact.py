@@ -29,9 +29,10 @@ A body that needed no change is kept byte for byte; one that did is re-serialize
 
 Cost: every string first goes through ``might_hold_token``, a case-insensitive substring test for what
 every ``SECRET_TOKEN`` alternative must contain (``sk-``, ``hf_``, ``eyj``, ``bearer``, a ``%`` escape,
-...), about 15x cheaper than the full pattern; only a hit runs it. A JSON body whose raw text has no
-such anchor and no ``\\u`` escape (which could spell one) and no secret-named key over a value is
-returned as it came, without building a redacted copy (bench/bench_proxy.py, CPU per call).
+...), about 15x cheaper than the full pattern; only a hit runs it, and its answers are remembered for
+the texts seen lately (a conversation's earlier turns come back in every call). A JSON body none of whose
+parsed strings and keys holds such an anchor and with no secret-named key over a value is returned as it
+came, without building a redacted copy (bench/bench_proxy.py, bench/bench_record.py).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
@@ -109,14 +112,52 @@ _NAME_ANCHORS = ("pass", "pwd", "otp", "secret", "cred", "cookie", "sig", "jwt",
 _DECODER = json.JSONDecoder()
 
 
-def might_hold_token(text: str) -> bool:
-    """False only when ``SECRET_TOKEN`` cannot match ``text`` nor its percent-decoding (a
-    necessary-condition prefilter)."""
-    return _has_anchor(text.lower(), _TOKEN_ANCHORS)
-
-
 def _has_anchor(lowered: str, anchors: tuple[str, ...]) -> bool:
     return any(map(lowered.__contains__, anchors))
+
+
+class _RecentVerdicts:
+    """A text predicate's answers for the texts it saw lately: short texts by count, long ones within a
+    budget of characters held.
+
+    An agent's every call carries its conversation so far: without them every call scanned all of it
+    again, ~40 passes over the text, where the turns earlier calls sent now cost a lookup. Texts longer
+    than a sixteenth of the budget are scanned each time (they would evict the rest). Thread-safe."""
+
+    def __init__(self, predicate: Callable[[str], bool], budget_chars: int) -> None:
+        self._predicate = predicate
+        self._short = functools.lru_cache(maxsize=16384)(predicate)
+        self._budget = budget_chars
+        self._held = 0
+        self._verdicts: OrderedDict[str, bool] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, text: str) -> bool:
+        if len(text) <= _SHORT:
+            return self._short(text)
+        if len(text) > self._budget // 16:
+            return self._predicate(text)
+        with self._lock:
+            verdict = self._verdicts.get(text)
+            if verdict is not None:
+                self._verdicts.move_to_end(text)
+                return verdict
+        verdict = self._predicate(text)
+        with self._lock:
+            if text not in self._verdicts:
+                self._verdicts[text] = verdict
+                self._held += len(text)
+                while self._held > self._budget:
+                    self._held -= len(self._verdicts.popitem(last=False)[0])
+        return verdict
+
+
+_SHORT = 256
+"""Texts up to this long are remembered by count (16,384 of them: 4M characters at most)."""
+
+might_hold_token = _RecentVerdicts(lambda text: _has_anchor(text.lower(), _TOKEN_ANCHORS), 8 << 20)
+"""False only when ``SECRET_TOKEN`` cannot match a text nor its percent-decoding (a necessary-condition
+prefilter); the answers are remembered for the texts seen lately (~12M characters in all)."""
 
 
 def _might_name_a_secret(lowered: str) -> bool:
@@ -240,9 +281,8 @@ def _redact_multipart(text: str) -> str:
 def _is_hidden(key: str, item: Any, parent: str | None) -> bool:
     """Whether a field's value is replaced: a secret name over anything but ``true``/``false``/``null``/
     empty, outside a JSON schema's ``properties``."""
-    if parent == "properties" or item is None or isinstance(item, bool) or item in ("", [], {}):
-        return False
-    return is_secret_name(key)
+    return is_secret_name(key) and not (parent == "properties" or item is None or isinstance(item, bool)
+                                        or item in ("", [], {}))
 
 
 def _redact_value(value: Any, parent: str | None = None) -> Any:
@@ -256,21 +296,33 @@ def _redact_value(value: Any, parent: str | None = None) -> Any:
     return value
 
 
-def _has_secret_field(value: Any, parent: str | None = None) -> bool:
-    """Whether ``_redact_value`` would replace a field's value somewhere in ``value``."""
-    if isinstance(value, list):
-        return any(_has_secret_field(item, parent) for item in value)
+def _needs_redaction(value: Any, parent: str | None = None) -> bool:
+    """Whether ``_redact_value`` could change anything in ``value``: a string or key that might hold a
+    token, or a secret-named field. Judged on the parsed strings, escapes decoded."""
+    # Loops with the strings checked in place: a conversation has thousands of fields.
     if isinstance(value, dict):
-        return any(_is_hidden(key, item, parent) or _has_secret_field(item, key)
-                   for key, item in value.items())
-    return False
+        for key, item in value.items():
+            if might_hold_token(key) or _is_hidden(key, item, parent):
+                return True
+            if isinstance(item, str):
+                if might_hold_token(item):
+                    return True
+            elif isinstance(item, dict | list) and _needs_redaction(item, key):
+                return True
+        return False
+    if isinstance(value, list):
+        for item in value:
+            if isinstance(item, str):
+                if might_hold_token(item):
+                    return True
+            elif isinstance(item, dict | list) and _needs_redaction(item, parent):
+                return True
+        return False
+    return isinstance(value, str) and might_hold_token(value)
 
 
-def _redact_json(text: str, parsed: Any, lowered: str | None = None) -> str:
-    # Escapes only ever stand for one character outside every anchor, except \\u which can spell any:
-    # without it, an anchor-free raw text has anchor-free strings and keys.
-    lowered = text.lower() if lowered is None else lowered
-    if "\\u" not in text and not _has_anchor(lowered, _TOKEN_ANCHORS) and not _has_secret_field(parsed):
+def _redact_json(text: str, parsed: Any) -> str:
+    if not _needs_redaction(parsed):
         return text
     cleaned = _redact_value(parsed)
     return text if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
@@ -300,19 +352,18 @@ def redact_text(text: str) -> str:
     """A body or text field: JSON gets the field and token rules, a form or multipart body the name rule,
     other text the token rule; unchanged text is returned as it was."""
     body = text.strip().lstrip("\ufeff")
-    json_like = "{" in text or "[" in text
-    lowered = text.lower()
-    if json_like and "\\u" not in text and not _might_name_a_secret(lowered) \
-            and not _has_anchor(lowered, _TOKEN_ANCHORS):
-        json_like = False  # no anchor, no escape that could spell one, no secret name: nothing to find
-    elif body[:1] in ("{", "["):
+    if body[:1] in ("{", "["):  # a JSON body is judged on its parsed strings (see _RecentVerdicts)
         try:
             parsed = json.loads(body)
         except (ValueError, RecursionError):
             pass
         else:
-            cleaned = _redact_json(body, parsed, lowered if body is text else None)
+            cleaned = _redact_json(body, parsed)
             return text if cleaned is body else cleaned
+    json_like = "{" in text or "[" in text
+    lowered = text.lower()
+    if json_like and "\\u" not in text and not might_hold_token(text) and not _might_name_a_secret(lowered):
+        json_like = False  # no anchor, no escape that could spell one, no secret name: nothing to find
     if "=" in body and _FORM.fullmatch(body):
         return _redact_form(body)
     if "content-disposition" in lowered[:4096]:

@@ -1,8 +1,11 @@
-"""Secrets never reach an event: credential headers and query parameters are dropped."""
+"""Secrets never reach an event: credential headers and query parameters are dropped; the scan's verdicts
+are remembered for the texts a conversation sends again, never at the cost of a new secret."""
 
 from __future__ import annotations
 
-from clawr1.proxy.redact import redact_headers, redact_url
+import json
+
+from clawr1.proxy.redact import REDACTED, _RecentVerdicts, redact_headers, redact_record, redact_url
 
 
 def test_credential_headers_are_dropped_and_the_rest_kept() -> None:
@@ -24,3 +27,52 @@ def test_secret_query_parameters_are_removed() -> None:
     url = "https://host/v1/models/x:generate?key=AIza123&alt=sse&access_token=t&api-version=2024"
     assert redact_url(url) == "https://host/v1/models/x:generate?alt=sse&api-version=2024"
     assert redact_url("http://h/v1/chat/completions") == "http://h/v1/chat/completions"
+
+
+def test_verdicts_are_remembered_within_their_budget() -> None:
+    """A text seen lately is not scanned again; long texts are held within the budget of characters, the
+    oldest going first, and one too long to hold is scanned every time."""
+    scanned: list[str] = []
+
+    def predicate(text: str) -> bool:
+        scanned.append(text)
+        return "sk-" in text
+
+    verdicts = _RecentVerdicts(predicate, budget_chars=16 * 1024)
+    short, clean, dirty = "role", "x" * 300, "y" * 299 + "sk-"
+    assert [verdicts(t) for t in (short, clean, dirty, short, clean, dirty)] == [False, False, True] * 2
+    assert scanned == [short, clean, dirty]
+    texts = [f"{i:04d}" + "z" * 1000 for i in range(20)]  # 20 x 1,004 characters: more than the budget
+    for text in texts:
+        verdicts(text)
+    scanned.clear()
+    for text in reversed(texts[-16:]):  # the newest that fit (16 x 1,004 <= 16,384) are held...
+        verdicts(text)
+    assert scanned == []
+    verdicts(texts[-17])  # ... and no more
+    assert scanned == [texts[-17]]
+    huge = "h" * 1025  # over a sixteenth of the budget
+    scanned.clear()
+    verdicts(huge)
+    verdicts(huge)
+    assert scanned == [huge, huge]
+
+
+def test_a_secret_in_a_new_turn_is_found_when_the_earlier_turns_were_seen() -> None:
+    """Each call of a conversation carries the earlier turns (remembered clean): the token a later turn
+    adds is still redacted, in the request body and in the prompt's messages."""
+    token = "sk-proj-" + "a1b2c3d4" * 4
+    messages = [{"role": "system", "content": "You fix bugs. " * 40},
+                {"role": "user", "content": "Go. " * 80}]
+    for turn in range(4):
+        if turn == 3:
+            messages.append({"role": "tool", "content": f"export OPENAI_API_KEY={token}\n" + "ok " * 100})
+        else:
+            messages.append({"role": "tool", "content": f"output {turn} " * 100})
+        record = {"request_body": json.dumps({"model": "m", "messages": messages}),
+                  "messages_json": json.dumps(messages)}
+        redacted = redact_record(record)
+        for field in ("request_body", "messages_json"):
+            assert token not in redacted[field]
+            assert (REDACTED in redacted[field]) is (turn == 3)
+            assert (redacted[field] is record[field]) is (turn < 3)  # nothing to redact: kept as it came
