@@ -29,7 +29,9 @@ round trip of same-size messages on the same broker, in the same run.
   stand-in engine, made by ``--agents`` agents at once (each its own client, one call after another),
   timed from the first call until all M steps are queryable; with the same messages and CPU figures
   per call (the stand-in engine's CPU as ``engine``). One agent alone measures a call's latency, not
-  what the stack can take.
+  what the stack can take. With ``--turns N`` (e.g. 20) the same again as conversations of N calls, each
+  sending the conversation so far (a 2 KB system prompt, then per turn the engine's reply and a 1.5 KB
+  tool output): what the proxy's record building, the worker and the pool see from real agents.
 - freshness: steps posted one batch at a time at fixed rates (default 25%, 50% and 80% of the measured
   white-box capacity, and a steady 100 steps/s); per step ``ingested_at - created_at_ms`` (gateway
   receive -> sink insert, both on this machine's clock), p50 and p99.
@@ -42,7 +44,7 @@ deployment does not pay.
 
     .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 100]
         [--batches 1,10,100,500] [--seconds 10] [--long 200] [--rollouts 3072] [--rollout-batch 200]
-        [--warmup 4000] [--workers 2] [--kafka-nodes 1]
+        [--warmup 4000] [--workers 2] [--kafka-nodes 1] [--turns 1]
 
 ``--kafka-nodes 3`` runs the stack on a local 3-broker cluster (every topic on 3 brokers, 2 in sync):
 the ``broker`` CPU is then the three brokers' together, replication included.
@@ -263,18 +265,38 @@ def posted_throughput(stack: Stack, run: str, steps: list[dict[str, Any]], batch
             **Costs.now(stack).per_unit_since(before, n, "step")}
 
 
-def blackbox_throughput(stack: Stack, calls: int, agents: int) -> dict[str, Any]:
-    """Calls/s proxied -> queryable with ``agents`` agents calling at once, and each call's costs."""
+SYSTEM_PROMPT = "You are a coding agent. Read files, run commands, fix the failing tests. " * 30
+"""A multi-turn agent's system prompt (~2 KB)."""
+
+
+def tool_output(i: int) -> str:
+    """What a turn's command printed (~1.5 KB of code): what an agent sends back as the next turn."""
+    return "\n".join(f"    value_{i}_{line} = compute(items[{line}], key='k{line}')  # step {i}"
+                     for line in range(24))
+
+
+def blackbox_throughput(stack: Stack, calls: int, agents: int, turns: int = 1) -> dict[str, Any]:
+    """Calls/s proxied -> queryable with ``agents`` agents calling at once, and each call's costs. With
+    ``turns`` > 1 each agent holds conversations of that many calls, each sending the conversation so
+    far (the engine's replies and a tool output per turn) as agents do."""
     from openai import OpenAI
 
     agent = "bb" + uuid.uuid4().hex[:8]
+    sizes: list[int] = []
 
     def one_agent(index: int, name: str = agent) -> None:
         with OpenAI(base_url=f"http://127.0.0.1:{stack.reverse_port}/v1", api_key="sk-bench",
                     default_headers={"X-Claw-Agent": name}) as client:
-            for i in range(index, calls, agents):
-                client.chat.completions.create(model="standin", messages=[
-                    {"role": "system", "content": "bench"}, {"role": "user", "content": f"{name} task {i}"}])
+            history: list[dict[str, str]] = []
+            for n, i in enumerate(range(index, calls, agents)):
+                if n % turns == 0:
+                    system = "bench" if turns == 1 else SYSTEM_PROMPT
+                    history = [{"role": "system", "content": system},
+                               {"role": "user", "content": f"{name} task {i}"}]
+                reply = client.chat.completions.create(model="standin", messages=history)
+                sizes.append(len(json.dumps(history)))
+                history = [*history, {"role": "assistant", "content": reply.choices[0].message.content or ""},
+                           {"role": "user", "content": tool_output(i)}]
 
     # One call alone first, not counted: the SDK's response models are built lazily, and threads that
     # build them at once can fail ("BaseModel cannot be instantiated directly").
@@ -285,7 +307,9 @@ def blackbox_throughput(stack: Stack, calls: int, agents: int) -> dict[str, Any]
         list(pool.map(one_agent, range(agents)))
     answered = time.monotonic()
     done = stack.wait_count(f"agent = '{agent}'", calls, timeout=600)
-    return {"calls": calls, "agents": agents, "answered_s": round(answered - started, 3),
+    return {"calls": calls, "agents": agents, "turns": turns,
+            "mean_messages_kb": round(statistics.fmean(sizes[-calls:]) / 1000, 1),
+            "answered_s": round(answered - started, 3),
             "answered_calls_per_s": round(calls / (answered - started), 1),
             "queryable_s": round(done - started, 3), "calls_per_s": round(calls / (done - started), 1),
             **Costs.now(stack).per_unit_since(before, calls, "call")}
@@ -319,6 +343,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--calls", type=int, default=800)
     parser.add_argument("--agents", type=int, default=8, help="black-box agents calling at once")
+    parser.add_argument("--turns", type=int, default=1,
+                        help="also run the black-box calls as conversations of this many turns (1: skip)")
     parser.add_argument("--warmup", type=int, default=4000,
                         help="white-box steps (and a tenth as many calls) sent first, not timed (0: none)")
     parser.add_argument("--batch", type=int, default=100, help="steps per request of the main white-box run")
@@ -351,6 +377,8 @@ def main() -> int:
             rollouts = (rollouts_throughput(stack, args.rollouts, args.rollout_batch)
                         if args.rollouts else None)
             black = blackbox_throughput(stack, args.calls, args.agents)
+            talks = (blackbox_throughput(stack, args.calls, args.agents, args.turns)
+                     if args.turns > 1 else None)
             capacity = white["steps_per_s"]
             rates = sorted({round(capacity * f, 1) for f in (0.25, 0.5, 0.8)} | {100.0})
             fresh = [freshness(stack, rate, args.seconds) for rate in rates]
@@ -380,6 +408,7 @@ def main() -> int:
         "whitebox_rollouts": rollouts and {
             **rollouts, "ratio_to_kafka": round(rollouts["steps_per_s"] / baseline, 4)},
         "blackbox": {**black, "ratio_to_kafka": round(black["calls_per_s"] / baseline, 4)},
+        "blackbox_conversations": talks,
         "freshness": fresh,
         "workers": scaled and {
             "runs": scaled, "workers": args.workers,
