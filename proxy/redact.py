@@ -299,26 +299,17 @@ def _redact_value(value: Any, parent: str | None = None) -> Any:
 def _needs_redaction(value: Any, parent: str | None = None) -> bool:
     """Whether ``_redact_value`` could change anything in ``value``: a string or key that might hold a
     token, or a secret-named field. Judged on the parsed strings, escapes decoded."""
-    # Loops with the strings checked in place: a conversation has thousands of fields.
+    if isinstance(value, str):
+        return might_hold_token(value)
     if isinstance(value, dict):
-        for key, item in value.items():
-            if might_hold_token(key) or _is_hidden(key, item, parent):
+        for key, item in value.items():  # loops, not any(): a conversation has thousands of fields
+            if might_hold_token(key) or _is_hidden(key, item, parent) or _needs_redaction(item, key):
                 return True
-            if isinstance(item, str):
-                if might_hold_token(item):
-                    return True
-            elif isinstance(item, dict | list) and _needs_redaction(item, key):
-                return True
-        return False
-    if isinstance(value, list):
+    elif isinstance(value, list):
         for item in value:
-            if isinstance(item, str):
-                if might_hold_token(item):
-                    return True
-            elif isinstance(item, dict | list) and _needs_redaction(item, parent):
+            if _needs_redaction(item, parent):
                 return True
-        return False
-    return isinstance(value, str) and might_hold_token(value)
+    return False
 
 
 def _redact_json(text: str, parsed: Any) -> str:
