@@ -69,7 +69,15 @@ class CommitWatchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(min(1.0, self.limit_s / 4)):
-            started = self._started
-            if started is not None and time.monotonic() - started > self.limit_s:
-                self._on_overrun(time.monotonic() - started)
+            if (seconds := self._overrun()) is not None:
+                self._on_overrun(seconds)
                 return
+
+    def _overrun(self) -> float | None:
+        """How long the running commit has run, once past the limit. The commit is read again after the
+        clock: a watchdog descheduled between the two reads must not blame a commit that returned."""
+        started = self._started
+        if started is None:
+            return None
+        seconds = time.monotonic() - started
+        return seconds if seconds > self.limit_s and self._started == started else None

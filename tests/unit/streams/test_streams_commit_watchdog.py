@@ -9,7 +9,11 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 
+import pytest
+
+from clawr1.streams import commit_watchdog
 from clawr1.streams.commit_watchdog import EXIT_CODE, CommitWatchdog
 from tests.support.waiting import wait_until
 
@@ -39,14 +43,35 @@ def test_a_commit_running_past_the_limit_is_reported_once_from_the_watchdog() ->
 
 def test_commits_that_return_are_left_alone_and_pass_their_result_through() -> None:
     overruns: list[float] = []
-    watchdog = CommitWatchdog(0.2, on_overrun=overruns.append).start()
+    # The limit is well above a busy machine's scheduling stalls: a commit stalled inside its call past
+    # the limit is, for the watchdog, a commit that ran that long.
+    watchdog = CommitWatchdog(1.5, on_overrun=overruns.append).start()
     try:
         commit = watchdog.watch(lambda force=False: ("committed", force))
         results = [commit(force=n % 2 == 0) for n in range(2000)]
-        time.sleep(0.5)  # longer than the limit, with no commit running
+        time.sleep(1.6)  # longer than the limit, with no commit running
     finally:
         watchdog.stop()
     assert results[:2] == [("committed", True), ("committed", False)] and not overruns
+
+
+def test_a_commit_that_returned_while_the_watchdog_was_descheduled_is_not_blamed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The watchdog reads the running commit's start, then the clock: when it was descheduled between the
+    two (a loaded machine), the commit it read may have returned long before the clock says."""
+    watchdog = CommitWatchdog(0.2, on_overrun=lambda _: None)
+    watchdog._started = 100.0  # a commit running since t=100, as the watchdog reads it
+
+    def clock_after_a_stall() -> float:  # the watchdog runs again at t=101; the commit returned at 100.01
+        watchdog._started = None
+        return 101.0
+
+    monkeypatch.setattr(commit_watchdog, "time", SimpleNamespace(monotonic=clock_after_a_stall))
+    assert watchdog._overrun() is None
+    watchdog._started = 100.0  # still running at t=101: that one is an overrun
+    monkeypatch.setattr(commit_watchdog, "time", SimpleNamespace(monotonic=lambda: 101.0))
+    assert watchdog._overrun() == 1.0
 
 
 def test_by_default_the_process_leaves_with_where_its_threads_were() -> None:
