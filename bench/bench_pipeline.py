@@ -288,15 +288,22 @@ def blackbox_throughput(stack: Stack, calls: int, agents: int, turns: int = 1) -
         with OpenAI(base_url=f"http://127.0.0.1:{stack.reverse_port}/v1", api_key="sk-bench",
                     default_headers={"X-Claw-Agent": name}) as client:
             history: list[dict[str, str]] = []
+            size = 0  # of the history as JSON, grown by each message added (not dumped again per call)
+
+            def add(*messages: dict[str, str]) -> None:
+                nonlocal size
+                history.extend(messages)
+                size += sum(len(json.dumps(m)) for m in messages)
+
             for n, i in enumerate(range(index, calls, agents)):
                 if n % turns == 0:
-                    system = "bench" if turns == 1 else SYSTEM_PROMPT
-                    history = [{"role": "system", "content": system},
-                               {"role": "user", "content": f"{name} task {i}"}]
+                    history, size = [], 0
+                    add({"role": "system", "content": "bench" if turns == 1 else SYSTEM_PROMPT},
+                        {"role": "user", "content": f"{name} task {i}"})
                 reply = client.chat.completions.create(model="standin", messages=history)
-                sizes.append(len(json.dumps(history)))
-                history = [*history, {"role": "assistant", "content": reply.choices[0].message.content or ""},
-                           {"role": "user", "content": tool_output(i)}]
+                sizes.append(size + 2 * len(history))  # the list's brackets and separators
+                add({"role": "assistant", "content": reply.choices[0].message.content or ""},
+                    {"role": "user", "content": tool_output(i)})
 
     # One call alone first, not counted: the SDK's response models are built lazily, and threads that
     # build them at once can fail ("BaseModel cannot be instantiated directly").

@@ -49,7 +49,7 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import cpu_by_role, process_cpu_s, records_on_topic  # noqa: E402
+from bench.common import captured_chat_call, cpu_by_role, process_cpu_s, records_on_topic  # noqa: E402
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
@@ -240,21 +240,10 @@ def wait_captured(bootstrap: str, target: Target, timeout: float = 60.0) -> int:
 def record_cost_ms(calls: int = 300) -> dict[str, float]:
     """Median ms of ``build_record`` (with redaction) and of Avro encoding, for one latency-phase call."""
     from clawr1.core.topics import RAW_LLM
-    from clawr1.proxy.hints import Hints
-    from clawr1.proxy.record import CapturedCall, build_record
+    from clawr1.proxy.record import build_record
     from clawr1.schemas.codec import codec_for, pack_record
 
-    reply = {"id": "chatcmpl-1", "object": "chat.completion", "model": "standin-1",
-             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                          "message": {"role": "assistant", "content": "All tests pass. " * 16}}],
-             "usage": {"prompt_tokens": 900, "completion_tokens": 64, "total_tokens": 964}}
-    call = CapturedCall(
-        flow_id="f", api="openai.chat", method="POST", url="http://127.0.0.1:1/v1/chat/completions",
-        upstream="http://127.0.0.1:1", request_headers=(("content-type", "application/json"),),
-        request_body=json.dumps(conversation(1)).encode(), hints=Hints(), streamed=False, status=200,
-        response_headers=(("content-type", "application/json"),), response_body=json.dumps(reply).encode(),
-        response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.1, finished=1.2,
-        captured_at=1.3)
+    call = captured_chat_call(conversation(1), "All tests pass. " * 16)
     codec = codec_for("")
     build, encode = [], []
     for _ in range(calls):

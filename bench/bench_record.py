@@ -27,8 +27,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from clawr1.proxy.hints import Hints  # noqa: E402
-from clawr1.proxy.record import CapturedCall, build_record  # noqa: E402
+from bench.common import captured_chat_call  # noqa: E402
+from clawr1.proxy.record import build_record  # noqa: E402
 
 WORDS = ("the", "a", "function", "return", "value", "list", "dict", "error", "file", "path", "test", "run",
          "bash", "output", "line", "code", "python", "import", "class", "def", "self", "print", "if", "else",
@@ -58,19 +58,9 @@ def conversation(rng: random.Random, turns: int) -> list[dict[str, Any]]:
     return messages
 
 
-def call_of(messages: list[dict[str, Any]], rng: random.Random) -> CapturedCall:
-    reply = {"id": f"chatcmpl-{rng.getrandbits(32)}", "object": "chat.completion", "model": "standin-1",
-             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                          "message": {"role": "assistant", "content": prose(rng, 80)}}],
-             "usage": {"prompt_tokens": 900, "completion_tokens": 64, "total_tokens": 964}}
+def call_of(messages: list[dict[str, Any]], rng: random.Random) -> Any:
     body = {"model": "standin-1", "messages": messages, "max_tokens": 512, "temperature": 0.7}
-    return CapturedCall(
-        flow_id="f", api="openai.chat", method="POST", url="http://127.0.0.1:1/v1/chat/completions",
-        upstream="http://127.0.0.1:1", request_headers=(("content-type", "application/json"),),
-        request_body=json.dumps(body).encode(), hints=Hints(), streamed=False, status=200,
-        response_headers=(("content-type", "application/json"),), response_body=json.dumps(reply).encode(),
-        response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.1, finished=1.2,
-        captured_at=1.3)
+    return captured_chat_call(body, prose(rng, 80), f"chatcmpl-{rng.getrandbits(32)}")
 
 
 def cpu_ms(work: Any) -> float:

@@ -3,11 +3,13 @@ CPU seconds per process. Free ports come from tests/support/ports.py."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -125,3 +127,22 @@ def cpu_by_role(pid: int) -> dict[str, float]:
 
     walk(pid)
     return out
+
+
+def captured_chat_call(request: dict[str, Any], reply_text: str, reply_id: str = "chatcmpl-1") -> Any:
+    """A plain (not streamed) chat-completions call as the proxy's hooks hand it to the emitter: the
+    request as sent and the engine's JSON reply with ``reply_text``."""
+    from clawr1.proxy.hints import Hints
+    from clawr1.proxy.record import CapturedCall
+
+    reply = {"id": reply_id, "object": "chat.completion", "model": "standin-1",
+             "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
+                          "message": {"role": "assistant", "content": reply_text}}],
+             "usage": {"prompt_tokens": 900, "completion_tokens": 64, "total_tokens": 964}}
+    return CapturedCall(
+        flow_id="f", api="openai.chat", method="POST", url="http://127.0.0.1:1/v1/chat/completions",
+        upstream="http://127.0.0.1:1", request_headers=(("content-type", "application/json"),),
+        request_body=json.dumps(request).encode(), hints=Hints(), streamed=False, status=200,
+        response_headers=(("content-type", "application/json"),), response_body=json.dumps(reply).encode(),
+        response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.1, finished=1.2,
+        captured_at=1.3)
