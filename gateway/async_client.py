@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from clawr1.gateway.client import ClientPolicy, Retries, _chunks
+from clawr1.gateway.client import JSON_HEADERS, ClientPolicy, Retries, _chunks, json_body
 
 
 class AsyncGatewayClient(ClientPolicy):
@@ -67,13 +67,14 @@ class AsyncGatewayClient(ClientPolicy):
 
     async def post(self, path: str, body: Any, idempotency_key: str | None = None) -> list[str]:
         """POST one request, retrying with the same Idempotency-Key; returns the accepted ids."""
-        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        headers = {**JSON_HEADERS, "Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        content = json_body(body)
         retries = Retries(self, path)
         while True:
             await asyncio.sleep(retries.delay())
             reply: httpx.Response | httpx.TransportError
             try:
-                reply = await self._http.post(path, json=body, headers=headers)
+                reply = await self._http.post(path, content=content, headers=headers)
             except httpx.TransportError as exc:  # refused while the API restarts, or cut mid-request
                 reply = exc
             ids = retries.outcome(reply)

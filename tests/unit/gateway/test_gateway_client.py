@@ -7,13 +7,15 @@ exercised by tests/integration/gateway/test_gateway_client_live.py.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Callable
 
 import httpx
+import numpy
 import pytest
 
-from clawr1.gateway.client import GatewayClient, GatewayError
+from clawr1.gateway.client import GatewayClient, GatewayError, json_body, orjson
 
 
 def client(handler: Callable[[httpx.Request], httpx.Response], **kwargs: object) -> GatewayClient:
@@ -137,3 +139,64 @@ def test_retries_are_bounded_in_total_time() -> None:
                       retry_for_s=0.5)
     with c, pytest.raises(GatewayError, match=r"still failing after \d+ retries in 0\.[5-9]s \(ConnectError"):
         c.submit_events([{"kind": "x", "trajectory_id": "t"}])
+
+
+@pytest.mark.parametrize("body", [
+    [{"trajectory_id": "t", "step_index": 0, "prompt_token_ids": list(range(40)),
+      "response_logprobs": [-0.5, -1e-05, -123.456789012345, 0.0], "reward": 1.0}],
+    [{"text": "naïve ✓ \u2028 \"quoted\" \\ back", "nested": {"a": [1, 2.5, True, False]}}],
+])
+def test_the_body_is_the_json_httpx_would_send(body: list[dict[str, object]]) -> None:
+    assert orjson is not None, "the development install has orjson (the gateway extra): this is its path"
+    as_httpx = httpx.Request("POST", "http://gw", json=body).content
+    assert json.loads(json_body(body)) == json.loads(as_httpx) == body
+
+
+@pytest.mark.parametrize("body", [
+    [{"reward": None, "logprobs": [1e308, 1e308]}],  # a null, and a list whose sum overflows
+    [{"big": 2**70}],  # over 64 bits: orjson refuses it
+    [{"reward": numpy.float64(0.75), "value": numpy.float64(-1e-05)}],  # a float to the standard library
+])
+def test_what_orjson_cannot_tell_or_write_goes_the_standard_way(body: list[dict[str, object]]) -> None:
+    assert json_body(body) == httpx.Request("POST", "http://gw", json=body).content
+
+
+def test_what_the_standard_library_refuses_is_refused() -> None:
+    @dataclasses.dataclass
+    class Step:
+        step_index: int
+
+    for body in ([Step(1)], [{"at": datetime.datetime(2026, 12, 3)}], [{"reward": numpy.float32(0.5)}]):
+        with pytest.raises(TypeError, match="not JSON serializable"):
+            json_body(body)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("feedback", [
+    {"step_id": "s", "reward": NAN}, {"step_id": "s", "reward": INF}, {"step_id": "s", "reward": -INF},
+    {"step_id": "s", "reward": None, "logprobs": [-0.5, NAN, 2]},  # a null beside it, in a list of numbers
+    {"step_id": "s", "logprobs": [1, INF, -INF]},  # a sum that is NaN
+    {"step_id": "s", "reward": None, "payload": [{"scores": ("a", [[-INF]])}]},  # deep in mixed lists
+])
+def test_a_non_finite_number_fails_in_the_client_not_as_a_null(feedback: dict[str, object]) -> None:
+    requests: list[httpx.Request] = []
+    with client(lambda r: requests.append(r) or accepted(r)) as c, pytest.raises(ValueError, match="JSON"):
+        c.submit_feedback(feedback)
+    assert requests == []
+
+
+def test_a_retry_sends_the_same_bytes_as_json() -> None:
+    bodies: list[tuple[str, bytes]] = []
+    answers = iter([httpx.Response(503, headers={"Retry-After": "0"}, json={"error": "kafka_unavailable"})])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append((request.headers["content-type"], request.content))
+        return next(answers, None) or accepted(request)
+
+    steps = [{"trajectory_id": "t", "step_index": 3, "response_logprobs": [-0.25]}]
+    with client(handler) as c:
+        assert c.submit_steps(steps) == ["id-3"]
+    assert len(bodies) == 2 and bodies[0] == bodies[1]
+    assert bodies[0][0] == "application/json" and json.loads(bodies[0][1]) == steps
