@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ sys.path.insert(0, str(REPO))
 import clawr1.gateway.client as client_module  # noqa: E402
 from bench.bench_pipeline import step  # noqa: E402
 from bench.bench_streams import rollout_steps  # noqa: E402
+from bench.common import wait_port  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "bench_client.json"
@@ -57,18 +57,6 @@ class _Accepting(BaseHTTPRequestHandler):
 
 def _serve(port: int) -> None:
     ThreadingHTTPServer(("127.0.0.1", port), _Accepting).serve_forever()
-
-
-def wait_listening(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 def ms_per_step(url: str, steps: list[dict[str, Any]], batch: int, orjson: bool) -> float:
@@ -101,7 +89,7 @@ def main() -> None:
                       for s in rollout_steps("bc", 24)], 200),
     }
     try:
-        wait_listening(port)
+        wait_port(port)
         result: dict[str, Any] = {}
         for name, (steps, batch) in shapes.items():
             runs: dict[str, list[float]] = {"orjson": [], "json": []}

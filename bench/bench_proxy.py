@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,13 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.common import captured_chat_call, cpu_by_role, process_cpu_s, records_on_topic  # noqa: E402
+from bench.common import (  # noqa: E402
+    captured_chat_call,
+    cpu_by_role,
+    process_cpu_s,
+    records_on_topic,
+    wait_port,
+)
 from clawr1.broker.launcher import KafkaBroker  # noqa: E402
 from clawr1.core.kafka_io import ensure_topics  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
@@ -81,17 +86,6 @@ class Target:
     cpu_ms_per_call: float | None = None
     loop_cpu_ms_per_call: float | None = None
     errors: int = 0
-
-
-def wait_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port} after {timeout:.0f}s")
 
 
 @contextmanager

@@ -1,10 +1,11 @@
 """Small helpers the benchmarks share: a percentile, Kafka messages per topic, the records on a topic,
-CPU seconds per process. Free ports come from tests/support/ports.py."""
+CPU seconds per process, waiting for a port, a captured call. Free ports come from tests/support/ports.py."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -127,6 +128,18 @@ def cpu_by_role(pid: int) -> dict[str, float]:
 
     walk(pid)
     return out
+
+
+def wait_port(port: int, timeout: float = 30.0) -> None:
+    """Until something accepts connections on ``port`` of this machine."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on {port} after {timeout:.0f}s")
 
 
 def captured_chat_call(request: dict[str, Any], reply_text: str, reply_id: str = "chatcmpl-1") -> Any:
