@@ -7,7 +7,6 @@ parsing, reassembly and encoding add nothing to the agent's latency.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ from clawr1.proxy.hints import Hints
 from clawr1.proxy.mitm_compat import decode_content
 from clawr1.proxy.redact import redact_headers, redact_id, redact_record, redact_url
 from clawr1.proxy.sse import parse_stream
-from clawr1.proxy.token_ids import Injection, dump, strip_json
+from clawr1.proxy.token_ids import Injection, dump, load, strip_json
 from clawr1.schemas.batch import batch_name
 from clawr1.schemas.codec import AvroCodec, pack_record
 
@@ -92,10 +91,22 @@ def _decoded(call: CapturedCall, notes: list[str]) -> bytes:
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
     try:
-        value = json.loads(data)
-    except ValueError:
+        value = load(data)
+    except (ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def _read_as_text(data: bytes) -> bool:
+    """Whether ``json.loads`` read ``data`` as the text ``_text`` gives it (UTF-8, nothing replaced), so
+    the value it gave is that text's value and redaction need not read the text again."""
+    if 0 in data[:2]:  # json.loads takes such bytes for UTF-16 or UTF-32
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _assemble(call: CapturedCall, agent_body: bytes, notes: list[str]) -> tuple[Assembled, str]:
@@ -238,7 +249,12 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "client_connection": call.client_connection,
         "source_name": call.hints.source_name,
     }
-    return key, redact_record(record)
+    # What was read as JSON already is not read again to be redacted: a request is the conversation so far.
+    parsed: dict[str, dict[str, Any] | list[Any]] = {}
+    if request is not None and _read_as_text(call.request_body):
+        parsed["request_body"] = request
+    parsed["messages_json"] = messages
+    return key, redact_record(record, parsed)
 
 
 def spooled(codec: AvroCodec, record: dict[str, Any]) -> bytes:

@@ -37,6 +37,7 @@ came, without building a redacted copy (bench/bench_proxy.py, bench/bench_record
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -288,7 +289,7 @@ def _is_hidden(key: str, item: Any, parent: str | None) -> bool:
 def _redact_value(value: Any, parent: str | None = None) -> Any:
     if isinstance(value, str):
         return redact_tokens(value)
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return [_redact_value(item, parent) for item in value]
     if isinstance(value, dict):
         return {redact_tokens(key): REDACTED if _is_hidden(key, item, parent) else _redact_value(item, key)
@@ -296,24 +297,32 @@ def _redact_value(value: Any, parent: str | None = None) -> Any:
     return value
 
 
-def _needs_redaction(value: Any, parent: str | None = None) -> bool:
+def _needs_redaction(value: Any, parent: str | None = None, clean: set[int] | None = None) -> bool:
     """Whether ``_redact_value`` could change anything in ``value``: a string or key that might hold a
-    token, or a secret-named field. Judged on the parsed strings, escapes decoded."""
+    token, or a secret-named field. Judged on the parsed strings, escapes decoded. ``clean``: the ids of
+    objects found to need nothing (outside a schema's ``properties``, the one place a parent matters),
+    to which this adds those it finds: a request's prompt messages are the request's own objects. Its
+    caller keeps every object it names alive, so no id there is reused."""
     if isinstance(value, str):
         return might_hold_token(value)
     if isinstance(value, dict):
+        remember = clean if parent != "properties" else None
+        if remember is not None and id(value) in remember:
+            return False
         for key, item in value.items():  # loops, not any(): a conversation has thousands of fields
-            if might_hold_token(key) or _is_hidden(key, item, parent) or _needs_redaction(item, key):
+            if might_hold_token(key) or _is_hidden(key, item, parent) or _needs_redaction(item, key, clean):
                 return True
-    elif isinstance(value, list):
+        if remember is not None:
+            remember.add(id(value))
+    elif isinstance(value, list | tuple):  # a caller's parsed value may hold tuples (redact_text)
         for item in value:
-            if _needs_redaction(item, parent):
+            if _needs_redaction(item, parent, clean):
                 return True
     return False
 
 
-def _redact_json(text: str, parsed: Any) -> str:
-    if not _needs_redaction(parsed):
+def _redact_json(text: str, parsed: Any, clean: set[int] | None = None) -> str:
+    if not _needs_redaction(parsed, None, clean):
         return text
     cleaned = _redact_value(parsed)
     return text if cleaned == parsed else json.dumps(cleaned, ensure_ascii=False)
@@ -339,17 +348,20 @@ def _redact_documents(text: str) -> str:
     return "".join(out)
 
 
-def redact_text(text: str) -> str:
+def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
+                clean: set[int] | None = None) -> str:
     """A body or text field: JSON gets the field and token rules, a form or multipart body the name rule,
-    other text the token rule; unchanged text is returned as it was."""
+    other text the token rule; unchanged text is returned as it was. ``parsed``: the object or array
+    ``json.loads`` gives for the text (white space and a byte-order mark around it aside), when the
+    caller has read it already: an agent's request is its whole conversation, read once; ``clean``:
+    ``_needs_redaction``'s, for objects of ``parsed``."""
     body = text.strip().lstrip("\ufeff")
     if body[:1] in ("{", "["):  # a JSON body is judged on its parsed strings (see _RecentVerdicts)
-        try:
-            parsed = json.loads(body)
-        except (ValueError, RecursionError):
-            pass
-        else:
-            cleaned = _redact_json(body, parsed)
+        if parsed is None:
+            with contextlib.suppress(ValueError, RecursionError):
+                parsed = json.loads(body)
+        if parsed is not None:
+            cleaned = _redact_json(body, parsed, clean)
             return text if cleaned is body else cleaned
     json_like = "{" in text or "[" in text
     lowered = text.lower()
@@ -368,13 +380,21 @@ _NUMBERS = frozenset({"prompt_token_ids", "token_ids", "logprobs"})
 _NOT_WALKED = _NUMBERS | {"request_headers", "response_headers"}
 
 
-def redact_record(record: dict[str, Any]) -> dict[str, Any]:
+def redact_record(record: dict[str, Any],
+                  parsed: dict[str, dict[str, Any] | list[Any]] | None = None) -> dict[str, Any]:
     """Every text field of a ``raw_llm_call`` record (bodies, prompt, reply, errors) through
     ``redact_text``; headers and URL are expected redacted already. Engine token ids cannot be
     redacted without the model's tokenizer: a record with both gets ``REDACTED_WITH_TOKEN_IDS`` in
-    its capture notes, so a trainer can drop it."""
+    its capture notes, so a trainer can drop it. ``parsed``: for top-level text fields the builder
+    read as JSON, their value (``redact_text``'s ``parsed``); objects two of them share are judged once
+    (a request and its prompt's messages)."""
 
     seen: dict[str, str] = {}  # the response body and assembled response are often the same text
+    clean: set[int] = set()  # of objects in ``parsed``, which holds them all alive meanwhile
+    for key, value in (parsed or {}).items():
+        text = record[key]
+        if text not in seen:
+            seen[text] = redact_text(text, value, clean)
 
     def walk(value: Any) -> Any:
         if isinstance(value, str):

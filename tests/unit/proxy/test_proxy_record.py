@@ -244,3 +244,26 @@ def test_spooled_calls_combine_into_one_envelope_with_those_an_earlier_release_s
     assert name == "raw_llm_call"
     assert [r["event_id"] for r in records] == [first["event_id"], second["event_id"]]
     assert records[1]["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]
+
+
+def test_a_request_body_is_read_once_unless_its_text_reads_otherwise() -> None:
+    """The request's parse is reused for redaction only when it is the parse of the stored text: a body
+    with a byte-order mark still gets its secret redacted; one ``json.loads`` takes for UTF-16 keeps
+    what it always got (its model from the parse, its text decoded as UTF-8), and a secret its UTF-8
+    text shows, but its UTF-16 parse does not, is still found."""
+    body = {"model": "m-bom", "messages": [{"role": "user", "content": f"use {SECRET}"}]}
+    plain = replace(CALL, request_body=json.dumps(body).encode(), streamed=False, injection=None,
+                    engine_body=None, response_body=b'{"id": "c", "choices": []}')
+    with_bom = replace(plain, request_body=b"\xef\xbb\xbf" + plain.request_body)
+    for call in (plain, with_bom):
+        _, record = build_record(call, "proxy-a")
+        assert SECRET not in record["request_body"] and SECRET not in record["messages_json"]
+        assert record["model"] == "m-bom"
+    utf16 = json.dumps({"model": "m16", "messages": MESSAGES}).encode("utf-16-le")
+    _, record = build_record(replace(plain, request_body=utf16), "proxy-a")
+    assert record["model"] == "m16" and record["request_body"] == utf16.decode("utf-8", "replace")
+    assert json.loads(record["messages_json"]) == MESSAGES
+    hidden = b'{\x00"\x00' + SECRET.encode() + b'x"\x00:\x001\x00}\x00'  # UTF-16 pairs of the token
+    assert SECRET not in json.dumps(json.loads(hidden))
+    _, record = build_record(replace(plain, request_body=hidden), "proxy-a")
+    assert SECRET not in record["request_body"]

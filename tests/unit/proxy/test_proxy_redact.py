@@ -76,3 +76,34 @@ def test_a_secret_in_a_new_turn_is_found_when_the_earlier_turns_were_seen() -> N
             assert token not in redacted[field]
             assert (REDACTED in redacted[field]) is (turn == 3)
             assert (redacted[field] is record[field]) is (turn < 3)  # nothing to redact: kept as it came
+
+
+def test_a_value_read_once_is_redacted_as_its_text_would_be() -> None:
+    """The record builder hands over the request and prompt it parsed (and the objects they share):
+    every record comes out as if each text were read again, secrets in shared objects included."""
+    schema = {"password": {"type": "string"}}  # a tool's schema: kept under ``properties`` ...
+    shared_secret = {"role": "tool", "content": "ok", "api_key": "opaque-value"}
+    requests = [
+        {"model": "m", "messages": [{"role": "user", "content": "plain " * 50}]},
+        {"model": "m", "messages": [{"role": "user", "content": "plain"}, shared_secret]},
+        {"model": "m", "messages": [{"role": "user", "content": "key sk-proj-" + "a1b2c3d4" * 4}]},
+        # ... and secret-named wherever else the same object appears (judged once per parent kind)
+        {"model": "m", "tools": [{"type": "function", "function": {"parameters": {"properties": schema}}}],
+         "messages": [schema]},
+    ]
+    for request in requests:
+        messages = request["messages"]
+        record = {"request_body": json.dumps(request), "messages_json": json.dumps(messages),
+                  "response_body": "{}", "capture_notes": []}
+        read_again = redact_record(record)
+        read_once = redact_record(record, {"request_body": request, "messages_json": messages})
+        assert read_once == read_again
+        assert "opaque-value" not in read_once["messages_json"]
+        assert "sk-proj-" not in read_once["request_body"]
+    tuples = {"model": "m", "messages": ({"role": "user", "content": "sk-proj-" + "a1b2c3d4" * 4},)}
+    record = {"request_body": json.dumps(tuples), "messages_json": json.dumps(tuples["messages"])}
+    assert "sk-proj-" not in redact_record(record, {"messages_json": tuples["messages"]})["messages_json"]
+    kept = json.loads(redact_record({"request_body": json.dumps(requests[3])}, {"request_body": requests[3]})
+                      ["request_body"])
+    assert kept["tools"][0]["function"]["parameters"]["properties"] == schema
+    assert kept["messages"] == [{"password": REDACTED}]
