@@ -430,7 +430,7 @@ PROXY_ALLOW = option("PROXY_ALLOW", str, "*",
 PROXY_PROCESSES = option("PROXY_PROCESSES", int, 1,
                          "capture-proxy processes sharing its ports (SO_REUSEPORT), feeding one emitter "
                          "process", ("proxy",))
-PROXY_BATCH_MS = option("PROXY_BATCH_MS", float, 10.0,
+PROXY_BATCH_MS = option("PROXY_BATCH_MS", float, 25.0,
                         "how long captured calls bound for one partition wait to share a Kafka message "
                         "(an envelope); `0` = each pass sends what it has", ("proxy",),
                         check=lambda v: None if v >= 0 else f"must be >= 0, got {v}")
