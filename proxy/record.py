@@ -7,6 +7,8 @@ parsing, reassembly and encoding add nothing to the agent's latency.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,16 +99,36 @@ def _json_object(data: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def _read_as_text(data: bytes) -> bool:
-    """Whether ``json.loads`` read ``data`` as the text ``_text`` gives it (UTF-8, nothing replaced), so
-    the value it gave is that text's value and redaction need not read the text again."""
-    if 0 in data[:2]:  # json.loads takes such bytes for UTF-16 or UTF-32
-        return False
+# An escaped UTF-16 surrogate: JavaScript's JSON.stringify writes a lone one (text cut inside a pair)
+# as "\udXXX", which json.loads reads into a string no UTF-8 encoder takes.
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _whole_characters(value: Any) -> Any:
+    """``value`` with each lone surrogate in its strings and keys replaced by U+FFFD (escaped pairs are
+    one character already): the record's prompt, key and messages must encode as UTF-8."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_whole_characters(item) for item in value]
+    if isinstance(value, dict):
+        return {_whole_characters(key): _whole_characters(item) for key, item in value.items()}
+    return value
+
+
+def _request_text(data: bytes) -> tuple[str, bool]:
+    """The request body as the text ``json.loads`` reads from it: UTF-8 (a byte-order mark kept), or
+    UTF-16 or UTF-32 as its first bytes tell. A body sent in UTF-16 is stored as the text it is, where
+    a secret is found like any other (decoded as UTF-8 it read ``s\0k\0-\0...``, which no pattern
+    matches). True when nothing was replaced: the value ``json.loads`` gave is then this text's value,
+    and redaction need not read the text again."""
+    encoding = json.detect_encoding(data)
+    if encoding == "utf-8-sig":
+        encoding = "utf-8"
     try:
-        data.decode("utf-8")
+        return data.decode(encoding), True
     except UnicodeDecodeError:
-        return False
-    return True
+        return data.decode(encoding, "replace"), False
 
 
 def _assemble(call: CapturedCall, agent_body: bytes, notes: list[str]) -> tuple[Assembled, str]:
@@ -176,6 +198,10 @@ def build_record(call: CapturedCall, proxy_instance: str,
     ``chains``: Responses calls continued by ``previous_response_id`` get their full prompt."""
     notes: list[str] = list(call.notes)
     request = _json_object(call.request_body)
+    request_text, text_exact = _request_text(call.request_body)
+    if request is not None and (not text_exact or "\\u" in request_text
+                                and _ESCAPED_SURROGATE.search(request_text)):
+        request = _whole_characters(request)  # a call whose text held one was not recorded at all
     if request is None:
         notes.append("request body is not a JSON object")
     chains = chains if call.api == RESPONSES_API else None
@@ -208,7 +234,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "url": redact_url(call.url),
         "upstream": call.upstream,
         "request_headers": redact_headers(call.request_headers),
-        "request_body": _text(call.request_body),
+        "request_body": request_text,
         "streamed": call.streamed,
         "response_status": call.status,
         "response_headers": redact_headers(call.response_headers),
@@ -251,7 +277,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
     }
     # What was read as JSON already is not read again to be redacted: a request is the conversation so far.
     parsed: dict[str, dict[str, Any] | list[Any]] = {}
-    if request is not None and _read_as_text(call.request_body):
+    if request is not None and text_exact:
         parsed["request_body"] = request
     parsed["messages_json"] = messages
     return key, redact_record(record, parsed)

@@ -246,24 +246,30 @@ def test_spooled_calls_combine_into_one_envelope_with_those_an_earlier_release_s
     assert records[1]["choices"][0]["token_ids"] == second["choices"][0]["token_ids"]
 
 
-def test_a_request_body_is_read_once_unless_its_text_reads_otherwise() -> None:
-    """The request's parse is reused for redaction only when it is the parse of the stored text: a body
-    with a byte-order mark still gets its secret redacted; one ``json.loads`` takes for UTF-16 keeps
-    what it always got (its model from the parse, its text decoded as UTF-8), and a secret its UTF-8
-    text shows, but its UTF-16 parse does not, is still found."""
-    body = {"model": "m-bom", "messages": [{"role": "user", "content": f"use {SECRET}"}]}
+def test_a_request_body_is_stored_as_the_text_json_reads_and_redacted_once_read() -> None:
+    """The request body is stored as the text ``json.loads`` reads from it (UTF-8, or UTF-16/32 as its
+    first bytes tell), so a secret in a UTF-16 body is found like any other; its parse is reused for
+    redaction only when it is that text's parse (nothing replaced in decoding)."""
+    body = {"model": "m1", "messages": [{"role": "user", "content": f"use {SECRET}"}]}
     plain = replace(CALL, request_body=json.dumps(body).encode(), streamed=False, injection=None,
                     engine_body=None, response_body=b'{"id": "c", "choices": []}')
-    with_bom = replace(plain, request_body=b"\xef\xbb\xbf" + plain.request_body)
-    for call in (plain, with_bom):
-        _, record = build_record(call, "proxy-a")
+    text = json.dumps(body)
+    for data in (text.encode(), b"\xef\xbb\xbf" + text.encode(), text.encode("utf-16"),
+                 text.encode("utf-16-le"), text.encode("utf-16-be"), text.encode("utf-32")):
+        _, record = build_record(replace(plain, request_body=data), "proxy-a")
+        assert SECRET not in record["request_body"] and SECRET not in record["messages_json"], data[:4]
+        assert json.loads(record["request_body"])["model"] == record["model"] == "m1"
+        codec_for().encode("raw_llm_call", record)
+    # A lone surrogate, escaped (JavaScript writes "\udXXX" for text cut inside a pair) or as bytes
+    # json.loads reads but UTF-8 does not: the call is recorded, the surrogate replaced, no secret kept.
+    escaped = json.dumps({**body, "messages": [{"role": "user", "content": f"cut \ud83d use {SECRET}"}]})
+    assert "\\ud83d" in escaped and json.loads(escaped)["model"] == "m1"
+    raw = text.replace("use", "use \udfff").encode("utf-8", "surrogatepass")
+    for data in (escaped.encode(), raw):
+        _, record = build_record(replace(plain, request_body=data), "proxy-a")
         assert SECRET not in record["request_body"] and SECRET not in record["messages_json"]
-        assert record["model"] == "m-bom"
-    utf16 = json.dumps({"model": "m16", "messages": MESSAGES}).encode("utf-16-le")
-    _, record = build_record(replace(plain, request_body=utf16), "proxy-a")
-    assert record["model"] == "m16" and record["request_body"] == utf16.decode("utf-8", "replace")
-    assert json.loads(record["messages_json"]) == MESSAGES
-    hidden = b'{\x00"\x00' + SECRET.encode() + b'x"\x00:\x001\x00}\x00'  # UTF-16 pairs of the token
-    assert SECRET not in json.dumps(json.loads(hidden))
-    _, record = build_record(replace(plain, request_body=hidden), "proxy-a")
-    assert SECRET not in record["request_body"]
+        assert "\ufffd" in record["messages_json"] and record["model"] == "m1"
+        codec_for().encode("raw_llm_call", record)
+    not_json = b'{"model": "m", "note": "\xff"'
+    _, record = build_record(replace(plain, request_body=not_json), "proxy-a")
+    assert record["request_body"] == not_json.decode("utf-8", "replace")
