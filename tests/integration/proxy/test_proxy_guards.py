@@ -69,6 +69,27 @@ def test_the_placements_of_issue_25_never_reach_kafka(proxy: EmbeddedProxy, even
         assert event.key == event.record["trajectory_id"] and event.key.startswith("[REDACTED:")
 
 
+def test_a_utf16_body_and_a_cut_surrogate_are_recorded_without_their_secrets(
+        proxy: EmbeddedProxy, events: TopicReader) -> None:
+    """A UTF-16 request was kept decoded as UTF-8 (its key NUL-interleaved, out of every pattern's reach);
+    one holding a lone surrogate (JavaScript's escape of text cut inside a pair) was not recorded."""
+    marker = uuid.uuid4().hex
+    key = "sk-proj-" + marker + "Zq7"
+    message = {"role": "user", "content": f"({marker}) {key}"}
+    document = json.dumps({"model": DEFAULT_MODEL, "messages": [message]})
+    bodies = [document.encode("utf-16"), document.replace(f"({marker})", f"({marker}) \\ud83d").encode()]
+    for body in bodies:
+        httpx.post(f"{proxy.reverse_url}/v1/chat/completions", content=body,
+                   headers={"Content-Type": "application/json"}, timeout=30)
+    found = events.wait_for(marked(marker), count=len(bodies))
+    assert len(found) == len(bodies)
+    for event in found:
+        for needle in (key.encode(), key.encode("utf-16-le"), key.encode("utf-16-be")):
+            assert needle not in event.value, event.record["request_body"]
+        assert f"({marker})" in json.loads(event.record["messages_json"])[0]["content"]
+    assert any("\ufffd" in event.record["messages_json"] for event in found)
+
+
 def proxy_status(proxy: EmbeddedProxy, request: bytes) -> bytes:
     """The explicit proxy's answer to ``request``: status line, headers and body."""
     with socket.create_connection(("127.0.0.1", proxy.settings.proxy_port), timeout=10) as sock:
