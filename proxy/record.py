@@ -8,7 +8,6 @@ parsing, reassembly and encoding add nothing to the agent's latency.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +15,7 @@ from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import routable_id
 from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.apis import BY_NAME, Assembled
-from clawr1.proxy.apis.base import error_text
+from clawr1.proxy.apis.base import error_text, may_read_surrogates, whole_characters
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
 from clawr1.proxy.chains import ResponseChains
 from clawr1.proxy.hints import Hints
@@ -96,24 +95,9 @@ def _json_object(data: bytes) -> dict[str, Any] | None:
         value = load(data)
     except (ValueError, RecursionError):
         return None
+    if may_read_surrogates(data):
+        value = whole_characters(value)
     return value if isinstance(value, dict) else None
-
-
-# An escaped UTF-16 surrogate: JavaScript's JSON.stringify writes a lone one (text cut inside a pair)
-# as "\udXXX", which json.loads reads into a string no UTF-8 encoder takes.
-_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
-def _whole_characters(value: Any) -> Any:
-    """``value`` with each lone surrogate in its strings and keys replaced by U+FFFD (escaped pairs are
-    one character already): the record's prompt, key and messages must encode as UTF-8."""
-    if isinstance(value, str):
-        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if isinstance(value, list):
-        return [_whole_characters(item) for item in value]
-    if isinstance(value, dict):
-        return {_whole_characters(key): _whole_characters(item) for key, item in value.items()}
-    return value
 
 
 def _request_text(data: bytes) -> tuple[str, bool]:
@@ -199,9 +183,6 @@ def build_record(call: CapturedCall, proxy_instance: str,
     notes: list[str] = list(call.notes)
     request = _json_object(call.request_body)
     request_text, text_exact = _request_text(call.request_body)
-    if request is not None and (not text_exact or "\\u" in request_text
-                                and _ESCAPED_SURROGATE.search(request_text)):
-        request = _whole_characters(request)  # a call whose text held one was not recorded at all
     if request is None:
         notes.append("request body is not a JSON object")
     chains = chains if call.api == RESPONSES_API else None

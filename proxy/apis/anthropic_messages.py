@@ -19,6 +19,7 @@ from clawr1.proxy.apis.base import (
     int_or_none,
     json_events,
     json_object,
+    loads_whole,
 )
 from clawr1.proxy.sse import SseEvent
 
@@ -108,7 +109,7 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
             error = error_text(data)
     for index, pieces in partial_json.items():
         try:
-            blocks[index]["input"] = json.loads("".join(pieces)) if "".join(pieces) else {}
+            blocks[index]["input"] = loads_whole("".join(pieces)) if "".join(pieces) else {}
         except ValueError:
             notes.append(f"tool input of block {index} is not complete JSON")
             blocks[index]["input"] = "".join(pieces)

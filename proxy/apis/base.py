@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,42 @@ class ApiSpec:
 
 def int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+# A UTF-16 surrogate escaped in JSON ("\ud83d"): JavaScript's JSON.stringify writes a lone one (text cut
+# inside a pair) so, and json.loads reads it into a string no UTF-8 encoder takes; in bytes also one
+# encoded as UTF-8 (json.loads lets it pass) and any text in UTF-16 or UTF-32 (a zero in its first bytes).
+_SURROGATE_ESCAPE = r"\\u[dD][89a-fA-F]"
+_SURROGATE_IN_TEXT = re.compile(_SURROGATE_ESCAPE)
+_SURROGATE_IN_BYTES = re.compile(_SURROGATE_ESCAPE.encode() + rb"|\xed[\xa0-\xbf]")
+
+
+def may_read_surrogates(data: str | bytes) -> bool:
+    """Whether ``json.loads(data)`` may hold a lone UTF-16 surrogate; False when it cannot."""
+    if isinstance(data, str):
+        return "\\u" in data and _SURROGATE_IN_TEXT.search(data) is not None
+    if 0 in data[:2]:
+        return True
+    return (b"\\u" in data or b"\xed" in data) and _SURROGATE_IN_BYTES.search(data) is not None
+
+
+def whole_characters(value: Any) -> Any:
+    """``value`` with each lone surrogate in its strings and keys replaced by U+FFFD (an escaped pair reads
+    as one character already): a record's text must encode as UTF-8, and a call that held one was not
+    recorded at all."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [whole_characters(item) for item in value]
+    if isinstance(value, dict):
+        return {whole_characters(key): whole_characters(item) for key, item in value.items()}
+    return value
+
+
+def loads_whole(text: str) -> Any:
+    """``json.loads`` for a record: lone surrogates replaced (``whole_characters``)."""
+    value = json.loads(text)
+    return whole_characters(value) if may_read_surrogates(text) else value
 
 
 def json_object(value: Any) -> Json:
@@ -138,7 +175,7 @@ def json_events(events: Iterable[SseEvent], notes: list[str]) -> Iterator[tuple[
         if event.data.strip() == "[DONE]":
             continue
         try:
-            data = json.loads(event.data)
+            data = loads_whole(event.data)
         except ValueError:
             notes.append(f"unparseable stream event: {event.data[:80]!r}")
             continue

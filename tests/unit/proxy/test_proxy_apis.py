@@ -457,3 +457,24 @@ def test_streams_without_their_end_say_why() -> None:
     assert openai_responses.assemble_stream(sse(created)).truncated is not None
     assert openai_responses.assemble_stream(
         sse(created, {"type": "response.completed", "response": RESPONSE})).truncated is None
+
+
+def test_a_lone_surrogate_in_a_stream_reads_as_a_replacement_character() -> None:
+    """JavaScript servers escape a lone surrogate (text cut inside a pair) as ``\\ud83d``; the reply a
+    record keeps must encode as UTF-8, in text and in a tool's input assembled from pieces."""
+    streamed = anthropic_messages.assemble_stream(sse(
+        {"type": "message_start", "message": {"id": "m1", "model": "c", "usage": {"input_tokens": 1}}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "cut \ud83d"}},
+        {"type": "content_block_start", "index": 1,
+         "content_block": {"type": "tool_use", "id": "t", "name": "look", "input": {}}},
+        {"type": "content_block_delta", "index": 1,
+         "delta": {"type": "input_json_delta", "partial_json": '{"q": "\\ud83d'}},
+        {"type": "content_block_delta", "index": 1,
+         "delta": {"type": "input_json_delta", "partial_json": '"}'}},
+        {"type": "message_stop"},
+    ))
+    (choice,) = streamed.choices
+    assert choice.text == "cut \ufffd"
+    assert json.loads(choice.tool_calls[0]["function"]["arguments"]) == {"q": "\ufffd"}
+    json.dumps(streamed.response, ensure_ascii=False).encode()  # would raise on a lone surrogate

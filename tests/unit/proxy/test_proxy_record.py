@@ -270,6 +270,14 @@ def test_a_request_body_is_stored_as_the_text_json_reads_and_redacted_once_read(
         assert SECRET not in record["request_body"] and SECRET not in record["messages_json"]
         assert "\ufffd" in record["messages_json"] and record["model"] == "m1"
         codec_for().encode("raw_llm_call", record)
+    # The same in the engine's reply, plain and streamed (an escape, as a JavaScript server writes it).
+    cut = '{"id": "c", "model": "m", "choices": [{"index": 0, "finish_reason": "stop", '
+    replies = {False: (cut + '"message": {"role": "assistant", "content": "ok \\ud83d"}}]}').encode(),
+               True: _sse(json.loads(cut + '"delta": {"content": "ok \\ud83d"}}]}'))}
+    for streamed, reply in replies.items():
+        _, record = build_record(replace(plain, streamed=streamed, response_body=reply), "proxy-a")
+        assert record["choices"][0]["text"] == "ok \ufffd" and record["model"] == "m"
+        codec_for().encode("raw_llm_call", record)
     not_json = b'{"model": "m", "note": "\xff"'
     _, record = build_record(replace(plain, request_body=not_json), "proxy-a")
     assert record["request_body"] == not_json.decode("utf-8", "replace")
