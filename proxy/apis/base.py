@@ -74,7 +74,7 @@ def may_read_surrogates(data: str | bytes) -> bool:
     """Whether ``json.loads(data)`` may hold a lone UTF-16 surrogate; False when it cannot."""
     if isinstance(data, str):
         return "\\u" in data and _SURROGATE_IN_TEXT.search(data) is not None
-    if 0 in data[:2]:
+    if 0 in data[:4]:  # UTF-16 or UTF-32 (or no JSON text): read it whole
         return True
     return (b"\\u" in data or b"\xed" in data) and _SURROGATE_IN_BYTES.search(data) is not None
 

@@ -265,7 +265,8 @@ def test_a_request_body_is_stored_as_the_text_json_reads_and_redacted_once_read(
     escaped = json.dumps({**body, "messages": [{"role": "user", "content": f"cut \ud83d use {SECRET}"}]})
     assert "\\ud83d" in escaped and json.loads(escaped)["model"] == "m1"
     raw = text.replace("use", "use \udfff").encode("utf-8", "surrogatepass")
-    for data in (escaped.encode(), raw):
+    for data in (escaped.encode(), raw, escaped.encode("utf-16"), text.replace("use", "use \udfff").encode(
+            "utf-16-le", "surrogatepass")):
         _, record = build_record(replace(plain, request_body=data), "proxy-a")
         assert SECRET not in record["request_body"] and SECRET not in record["messages_json"]
         assert "\ufffd" in record["messages_json"] and record["model"] == "m1"
