@@ -196,8 +196,14 @@ def strip_chunk(obj: Json, injection: Injection) -> bool | None:
 
 
 def dump(obj: Any) -> bytes:
-    """Compact JSON, as pydantic-based engines (vLLM, SGLang) write it."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact JSON, as pydantic-based engines (vLLM, SGLang) write it; with every non-ASCII character
+    escaped when the text holds a lone surrogate (a JavaScript server's ``\\ud83d``, passed on as it came),
+    which UTF-8 cannot encode: otherwise the agent got the fields the proxy injected (token ids)."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 # Text with every digit as "0" and every other byte as a space: a run of 19 zeros there is a number

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clawr1.proxy.apis import openai_chat
 from clawr1.proxy.redact import redact_record
 from clawr1.proxy.stream import SseRewriter
-from clawr1.proxy.token_ids import Injection, dump, load, strip_body, strip_chunk, strip_json
+from clawr1.proxy.token_ids import Injection, dump, inject_body, load, strip_body, strip_chunk, strip_json
 
 ALL = Injection(token_ids=True, logprobs=True, sglext=True)
 VLLM = Injection(token_ids=True, logprobs=True)
@@ -284,3 +285,23 @@ def test_redaction_leaves_number_fields_alone_and_the_same_objects() -> None:
     assert "sk-abcdefghijklmnopqrstuvwxyz123456" not in redacted["request_body"]
     assert redacted["prompt_token_ids"] is PROMPT
     assert redacted["choices"][0] == {"text": "ok", "token_ids": [1, 2], "logprobs": [-0.5, -1.0]}
+
+
+def test_a_lone_surrogate_from_the_engine_still_loses_the_injected_members() -> None:
+    """A JavaScript server escapes a lone surrogate (text cut inside a pair) as ``\\ud83d``; UTF-8 cannot
+    write it, so stripping gave up and the agent got the token ids it never asked for. Now the body
+    goes back with non-ASCII escaped: the same JSON, the surrogate as it came."""
+    reply = vllm_plain(True)
+    reply["choices"][0]["message"]["content"] = "cut \ud83d é"
+    asked = vllm_plain(False)
+    asked["choices"][0]["message"]["content"] = "cut \ud83d é"
+    stripped = strip_body(json.dumps(reply).encode(), VLLM)
+    assert stripped is not None and json.loads(stripped) == asked
+    chunk = {"id": "c", "choices": [{"index": 0, "delta": {"content": "cut \ud83d"}, "logprobs": None,
+                                     "finish_reason": None}], "prompt_token_ids": PROMPT}
+    out = rewrite(b"data: " + json.dumps(chunk).encode() + b"\n\n", VLLM, 4096)
+    del chunk["prompt_token_ids"]
+    assert json.loads(out.removeprefix(b"data: ")) == chunk
+    request = {"model": "m", "messages": [{"role": "user", "content": "cut \ud83d"}], "logprobs": False}
+    injected = inject_body(openai_chat.NAME, json.dumps(request).encode())
+    assert injected is not None and json.loads(injected[0])["messages"] == request["messages"]
