@@ -15,7 +15,7 @@ from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import routable_id
 from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.apis import BY_NAME, Assembled
-from clawr1.proxy.apis.base import error_text, may_read_surrogates, whole_characters
+from clawr1.proxy.apis.base import error_text, whole
 from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
 from clawr1.proxy.chains import ResponseChains
 from clawr1.proxy.hints import Hints
@@ -92,11 +92,9 @@ def _decoded(call: CapturedCall, notes: list[str]) -> bytes:
 
 def _json_object(data: bytes) -> dict[str, Any] | None:
     try:
-        value = load(data)
+        value = whole(load(data), data)
     except (ValueError, RecursionError):
         return None
-    if may_read_surrogates(data):
-        value = whole_characters(value)
     return value if isinstance(value, dict) else None
 
 

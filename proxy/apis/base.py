@@ -70,7 +70,7 @@ _SURROGATE_IN_TEXT = re.compile(_SURROGATE_ESCAPE)
 _SURROGATE_IN_BYTES = re.compile(_SURROGATE_ESCAPE.encode() + rb"|\xed[\xa0-\xbf]")
 
 
-def may_read_surrogates(data: str | bytes) -> bool:
+def _may_read_surrogates(data: str | bytes) -> bool:
     """Whether ``json.loads(data)`` may hold a lone UTF-16 surrogate; False when it cannot."""
     if isinstance(data, str):
         return "\\u" in data and _SURROGATE_IN_TEXT.search(data) is not None
@@ -79,23 +79,28 @@ def may_read_surrogates(data: str | bytes) -> bool:
     return (b"\\u" in data or b"\xed" in data) and _SURROGATE_IN_BYTES.search(data) is not None
 
 
-def whole_characters(value: Any) -> Any:
+def _whole_characters(value: Any) -> Any:
     """``value`` with each lone surrogate in its strings and keys replaced by U+FFFD (an escaped pair reads
     as one character already): a record's text must encode as UTF-8, and a call that held one was not
     recorded at all."""
     if isinstance(value, str):
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if isinstance(value, list):
-        return [whole_characters(item) for item in value]
+        return [_whole_characters(item) for item in value]
     if isinstance(value, dict):
-        return {whole_characters(key): whole_characters(item) for key, item in value.items()}
+        return {_whole_characters(key): _whole_characters(item) for key, item in value.items()}
     return value
 
 
+def whole(value: Any, read_from: str | bytes) -> Any:
+    """``value``, parsed from the JSON ``read_from``, with each lone surrogate replaced by U+FFFD when that
+    text may hold one (checked first: ordinary text pays a substring test)."""
+    return _whole_characters(value) if _may_read_surrogates(read_from) else value
+
+
 def loads_whole(text: str) -> Any:
-    """``json.loads`` for a record: lone surrogates replaced (``whole_characters``)."""
-    value = json.loads(text)
-    return whole_characters(value) if may_read_surrogates(text) else value
+    """``json.loads`` for a record (``whole``)."""
+    return whole(json.loads(text), text)
 
 
 def json_object(value: Any) -> Json:
