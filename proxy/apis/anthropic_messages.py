@@ -108,11 +108,12 @@ def assemble_stream(events: Sequence[SseEvent]) -> Assembled:
         elif kind == "error":
             error = error_text(data)
     for index, pieces in partial_json.items():
+        text = "".join(pieces)
         try:
-            blocks[index]["input"] = loads_whole("".join(pieces)) if "".join(pieces) else {}
+            blocks[index]["input"] = loads_whole(text) if text else {}
         except ValueError:
             notes.append(f"tool input of block {index} is not complete JSON")
-            blocks[index]["input"] = "".join(pieces)
+            blocks[index]["input"] = text
     message["content"] = [blocks[i] for i in sorted(blocks)]
     assembled = assemble(message)
     assembled.notes.extend(notes)
