@@ -15,6 +15,9 @@ Sections, each with a baseline measured in the same run:
   then the step lookup's feed too, against a baseline table of the same columns and codecs without skip
   indexes or feeds; beside them ``prefix_node_versions``, which each flush also writes. Embedded pools
   only: a ClickHouse server spends that CPU in its own process.
+* ``merges``: the sink's inserts paced as under black-box load (60 rows every 0.25 s), with the merge
+  selector's base at its default (5) and at 20 (fewer, larger merges): CPU per insert with its merges,
+  the active parts of ``step_versions``, and read latencies of the pool afterwards. Embedded pools only.
 * ``scale``: N steps generated in SQL (trajectories of 8 steps with growing, prefix-sharing prompts);
   id-lookup latency (step, prompt, response, trajectory ids) and curated-scan latency (ready, final,
   one policy version) through the ``steps`` view, against the same lookup with skip indexes disabled;
@@ -22,7 +25,7 @@ Sections, each with a baseline measured in the same run:
   payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``).
 
 Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 3-4 minutes on 2 cores; ``--flush-only``
-runs that section alone, about 2 minutes);
+runs that section alone, about 2 minutes; ``--merges-only`` the merges, about 3 minutes);
 ``--steps 1000000 10000000`` adds 10M steps (several minutes on 2 cores and ~1 GB of disk).
 Figures are printed and written to ``bench/results/bench_pool.json``.
 """
@@ -175,10 +178,11 @@ FLUSH_INSERTS = {1: 60, 25: 40, 250: 16, 1000: 6}  # inserts per size: more wher
 FLUSH_SPACING_S = 0.05  # between inserts, as the sink's flushes are spaced (shorter, to keep the run short)
 
 
-def flush_blocks(route: TableRoute, records: list[dict[str, Any]], rows: int) -> list[Any]:
+def flush_blocks(route: TableRoute, records: list[dict[str, Any]], rows: int,
+                 inserts: int | None = None) -> list[Any]:
     """The Arrow blocks the sink's flushes would insert, ``rows`` records each (``sinks/columns.py``)."""
     plan = ColumnPlan.of(route)
-    packed = [pack_record(route.schema, r) for r in records[:rows * FLUSH_INSERTS[rows]]]
+    packed = [pack_record(route.schema, r) for r in records[:rows * (inserts or FLUSH_INSERTS[rows])]]
     return [plan.build([(packed[i:i + rows], Origin(route.schema, 0, i, None, None))], 1_760_000_000_000)
             for i in range(0, len(packed), rows)]
 
@@ -241,6 +245,52 @@ def bench_flush(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]
     for name, costs in cases.items():
         print(f"  flush {name:50s} " + "  ".join(f"{r:>4} rows {ms:7.2f} ms" for r, ms in costs.items()))
     return result
+
+
+MERGE_SELECTOR_BASES = (5, 20)  # the engine's default; merging about four times as many parts, later
+MERGE_PACE = (60, 160, 0.25)  # rows per insert, inserts, seconds between them: the sink under black-box load
+ACTIVE_PARTS = ("SELECT count() AS n FROM system.parts WHERE active AND database = currentDatabase() "
+                "AND table = 'step_versions'")
+MERGE_READS = {
+    "steps count": "SELECT count() FROM steps",
+    "steps filtered": "SELECT count() FROM steps WHERE ready = 1 AND reward > 0.5",
+    "delivery log range": f"SELECT step_id, version FROM {DELIVERY_LOG} ORDER BY logged_at DESC LIMIT 100",
+}
+
+
+def bench_merges(dsn: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Merging later trades the merges' CPU against parts every ``FINAL`` read must combine: sink-paced
+    inserts with the merge selector's base at its default and raised, alternating, two rounds each; CPU
+    per insert with the merges it starts, active parts of ``step_versions``, and reads afterwards."""
+    rows, inserts, spacing = MERGE_PACE
+    records = [{**s, "ready": i % 2 == 0} for i, s in enumerate(steps)]
+    blocks = flush_blocks(STEPS_ROUTE, records, rows, inserts)
+    runs: dict[str, list[dict[str, Any]]] = {str(base): [] for base in MERGE_SELECTOR_BASES}
+    for round_ in range(2):
+        for base in MERGE_SELECTOR_BASES:
+            store = fresh_store(dsn, f"bench_merges_{base}_{round_}")
+            for table in ("step_versions", DELIVERY_LOG, STEP_LOOKUP):
+                store.command(f"ALTER TABLE {table} MODIFY SETTING merge_selector_base = {base}")
+            parts: list[int] = []
+
+            def run(store: PoolStore = store, parts: list[int] = parts) -> None:
+                for n, block in enumerate(blocks):
+                    store.insert_arrow("step_versions", block, dedup_token=f"merges-{n}")
+                    if n % 8 == 7:
+                        parts.append(int(store.query(ACTIVE_PARTS)[0]["n"]))
+                    time.sleep(spacing)
+
+            cpu, _ = spent(run)
+            runs[str(base)].append({
+                "ms_per_insert": round(1000 * cpu / len(blocks), 2),
+                "parts_mean": round(statistics.mean(parts), 1), "parts_max": max(parts),
+                "read_ms": {name: median_ms(store, [sql] * 5) for name, sql in MERGE_READS.items()}})
+            drop(store)
+    for base, results in runs.items():
+        for r in results:
+            print(f"  merges: merge_selector_base {base:>2}: {r['ms_per_insert']:6.2f} ms a {rows}-row "
+                  f"insert, parts {r['parts_mean']} (max {r['parts_max']}), reads {r['read_ms']}")
+    return {"rows_per_insert": rows, "inserts": inserts, "spacing_s": spacing, "by_merge_selector_base": runs}
 
 
 GENERATE = """
@@ -354,20 +404,25 @@ def main() -> None:
     parser.add_argument("--dsn", default="", help="pool DSN (default: a temporary chDB directory)")
     parser.add_argument("--scale-only", action="store_true", help="skip the codec and insert sections")
     parser.add_argument("--flush-only", action="store_true", help="run the flush section alone")
+    parser.add_argument("--merges-only", action="store_true", help="run the merges section alone")
     parser.add_argument("--json", type=Path, default=RESULTS, help="where the figures are written")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="bench-pool-") as tmp:
         dsn = args.dsn or f"chdb://{tmp}/pool"
         results: dict[str, Any] = {"python": platform.python_version(), "machine": platform.machine()}
-        sections = {"flush"} if args.flush_only else {"scale"} if args.scale_only else {
-            "flush", "codecs", "insert", "scale"}
-        if "flush" in sections and not dsn.startswith("chdb://"):
-            print("  flush: skipped, it counts the engine's CPU in this process (a chdb:// pool only)")
-        elif "flush" in sections:
+        sections = {"flush"} if args.flush_only else {"merges"} if args.merges_only else {
+            "scale"} if args.scale_only else {"flush", "merges", "codecs", "insert", "scale"}
+        for section in ("flush", "merges"):
+            if section in sections and not dsn.startswith("chdb://"):
+                print(f"  {section}: skipped, it counts the engine's CPU in this process (chdb:// only)")
+                sections.discard(section)
+        if "flush" in sections:
             store = fresh_store(dsn, "bench_flush")
             results["flush"] = bench_flush(store, agent_trajectories(750))
             drop(store)
+        if "merges" in sections:
+            results["merges"] = bench_merges(dsn, agent_trajectories(1200))
         if "codecs" in sections:
             steps = agent_trajectories(args.trajectories)
             print(f"agent workload: {len(steps)} steps, {token_count(steps)} tokens")
