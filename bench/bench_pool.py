@@ -24,7 +24,7 @@ Sections, each with a baseline measured in the same run:
   bytes on disk per token for the whole table, and for the pool with and without the delivery log's
   payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``).
 
-Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 3-4 minutes on 2 cores; ``--flush-only``
+Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 6 minutes on 2 cores; ``--flush-only``
 runs that section alone, about 2 minutes; ``--merges-only`` the merges, about 3 minutes);
 ``--steps 1000000 10000000`` adds 10M steps (several minutes on 2 cores and ~1 GB of disk).
 Figures are printed and written to ``bench/results/bench_pool.json``.
