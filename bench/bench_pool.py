@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from clawr1.pool.migrations import DELIVERY_LOG, PAYLOAD_FIELDS, STEP_LOOKUP, id_lookup_sql
-from clawr1.pool.store import PoolStore, quote_identifier
+from clawr1.pool.store import PoolStore, is_embedded, quote_identifier
 from clawr1.schemas.codec import current_schema, pack_record
 from clawr1.sinks.columns import ColumnPlan
 from clawr1.sinks.rows import PREFIX_NODES_ROUTE, STEP_COLUMNS, STEPS_ROUTE, Origin, TableRoute, step_row
@@ -221,9 +221,13 @@ def prefix_nodes(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "updated_at_ms": 1_760_000_000_000} for i, s in enumerate(steps)]
 
 
+def half_ready(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A flush mixes versions that are ready (the delivery log copies their payload) and not (their keys)."""
+    return [{**s, "ready": i % 2 == 0} for i, s in enumerate(steps)]
+
+
 def bench_flush(store: PoolStore, steps: list[dict[str, Any]]) -> dict[str, Any]:
-    # A flush mixes versions that are ready (the delivery log copies their payload) and not (their keys).
-    records = [{**s, "ready": i % 2 == 0} for i, s in enumerate(steps)]
+    records = half_ready(steps)
     blocks = {rows: flush_blocks(STEPS_ROUTE, records, rows) for rows in FLUSH_ROWS}
     baseline = "baseline: same columns, no skip indexes, no feed"
     cases: dict[str, dict[str, float]] = {}
@@ -263,8 +267,7 @@ def bench_merges(dsn: str, steps: list[dict[str, Any]]) -> dict[str, Any]:
     inserts with the merge selector's base at its default and raised, alternating, two rounds each; CPU
     per insert with the merges it starts, active parts of ``step_versions``, and reads afterwards."""
     rows, inserts, spacing = MERGE_PACE
-    records = [{**s, "ready": i % 2 == 0} for i, s in enumerate(steps)]
-    blocks = flush_blocks(STEPS_ROUTE, records, rows, inserts)
+    blocks = flush_blocks(STEPS_ROUTE, half_ready(steps), rows, inserts)
     runs: dict[str, list[dict[str, Any]]] = {str(base): [] for base in MERGE_SELECTOR_BASES}
     for round_ in range(2):
         for base in MERGE_SELECTOR_BASES:
@@ -414,7 +417,7 @@ def main() -> None:
         sections = {"flush"} if args.flush_only else {"merges"} if args.merges_only else {
             "scale"} if args.scale_only else {"flush", "merges", "codecs", "insert", "scale"}
         for section in ("flush", "merges"):
-            if section in sections and not dsn.startswith("chdb://"):
+            if section in sections and not is_embedded(dsn):
                 print(f"  {section}: skipped, it counts the engine's CPU in this process (chdb:// only)")
                 sections.discard(section)
         if "flush" in sections:
