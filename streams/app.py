@@ -33,7 +33,7 @@ from quixstreams.sinks import BaseSink
 from quixstreams.state.rocksdb import RocksDBOptions
 
 from clawr1.core import topics
-from clawr1.core.kafka_io import make_admin
+from clawr1.core.kafka_io import make_admin, make_producer
 from clawr1.core.metrics import (
     STREAM_CHECKPOINT_SECONDS,
     STREAM_DEAD_LETTERS,
@@ -43,7 +43,7 @@ from clawr1.core.metrics import (
     STREAM_STATE_WRITES,
 )
 from clawr1.schemas.codec import DecodeError, EncodeError, codec_for
-from clawr1.streams import messages, quix_compat
+from clawr1.streams import expiry, messages, quix_compat
 from clawr1.streams.commit_watchdog import CommitWatchdog
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.outbox import Envelope, Outbox
@@ -89,6 +89,16 @@ def state_dir(config: StreamConfig) -> Path:
     return config.data_dir / config.app_id / (config.instance_id or "")
 
 
+def rocksdb_options(config: StreamConfig) -> RocksDBOptions:
+    """RocksDB's memory, sized for a worker: Quix's defaults (a 1 GiB block cache, 64 MiB x 3 memtables
+    per partition store) let a busy worker's RSS grow past a GB. Writes land in small memtables that
+    flush often; the state expires (``clawr1.streams.expiry``), so compaction keeps the files small."""
+    write_buffer = config.rocksdb_write_buffer_mb * 1024 * 1024
+    return RocksDBOptions(dumps=_same, loads=_same, block_cache_size=config.rocksdb_cache_mb * 1024 * 1024,
+                          write_buffer_size=write_buffer, max_write_buffer_number=2,
+                          target_file_size_base=4 * write_buffer, max_total_wal_size=8 * write_buffer)
+
+
 def kafka_overrides(config: StreamConfig, client_id: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """What the worker sets on Quix's consumer and producer beyond Quix's own exactly-once settings."""
     consumer: dict[str, Any] = {
@@ -129,7 +139,7 @@ class StreamsApp:
             consumer_poll_timeout=min(0.05, config.commit_interval_ms / 2000),
             commit_every=config.commit_every,
             state_dir=str(state_dir(config)),
-            rocksdb_options=RocksDBOptions(dumps=_same, loads=_same),
+            rocksdb_options=rocksdb_options(config),
             consumer_extra_config=consumer,
             producer_extra_config=producer,
             loglevel=cast(Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET"],
@@ -159,6 +169,7 @@ class StreamsApp:
         # that is wedged (commit_watchdog's doc says where it was seen) and the worker leaves.
         self.watchdog = CommitWatchdog(3 * config.transaction_timeout_ms / 1000)
         quix_compat.wrap_commits(self.work, self.watchdog.watch)
+        self.ticker = _Ticker(config, partitions, self.processor.clock.bucket_ms / 1000)
 
     def _dataframe(self, name: str) -> Any:
         topic = self.app.topic(name, key_deserializer="bytes", value_deserializer="bytes",
@@ -270,10 +281,42 @@ class StreamsApp:
         if ready is not None:
             _AssignmentWatch(self.config.bootstrap, self.config.app_id, self.client_id, ready).start()
         self.watchdog.start()
+        self.ticker.start()
         try:
             self.app.run()
         finally:
+            self.ticker.stop()
             self.watchdog.stop()
+
+
+class _Ticker:
+    """Sends every partition of the work topic a ``tick`` every ``period_s``, so that each checkpoint
+    that sweeps expired state (``clawr1.streams.expiry``) also happens on an idle stack: Quix closes a
+    checkpoint with no input without running it. Ticks are outside the worker's transactions; a lost one
+    only delays a sweep."""
+
+    def __init__(self, config: StreamConfig, partitions: int, period_s: float) -> None:
+        self._config, self._partitions, self._period_s = config, partitions, period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, name="clawr1-expiry-tick", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _tick(self) -> None:
+        producer = make_producer(self._config.bootstrap, **{"linger.ms": 50})
+        tick = messages.pack([("", messages.message(expiry.TICK))])
+        try:
+            while not self._stop.wait(self._period_s):
+                for partition in range(self._partitions):
+                    producer.produce(self._config.topics.work, tick, partition=partition)
+                producer.poll(0)
+        finally:
+            producer.flush(5)
 
 
 class _AssignmentWatch:

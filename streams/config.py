@@ -80,6 +80,10 @@ class StreamConfig:
     commit_every: int = r.STREAMS_COMMIT_EVERY.default
     transaction_timeout_ms: int = r.STREAMS_TRANSACTION_TIMEOUT_MS.default
     linger_ms: int = r.STREAMS_LINGER_MS.default
+    # State untouched this long is let go (clawr1.streams.expiry); RocksDB's memory per worker.
+    state_ttl_s: int = r.STREAMS_STATE_TTL_S.default
+    rocksdb_cache_mb: int = r.STREAMS_ROCKSDB_CACHE_MB.default
+    rocksdb_write_buffer_mb: int = r.STREAMS_ROCKSDB_WRITE_BUFFER_MB.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamConfig:
@@ -107,4 +111,7 @@ class StreamConfig:
             commit_every=knob(r.STREAMS_COMMIT_EVERY),
             transaction_timeout_ms=knob(r.STREAMS_TRANSACTION_TIMEOUT_MS),
             linger_ms=knob(r.STREAMS_LINGER_MS),
+            state_ttl_s=knob(r.STREAMS_STATE_TTL_S),
+            rocksdb_cache_mb=knob(r.STREAMS_ROCKSDB_CACHE_MB),
+            rocksdb_write_buffer_mb=knob(r.STREAMS_ROCKSDB_WRITE_BUFFER_MB),
         )

@@ -21,17 +21,21 @@ from collections.abc import Iterable
 from typing import Any
 
 from clawr1.core.routing import id_tag, trajectory_named_after
+from clawr1.streams import state_codec
 
-HomeRecord = dict[str, dict[str, Any]]  # {"l": raw key -> link state, "t": trajectory id -> record}
+# {"l": raw key -> link state, "t": trajectory id -> record, "touched_ms": when a checkpoint last wrote
+# it (``clawr1.streams.expiry``), "v": ``state_codec.STATE_VERSION``}
+HomeRecord = dict[str, Any]
 
 
 def empty() -> HomeRecord:
-    return {"l": {}, "t": {}}
+    return {"l": {}, "t": {}, "v": state_codec.STATE_VERSION}
 
 
 def sole_trajectory(record: HomeRecord) -> str | None:
     """The one trajectory the record's link states name (their nodes' first field), if just one."""
-    named = {node[0] for link in record["l"].values() for node in link["nodes"].values()}
+    named = {node["trajectory_id"] if isinstance(node, dict) else node[0]  # by name, or a version-1 list
+             for link in record["l"].values() for node in link["nodes"].values()}
     return named.pop() if len(named) == 1 else None
 
 

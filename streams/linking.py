@@ -60,9 +60,11 @@ from typing import Any, NamedTuple
 from clawr1.core import registry
 from clawr1.core.conversation import prefix_digests
 from clawr1.core.routing import trajectory_named_after
+from clawr1.streams import state_codec
 from clawr1.streams.turns import InvalidEvent, Turn
 
 LINKED, ROOT, AMBIGUOUS, COMPACTED, SUPERSEDED = "linked", "root", "ambiguous", "compacted", "superseded"
+EXPIRED = "expired"
 DEFAULT_GROUP_WINDOW_MS = registry.STREAMS_GROUP_WINDOW_MS.default
 
 
@@ -143,16 +145,17 @@ class Linked:
     unsuperseded: list[tuple[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"assignments": [list(vars(a).values()) for a in self.assignments],
+        return {"assignments": [state_codec.encode(a) for a in self.assignments],
                 "superseded": [list(s) for s in self.superseded],
-                "continued": None if self.continued is None else list(vars(self.continued).values()),
+                "continued": None if self.continued is None else state_codec.encode(self.continued),
                 "at_ms": self.at_ms, "unsuperseded": [list(s) for s in self.unsuperseded]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Linked:
         continued = data["continued"]
-        return cls([Assignment(*a) for a in data["assignments"]], [(s, t) for s, t in data["superseded"]],
-                   None if continued is None else Continued(*continued), data["at_ms"],
+        return cls([state_codec.decode(Assignment, a) for a in data["assignments"]],
+                   [(s, t) for s, t in data["superseded"]],
+                   None if continued is None else state_codec.decode(Continued, continued), data["at_ms"],
                    [(s, t) for s, t in data.get("unsuperseded", [])])
 
 
@@ -163,15 +166,15 @@ class LinkState:
     clock_ms: int = 0  # newest event time seen: the horizon is measured from here
 
     def to_json(self) -> dict[str, Any]:
-        """Nodes as plain lists (field order): the state is rewritten on every call of its key."""
-        return {"nodes": {k: list(vars(n).values()) for k, n in self.nodes.items()},
+        """Parts by field name, defaults left out: the state is rewritten on every call of its key."""
+        return {"nodes": {k: state_codec.encode(n) for k, n in self.nodes.items()},
                 "assigned": {k: a.to_json() for k, a in self.assigned.items()}, "clock_ms": self.clock_ms}
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> LinkState:
         if not data or "nodes" not in data:  # nothing, or the pre-bijection layout: start over
             return cls()
-        return cls({k: Node(*n) for k, n in data["nodes"].items()},
+        return cls({k: state_codec.decode(Node, n) for k, n in data["nodes"].items()},
                    {k: Linked.from_json(a) for k, a in data["assigned"].items()}, data["clock_ms"])
 
 
@@ -497,6 +500,18 @@ def link_turn(state: LinkState, turn: Turn, horizon_ms: int, max_entries: int,
     state.clock_ms = max(state.clock_ms, turn.created_at_ms)
     _expire(state, horizon_ms, max_entries)
     return linked
+
+
+def after_expiry(state: LinkState, turn: Turn, linked: Linked) -> Linked:
+    """``linked`` for a turn on a conversation whose link state had expired (CLAWR1_STREAMS_STATE_TTL_S):
+    a turn that carries an earlier reply continued what expired, so its new trajectory says so
+    (``expired``) instead of passing for a new conversation (``root``)."""
+    if not any(m.get("role") == "assistant" for m in turn.messages):
+        return linked
+    flagged = replace(linked, assignments=[replace(a, link_status=EXPIRED) if a.link_status == ROOT else a
+                                           for a in linked.assignments])
+    state.assigned[turn.event_id] = flagged
+    return flagged
 
 
 def _slot(state: LinkState, assignment: Assignment) -> dict[str, Node]:

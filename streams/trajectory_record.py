@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawr1.streams import state_codec
 from clawr1.streams.join import StepState, TrajectoryState
 from clawr1.streams.prefix_scope import ScopeState
 from clawr1.streams.turns import TokenIds
@@ -50,12 +51,12 @@ class StepEntry:
     superseded: bool = False
     revived: bool = False
 
-    def to_json(self) -> list[Any]:
-        return [self.chunk, self.base_digest, self.base_digests, self.feedback, self.superseded, self.revived]
+    def to_json(self) -> dict[str, Any]:
+        return state_codec.encode(self)
 
     @classmethod
-    def from_json(cls, data: list[Any]) -> StepEntry:
-        return cls(*data)
+    def from_json(cls, data: list[Any] | dict[str, Any]) -> StepEntry:
+        return state_codec.decode(cls, data)
 
 
 @dataclass
@@ -66,14 +67,22 @@ class TrajectoryRecord:
     chunks: int = 0  # chunks written so far; the next one is numbered this
     tail: Chunk = field(default_factory=dict)  # the facts not in a chunk (yet)
     tail_tokens: int = 0
+    touched_ms: int | None = None  # when a checkpoint last wrote it (``clawr1.streams.expiry``)
+    # Started again after its earlier state expired: not merged into a prefix tree (the pool holds the
+    # tree of the expired state, which a new one would contradict).
+    after_expiry: bool = False
     open_chunk: int | None = None  # the chunk this checkpoint adds big facts to (never stored)
     open_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"entries": self.trajectory.entries, "feedback": self.trajectory.feedback,
+        data = {"v": state_codec.STATE_VERSION, "entries": self.trajectory.entries,
+                "feedback": self.trajectory.feedback,
                 "steps": {s: e.to_json() for s, e in self.steps.items()},
                 "scope": None if self.scope is None else self.scope.to_json(), "chunks": self.chunks,
-                "tail": self.tail, "tail_tokens": self.tail_tokens}
+                "tail": self.tail, "tail_tokens": self.tail_tokens, "touched_ms": self.touched_ms}
+        if self.after_expiry:
+            data["after_expiry"] = True
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any] | None) -> TrajectoryRecord:
@@ -83,7 +92,18 @@ class TrajectoryRecord:
         return cls(TrajectoryState(data["entries"], data["feedback"]),
                    {s: StepEntry.from_json(e) for s, e in data["steps"].items()},
                    None if data["scope"] is None else ScopeState.from_json(data["scope"]), data["chunks"],
-                   data.get("tail", {}), data.get("tail_tokens", 0))
+                   data.get("tail", {}), data.get("tail_tokens", 0), data.get("touched_ms"),
+                   data.get("after_expiry", False))
+
+    def waiting_feedback(self) -> list[tuple[str | None, dict[str, Any]]]:
+        """Feedback that never met its step: (step id, fact) for steps whose fact never arrived, and
+        (None, fact) for the trajectory's own feedback when none of its steps arrived."""
+        waiting: list[tuple[str | None, dict[str, Any]]] = [
+            (step_id, fact) for step_id, entry in self.steps.items() if entry.chunk is None
+            for fact in entry.feedback]
+        if not any(entry.chunk is not None for entry in self.steps.values()):
+            waiting += [(None, fact) for fact in self.trajectory.feedback]
+        return waiting
 
 
 class Trajectory:

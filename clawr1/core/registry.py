@@ -388,6 +388,17 @@ STREAMS_LINGER_MS = option("STREAMS_LINGER_MS", int, 5,
                            "how long the worker's producer gathers a partition's messages before sending",
                            ("worker",), check=positive)
 STREAMS_LOG_LEVEL = option("STREAMS_LOG_LEVEL", str, "warning", "the worker's log level", ("worker",))
+STREAMS_STATE_TTL_S = option("STREAMS_STATE_TTL_S", int, 600,
+                             "the worker lets go of a trajectory's, a conversation's, a prompt group's and an "
+                             "index entry's state this long after its last event (tombstones on the "
+                             "changelog); what arrives for it later starts anew, flagged, and feedback for a "
+                             "step it no longer holds is a dead letter", ("worker",), check=positive)
+STREAMS_ROCKSDB_CACHE_MB = option("STREAMS_ROCKSDB_CACHE_MB", int, 64,
+                                  "RocksDB block cache of the worker's state, one for all its partitions",
+                                  ("worker",), check=positive)
+STREAMS_ROCKSDB_WRITE_BUFFER_MB = option("STREAMS_ROCKSDB_WRITE_BUFFER_MB", int, 8,
+                                         "RocksDB write buffer (memtable) per partition store; at most two "
+                                         "are kept per store", ("worker",), check=positive)
 
 # -- rewarder ----------------------------------------------------------------------------------------
 

@@ -21,20 +21,32 @@ PARTITIONS = 4
 
 
 class CountingStore(dict[bytes, Any]):
-    """A partition's store as the Quix ``State`` offers it, counting writes (changelog records)."""
+    """A partition's store as the Quix ``State`` offers it, counting writes (changelog records): those of
+    the expiry wheel (namespace ``E``, at most two per partition per bucket) apart."""
 
     writes = 0
+    wheel_writes = 0
 
     def get(self, key: bytes, default: Any = None) -> Any:  # type: ignore[override]
         return super().get(key, default)
 
     def set(self, key: bytes, value: Any) -> None:
         self[key] = value
-        CountingStore.writes += 1
+        self._count(key)
 
     def delete(self, key: bytes) -> None:
         self.pop(key, None)
-        CountingStore.writes += 1
+        self._count(key)
+
+    @staticmethod
+    def _count(key: bytes) -> None:
+        if key.startswith(b"E/"):
+            CountingStore.wheel_writes += 1
+        else:
+            CountingStore.writes += 1
+
+
+START_MS = 1_800_000_000_000  # the harness's clock: records carry the time they were written
 
 
 class Harness:
@@ -43,20 +55,27 @@ class Harness:
     def __init__(self, codec: AvroCodec | None = None) -> None:
         """``codec`` given: every checkpoint's outputs are also kept encoded, as they would leave, in
         ``published``."""
-        CountingStore.writes = 0
+        CountingStore.writes = CountingStore.wheel_writes = 0
         self.partitions = [CountingStore() for _ in range(PARTITIONS)]
         self.outbox = Outbox(PARTITIONS)
-        self.processor = Processor(StreamConfig("k:1", Path("/unused")), PARTITIONS,
-                                   Store(lambda p: self.partitions[p]), self.outbox)
+        self.config = StreamConfig("k:1", Path("/unused"))
+        self.now_ms = START_MS
+        self.processor = self._processor()
         self.steps: dict[str, dict[str, Any]] = {}
         self.hops = 0
         self.codec = codec
         self.published: list[Envelope] = []
+        self.dead_letters: list[dict[str, Any]] = []  # every checkpoint's
+        self.nodes: list[dict[str, Any]] = []  # every checkpoint's prefix-tree rows
+
+    def _processor(self) -> Processor:
+        processor = Processor(self.config, PARTITIONS, Store(lambda p: self.partitions[p]), self.outbox)
+        processor.now_ms = lambda: self.now_ms
+        return processor
 
     def restart(self) -> None:
         """A new processor over the same stores, as after a worker restart."""
-        self.processor = Processor(StreamConfig("k:1", Path("/unused")), PARTITIONS,
-                                   Store(lambda p: self.partitions[p]), self.outbox)
+        self.processor = self._processor()
 
     def _at(self, partition: int) -> None:
         self.processor.partition = partition
@@ -84,6 +103,8 @@ class Harness:
                 held = self.steps.get(record["step_id"])
                 if held is None or held["version"] <= record["version"]:
                     self.steps[record["step_id"]] = record
+            self.dead_letters += [record for _, record in self.outbox.dead_letters]
+            self.nodes += list(self.outbox.nodes.values())
             internal = dict(self.outbox.internal)
             self.outbox.clear()
             if not internal:
