@@ -42,6 +42,7 @@ class WorkerRun:
     suffix: str = field(default_factory=lambda: "." + uuid.uuid4().hex[:10])
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # settings beyond the defaults
 
     @property
     def topics(self) -> StreamTopics:
@@ -67,6 +68,7 @@ class WorkerRun:
             "CLAWR1_TOPIC_PARTITIONS": str(PARTITIONS),
             "CLAWR1_TOKENIZER": self.tokenizer,
             "CLAWR1_STREAMS_SESSION_TIMEOUT_S": "6",
+            **self.env,
         }
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
