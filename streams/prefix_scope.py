@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from clawr1.prefix_tree import PrefixTree, StepTokens
 from clawr1.schemas.batch import pack_ints, unpack_int_array
 from clawr1.streams.turns import TokenIds
@@ -98,9 +100,12 @@ class Merge:
         return self.outcome != "duplicate"
 
 
-def rebuild(state: ScopeState,
-            tokens_of: Callable[[str], tuple[TokenIds, TokenIds] | None]) -> PrefixTree:
-    """The scope's tree from its state and the stored tokens.
+TokensOf = Callable[[str, PrefixTree], tuple[TokenIds, TokenIds] | None]
+
+
+def rebuild(state: ScopeState, tokens_of: TokensOf) -> PrefixTree:
+    """The scope's tree from its state and the stored tokens (``tokens_of(step_id, tree so far)``: a
+    step's tokens may be kept as a difference to a step merged before it, ``token_entry``).
 
     The state and the tokens are two table writes; a crash can keep the first and lose the
     second. A step without tokens is then dropped from ``state`` (mutated), so its re-delivery,
@@ -108,13 +113,49 @@ def rebuild(state: ScopeState,
     """
     tree = PrefixTree()
     for step_id in list(state.steps):
-        tokens = tokens_of(step_id)
+        tokens = tokens_of(step_id, tree)
         if tokens is None:
             state.steps.remove(step_id)
             state.parents.pop(step_id, None)
             continue
         tree.add(StepTokens(step_id, tokens[0], tokens[1], state.parents.get(step_id)))
     return tree
+
+
+# A step kept as a difference to its base saves at least this many token ids, or is kept whole.
+MIN_SHARED = 32
+
+
+def token_entry(tree: PrefixTree, step: ScopeStep, base: str | None) -> list[Any] | dict[str, Any]:
+    """How a merged step's tokens are kept for rebuilding its scope's tree: as the part of its prompt
+    that goes beyond what it shares with ``base`` (a step merged before it: its parent, or the scope's
+    first step, whose prompt GRPO siblings repeat), plus its reply. Kept whole, every turn of a rollout
+    stored the whole conversation again, and every sibling the shared prompt again.
+    ``{"b": base, "n": shared prefix length, "p": the rest of the prompt, "r": the reply}`` (packed
+    hex), or ``[prompt, reply]`` whole."""
+    prompt = np.asarray(step.prompt_ids)
+    if base is not None and base != step.step_id and base in tree:
+        shared = _shared_prefix(tree.rebuild(base), prompt)
+        if shared >= MIN_SHARED:
+            return {"b": base, "n": shared, "p": _packed(prompt[shared:]), "r": _packed(step.response_ids)}
+    return [step.prompt_ids, step.response_ids]
+
+
+def entry_tokens(entry: list[Any] | dict[str, Any], tree: PrefixTree) -> tuple[TokenIds, TokenIds] | None:
+    """The tokens ``token_entry`` kept, read against the tree being rebuilt (which holds the base, merged
+    before the step); None when the base is not there (dropped as ``rebuild`` says)."""
+    if isinstance(entry, list):
+        return entry[0], entry[1]
+    if entry["b"] not in tree:
+        return None
+    prefix = tree.rebuild(entry["b"])[: entry["n"]]
+    return np.concatenate([prefix, _unpacked(entry["p"])]), _unpacked(entry["r"])
+
+
+def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
 
 
 def _rows(scope_id: str, state: ScopeState, tree: PrefixTree, node_ids: set[int]) -> list[dict[str, Any]]:

@@ -68,7 +68,17 @@ from clawr1.streams.join import (
 from clawr1.streams.linking import LinkState, after_expiry, link_turn, step_ids_of
 from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
 from clawr1.streams.outbox import Outbox
-from clawr1.streams.prefix_scope import Bounds, Merge, ScopeState, ScopeStep, merge_step, rebuild
+from clawr1.streams.prefix_scope import (
+    Bounds,
+    Merge,
+    ScopeState,
+    ScopeStep,
+    TokensOf,
+    entry_tokens,
+    merge_step,
+    rebuild,
+    token_entry,
+)
 from clawr1.streams.rewards import fact_digest, feedback_fact
 from clawr1.streams.store import Store
 from clawr1.streams.targets import Refusal, Target, TargetState, add_feedback, add_target
@@ -708,8 +718,7 @@ class Processor:
                            messages.message(messages.SCOPE_STEP, **scope_step.to_message()))
 
     # ------------------------------------------------------------------ prefix trees
-    def _tree(self, scope_id: str, state: ScopeState,
-              tokens_of: Callable[[str], tuple[TokenIds, TokenIds] | None]) -> PrefixTree:
+    def _tree(self, scope_id: str, state: ScopeState, tokens_of: TokensOf) -> PrefixTree:
         """The scope's tree: from the cache when it matches the stored state, else rebuilt from it."""
         cached = self.trees.pop(scope_id, None)  # put back after a successful merge only
         if cached is not None and cached[0] == state.version and len(cached[1]) == len(state.steps):
@@ -730,7 +739,7 @@ class Processor:
         try:
             record = trajectory.record
             state = record.scope or ScopeState()
-            tree = self._tree(step.scope_id, state, trajectory.tokens_of)
+            tree = self._tree(step.scope_id, state, lambda step_id, _tree: trajectory.tokens_of(step_id))
             merge = merge_step(state, tree, step, self.bounds)
             record.scope = state
             self._merged(step.scope_id, state, tree, merge)
@@ -756,11 +765,11 @@ class Processor:
         def chunk_name(n: int) -> str:
             return f"{step.scope_id}{_SEP}{n}"
 
-        def tokens_of(step_id: str) -> tuple[TokenIds, TokenIds] | None:
+        def tokens_of(step_id: str, tree: PrefixTree) -> tuple[TokenIds, TokenIds] | None:
             n = group["where"].get(step_id)
             chunk = None if n is None else self.store.get(part, "GC", chunk_name(n))
             entry = None if chunk is None else chunk.get(step_id)
-            return None if entry is None else (entry[0], entry[1])
+            return None if entry is None else entry_tokens(entry, tree)
 
         tree = self._tree(step.scope_id, state, tokens_of)
         merge = merge_step(state, tree, step, self.bounds)
@@ -770,7 +779,8 @@ class Processor:
                 n = self._open_groups[step.scope_id] = group["chunks"]
                 group["chunks"] += 1
                 self.store.put(part, "GC", chunk_name(n), {})
-            self.store.get(part, "GC", chunk_name(n))[step.step_id] = [step.prompt_ids, step.response_ids]
+            base = step.parent_step_id if step.parent_step_id in tree else state.steps[0]
+            self.store.get(part, "GC", chunk_name(n))[step.step_id] = token_entry(tree, step, base)
             group["where"][step.step_id] = n
         group["scope"] = state.to_json()
         self._merged(step.scope_id, state, tree, merge)

@@ -7,7 +7,15 @@ import pytest
 
 from clawr1.prefix_tree import build_tree
 from clawr1.streams import messages
-from clawr1.streams.prefix_scope import Bounds, ScopeState, ScopeStep, merge_step, rebuild
+from clawr1.streams.prefix_scope import (
+    Bounds,
+    ScopeState,
+    ScopeStep,
+    entry_tokens,
+    merge_step,
+    rebuild,
+    token_entry,
+)
 
 BOUNDS = Bounds(max_steps=3, max_tokens=100)
 
@@ -76,7 +84,7 @@ def test_rebuild_from_state_equals_the_incremental_tree() -> None:
         merge_step(
             state, tree, step(step_id, prompt, response, parent="a" if step_id == "b" else None), BOUNDS
         )
-    restored = rebuild(ScopeState.from_json(state.to_json()), tokens.__getitem__)
+    restored = rebuild(ScopeState.from_json(state.to_json()), lambda step_id, _tree: tokens[step_id])
     assert restored.to_rows("T") == tree.to_rows("T") and restored.forks == tree.forks
 
 
@@ -86,7 +94,7 @@ def test_rebuild_drops_a_step_whose_tokens_were_lost_so_its_redelivery_merges_it
     merge_step(state, tree, step("b", [1, 2, 3, 4], [5], parent="a"), BOUNDS)
     stored = {"a": ([1, 2], [3])}  # b's tokens write did not survive the crash, its state write did
     restored_state = ScopeState.from_json(state.to_json())
-    restored = rebuild(restored_state, stored.get)
+    restored = rebuild(restored_state, lambda step_id, _tree: stored.get(step_id))
     assert restored_state.steps == ["a"] and "b" not in restored_state.parents and "b" not in restored
     again = merge_step(restored_state, restored, step("b", [1, 2, 3, 4], [5], parent="a"), BOUNDS)
     assert again.outcome == "added" and restored.to_rows("T") == tree.to_rows("T")
@@ -106,3 +114,32 @@ def test_a_scope_step_message_carries_ids_packed_and_an_older_workers_lists_stil
     assert older.tokens().prompt_ids.tolist() == [0, 7, 2**31 - 1]
     with pytest.raises(ValueError):
         ScopeStep.from_message({**fields, "prompt_ids": "not hex!"})
+
+
+def test_a_grpo_groups_tokens_are_kept_as_differences_and_rebuild_exactly() -> None:
+    """8 rollouts x 4 turns, each turn's prompt the conversation so far: kept whole, every turn repeats
+    the conversation and every sibling the task; kept as differences, each token id is stored about once."""
+    bounds = Bounds(max_steps=64, max_tokens=1 << 20)
+    rng = np.random.default_rng(7)
+    task = rng.integers(0, 50_000, 600).tolist()
+    state, tree = ScopeState(), build_tree([])
+    entries: dict[str, object] = {}
+    whole = 0
+    for rollout in range(8):
+        prompt, parent = list(task), None
+        for turn in range(4):
+            reply = rng.integers(0, 50_000, 100).tolist()
+            scope_step = ScopeStep("G", "prompt_group", f"r{rollout}t{turn}", prompt, reply, parent, 1_000)
+            assert merge_step(state, tree, scope_step, bounds).outcome == "added"
+            base = parent if parent in tree else state.steps[0]
+            entries[scope_step.step_id] = token_entry(tree, scope_step, base)
+            whole += len(prompt) + len(reply)
+            prompt, parent = prompt + reply + rng.integers(0, 50_000, 50).tolist(), scope_step.step_id
+    kept = sum(len(e["p"]) // 8 + len(e["r"]) // 8 if isinstance(e, dict) else len(e[0]) + len(e[1])
+               for e in entries.values())  # hex of int32: 8 characters a token
+    assert kept < whole / 5
+    restored = rebuild(ScopeState.from_json(state.to_json()),
+                       lambda step_id, partial: entry_tokens(entries[step_id], partial))  # type: ignore[arg-type]
+    assert restored.to_rows("G") == tree.to_rows("G")
+    for step_id in state.steps:
+        assert restored.rebuild(step_id).tolist() == tree.rebuild(step_id).tolist()
