@@ -135,7 +135,7 @@ def token_entry(tree: PrefixTree, step: ScopeStep, base: str | None) -> list[Any
     hex), or ``[prompt, reply]`` whole."""
     prompt = np.asarray(step.prompt_ids)
     if base is not None and base != step.step_id and base in tree:
-        shared = _shared_prefix(tree.rebuild(base), prompt)
+        shared = shared_prefix(tree.rebuild(base), prompt)
         if shared >= MIN_SHARED:
             return {"b": base, "n": shared, "p": _packed(prompt[shared:]), "r": _packed(step.response_ids)}
     return [step.prompt_ids, step.response_ids]
@@ -149,13 +149,19 @@ def entry_tokens(entry: list[Any] | dict[str, Any], tree: PrefixTree) -> tuple[T
     if entry["b"] not in tree:
         return None
     prefix = tree.rebuild(entry["b"])[: entry["n"]]
-    return np.concatenate([prefix, _unpacked(entry["p"])]), _unpacked(entry["r"])
+    return np.concatenate([prefix, unpack_hex(entry["p"])]), unpack_hex(entry["r"])
 
 
-def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading token ids ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if len(differ) else n
+
+
+def unpack_hex(ids: str) -> np.ndarray:
+    """Token ids packed as int32 and written as hex (``_packed``)."""
+    return np.asarray(unpack_int_array(bytes.fromhex(ids)), dtype=np.int32)
 
 
 def _rows(scope_id: str, state: ScopeState, tree: PrefixTree, node_ids: set[int]) -> list[dict[str, Any]]:

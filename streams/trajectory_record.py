@@ -21,9 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from clawr1.schemas.batch import pack_ints
 from clawr1.streams import state_codec
 from clawr1.streams.join import StepState, TrajectoryState
-from clawr1.streams.prefix_scope import ScopeState
+from clawr1.streams.prefix_scope import MIN_SHARED, ScopeState, shared_prefix, unpack_hex
 from clawr1.streams.turns import TokenIds
 
 # A chunk is closed once it holds this many token ids (its changelog record stays well under a MB).
@@ -36,7 +39,10 @@ Chunk = dict[str, dict[str, Any]]  # step id -> the step's fact (step.avsc field
 
 
 def _tokens(base: dict[str, Any]) -> int:
-    return len(base["prompt_token_ids"]) + len(base["response_token_ids"]) + 1
+    """Token ids a kept fact holds (a prompt kept as a difference counts its own part)."""
+    prompt = base["prompt_token_ids"]
+    held = len(prompt["p"]) // 8 if isinstance(prompt, dict) else len(prompt)
+    return held + len(base["response_token_ids"]) + 1
 
 
 @dataclass
@@ -116,12 +122,10 @@ class Trajectory:
         self.record = record
         self._load = load_chunk
         self._new = new_chunk
+        self._full: dict[str, dict[str, Any]] = {}  # facts read back whole in this checkpoint
 
-    @property
-    def state(self) -> TrajectoryState:
-        return self.record.trajectory
-
-    def base(self, step_id: str) -> dict[str, Any] | None:
+    def _kept(self, step_id: str) -> dict[str, Any] | None:
+        """The fact as kept: its prompt may be a difference (``_compact``)."""
         entry = self.record.steps.get(step_id)
         if entry is None or entry.chunk is None:
             return None
@@ -129,6 +133,61 @@ class Trajectory:
             return self.record.tail.get(step_id)
         chunk = self._load(entry.chunk)
         return None if chunk is None else chunk.get(step_id)
+
+    @property
+    def state(self) -> TrajectoryState:
+        return self.record.trajectory
+
+    def base(self, step_id: str) -> dict[str, Any] | None:
+        """The step's fact, whole."""
+        full = self._full.get(step_id)
+        if full is not None:
+            return full
+        kept = self._kept(step_id)
+        if kept is None or not isinstance(kept["prompt_token_ids"], dict):
+            return kept
+        ref = kept["prompt_token_ids"]
+        sequence = self._sequence(ref["b"])
+        if sequence is None:  # kept with its base, which always comes first: a broken record
+            raise ValueError(f"step {step_id} of {self.id} is kept against {ref['b']}, which is missing")
+        full = {**kept, "prompt_token_ids": np.concatenate([sequence[: ref["n"]], unpack_hex(ref["p"])])}
+        self._full[step_id] = full
+        return full
+
+    def _sequence(self, step_id: str) -> np.ndarray | None:
+        base = self.base(step_id)
+        if base is None:
+            return None
+        return np.concatenate([np.asarray(base["prompt_token_ids"], dtype=np.int32),
+                               np.asarray(base["response_token_ids"], dtype=np.int32)])
+
+    def _compact(self, step_id: str, base: dict[str, Any]) -> dict[str, Any]:
+        """The fact to keep: a prompt that starts with what a step at the index before it sent and
+        received (the conversation so far) is kept as the part beyond that, so a trajectory keeps each
+        token id about once instead of once per later turn."""
+        prompt = np.asarray(base["prompt_token_ids"], dtype=np.int32)
+        for candidate in sorted(self.state.at(base["step_index"] - 1)):
+            sequence = self._sequence(candidate) if candidate != step_id else None
+            if sequence is None:
+                continue
+            shared = shared_prefix(sequence, prompt)
+            if shared >= MIN_SHARED:
+                return {**base, "prompt_token_ids": {"b": candidate, "n": shared,
+                                                     "p": pack_ints(prompt[shared:]).hex()}}
+        return base
+
+    def _keep_whole(self, step_id: str) -> None:
+        """Steps kept against ``step_id``, whose fact is about to change, are kept whole first."""
+        base = self.base(step_id)
+        if base is None:
+            return
+        for later in self.state.at(base["step_index"] + 1):
+            kept = self._kept(later)
+            if kept is not None and isinstance(kept["prompt_token_ids"], dict) \
+                    and kept["prompt_token_ids"]["b"] == step_id:
+                whole = self.base(later)
+                assert whole is not None
+                self.record.steps[later].chunk = self._place(later, whole)
 
     def step_state(self, step_id: str) -> StepState:
         entry = self.record.steps.get(step_id)
@@ -143,9 +202,13 @@ class Trajectory:
         entry.base_digest, entry.base_digests = state.base_digest, state.base_digests
         entry.feedback, entry.superseded, entry.revived = state.feedback, state.superseded, state.revived
         if base_changed and state.base is not None:
-            entry.chunk = self._keep_fact(step_id, state.base)
+            if entry.chunk is not None:
+                self._keep_whole(step_id)
+            self._full.pop(step_id, None)
+            entry.chunk = self._place(step_id, self._compact(step_id, state.base))
 
-    def _keep_fact(self, step_id: str, base: dict[str, Any]) -> int:
+    def _place(self, step_id: str, base: dict[str, Any]) -> int:
+        """Keep a fact in the tail, or in a chunk; where it went."""
         record = self.record
         replaced = record.tail.pop(step_id, None)
         if replaced is not None:

@@ -272,8 +272,10 @@ def _state(harness: Harness, prefix: bytes) -> dict[bytes, Any]:
 
 def test_a_tail_that_grows_past_its_bound_is_sealed_into_a_chunk_and_facts_survive_a_restart() -> None:
     harness = Harness()
+    # Prompts that share nothing with the turn before: each fact is kept whole.
     steps = [whitebox_step(routable_id("t-long", f"t-long/{n}".encode()), "t-long", n,
-                           prompt_ids=list(range(1_000 + n)), response_ids=[7] * 100, reward=None)
+                           prompt_ids=list(range(n * 2_000, n * 2_000 + 1_000 + n)), response_ids=[7] * 100,
+                           reward=None)
              for n in range(30)]
     writes = []
     for record in steps:  # one step per checkpoint, as an agent posts turn by turn
@@ -293,6 +295,51 @@ def test_a_tail_that_grows_past_its_bound_is_sealed_into_a_chunk_and_facts_survi
         published = harness.steps[record["step_id"]]
         assert published["trajectory_reward"] == 1.0
         assert published["prompt_token_ids"] == record["prompt_token_ids"]
+
+
+def test_a_conversations_turns_keep_each_token_id_about_once_and_read_back_whole() -> None:
+    """Each turn's prompt is the conversation so far: kept as the part beyond the turn before, 30 turns
+    fit the tail, and every fact reads back whole after a restart."""
+    harness = Harness()
+    prompt: list[int] = list(range(1_000))
+    steps = []
+    for n in range(30):
+        reply = [50_000 + n] * 100
+        steps.append(whitebox_step(routable_id("t-chat", f"t-chat/{n}".encode()), "t-chat", n,
+                                   prompt_ids=list(prompt), response_ids=reply, reward=None))
+        prompt += reply + [60_000 + n] * 20
+    for record in steps:
+        harness.whitebox(record)
+        harness.checkpoint()
+    assert _state(harness, b"C/") == {}  # ~120 new token ids a turn: no chunk needed
+    (record,) = _state(harness, b"T/").values()
+    assert record["t-chat"]["tail_tokens"] < 1_100 + 30 * 125
+    harness.restart()
+    harness.feedback(feedback("fb", "trajectory", "t-chat", reward=1.0, terminal=True))
+    harness.checkpoint()
+    for record in steps:
+        published = harness.steps[record["step_id"]]
+        assert list(published["prompt_token_ids"]) == record["prompt_token_ids"]
+        assert published["trajectory_reward"] == 1.0
+
+
+def test_a_fact_that_changes_keeps_the_facts_kept_against_it_whole() -> None:
+    harness = Harness()
+    first = whitebox_step(routable_id("t-edit", b"t-edit/0"), "t-edit", 0, prompt_ids=list(range(100)),
+                          response_ids=[7] * 10, reward=None)
+    second = whitebox_step(routable_id("t-edit", b"t-edit/1"), "t-edit", 1,
+                           prompt_ids=list(range(100)) + [7] * 10 + [8] * 5, response_ids=[9], reward=None)
+    for record in (first, second):
+        harness.whitebox(record)
+        harness.checkpoint()
+    # The client sent it again, changed, later: the later fact is the step's.
+    harness.whitebox({**first, "prompt_token_ids": list(range(1, 101)), "received_at_ms": 6_000})
+    harness.checkpoint()
+    harness.restart()
+    harness.feedback(feedback("fb", "trajectory", "t-edit", reward=1.0, terminal=True))
+    harness.checkpoint()
+    assert list(harness.steps[first["step_id"]]["prompt_token_ids"]) == list(range(1, 101))
+    assert list(harness.steps[second["step_id"]]["prompt_token_ids"]) == second["prompt_token_ids"]
 
 
 def test_a_fact_too_big_for_the_tail_gets_a_chunk_and_records_from_before_tails_still_read() -> None:
