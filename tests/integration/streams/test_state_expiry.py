@@ -18,14 +18,15 @@ from tests.support.waiting import wait_until
 TTL_S = 2
 
 
-def live_state(bootstrap: str, topic: str) -> Counter[str]:
-    """Live keys per namespace in a compacted changelog, read whole: the last record of a key wins, a
-    tombstone (no value) removes it."""
+def live_state(bootstrap: str, topic: str) -> tuple[Counter[str], Counter[str]]:
+    """Live keys per namespace in a compacted changelog, read whole (the last record of a key wins, a
+    tombstone removes it), and the keys ever written there per namespace."""
     consumer = make_consumer(bootstrap, "expiry-test-reader")
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
     consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
     live: dict[bytes, bool] = {}
+    ever: set[bytes] = set()
     done: set[int] = {p for p, end in ends.items() if end == 0}
     try:
         while len(done) < len(ends):
@@ -37,11 +38,12 @@ def live_state(bootstrap: str, topic: str) -> Counter[str]:
                     live.pop(key, None)
                 else:
                     live[key] = True
+                    ever.add(key)
                 if message.offset() + 1 >= ends[message.partition()] - 1:  # a transaction marker may end it
                     done.add(message.partition())
     finally:
         consumer.close()
-    return Counter(namespace(key) for key in live)
+    return Counter(namespace(key) for key in live), Counter(namespace(key) for key in ever)
 
 
 def namespace(key: bytes) -> str:
@@ -58,16 +60,16 @@ def test_the_mix_leaves_only_markers_once_its_state_expired(
     run.produce(MIX)
     outputs.wait_for(settled, 90, run)
     changelog = quix_compat.changelog_topic(run.app_id, run.topics.work)
-    at_peak = live_state(run.bootstrap, changelog)
-    assert at_peak["R"] and at_peak["T"]  # the mix's conversations and trajectories were held
 
     def only_markers_left() -> bool:
-        left = live_state(run.bootstrap, changelog)
-        return set(left) <= {"Z", "E"}
+        return set(live_state(run.bootstrap, changelog)[0]) <= {"Z", "E"}
 
-    wait_until(only_markers_left, 60, interval=1.0,
-               message=lambda: f"state expired; left: {live_state(run.bootstrap, changelog)}\n{run.tail()}")
-    after = live_state(run.bootstrap, changelog)
+    def left() -> str:
+        return f"state expired; left: {live_state(run.bootstrap, changelog)[0]}\n{run.tail()}"
+
+    wait_until(only_markers_left, 60, interval=1.0, message=left)
+    after, ever = live_state(run.bootstrap, changelog)
+    assert {"R", "T", "X", "G", "GC"} <= set(ever)  # the mix's conversations, trajectories, groups were held
     # Per partition the wheel's cursor, and the bucket (count and slice) where its markers' checks wait.
     assert after["E"] <= 3 * PARTITIONS
     assert set(outputs.latest_steps()) == set(EXPECTED_STEPS)  # nothing published was taken back
