@@ -46,8 +46,9 @@ from clawr1.schemas.codec import DecodeError, EncodeError, codec_for
 from clawr1.streams import expiry, messages, quix_compat
 from clawr1.streams.commit_watchdog import CommitWatchdog
 from clawr1.streams.config import StreamConfig
+from clawr1.streams.origin import Origin
 from clawr1.streams.outbox import Envelope, Outbox
-from clawr1.streams.processor import Origin, Processor
+from clawr1.streams.processor import Processor
 from clawr1.streams.store import Store
 from clawr1.streams.tokenization import Retokenizer
 from clawr1.streams.turns import InvalidEvent

@@ -22,7 +22,8 @@ routable step id a scan of ``R`` and ``T`` under its hash misses (a black-box ca
 conversation, other than the call that started it, when its trajectory is not in the home record);
 ``L/<raw key>`` link state as workers before home records kept it; ``H/<step id>`` feedback that reached
 a routable step id before its step; ``X/<target id>`` index entries and held feedback of other ids
-(``clawr1.streams.targets``); ``G/<scope>`` and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes.
+(``clawr1.streams.targets``); ``G/<scope>`` and ``GC/<scope>\\x1f<n>`` prompt-group merge scopes;
+``E/...`` the expiry wheel and ``Z/<name>`` what expired (``clawr1.streams.expiring``).
 
 Delivery is exactly-once (outputs, state and input offsets commit in one Kafka transaction), so nothing
 here is re-published for a crash's sake; a duplicate *input* (a client that sent the same step twice)
@@ -35,10 +36,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import (
@@ -54,6 +52,8 @@ from clawr1.prefix_tree import PrefixTree
 from clawr1.streams import expiry, home_record, messages
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.dead_letters import dead_letter
+from clawr1.streams.expiring import SEP as _SEP
+from clawr1.streams.expiring import Expiring, held_entries
 from clawr1.streams.join import (
     StepState,
     apply_feedback,
@@ -67,6 +67,7 @@ from clawr1.streams.join import (
 )
 from clawr1.streams.linking import LinkState, after_expiry, link_turn, step_ids_of
 from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from clawr1.streams.origin import Origin
 from clawr1.streams.outbox import Outbox
 from clawr1.streams.prefix_scope import (
     Bounds,
@@ -88,40 +89,6 @@ from clawr1.streams.turns import TokenIds, Turn, turn_from_llm_call, turn_from_s
 
 log = logging.getLogger(__name__)
 
-_SEP = "\x1f"
-
-
-@dataclass(frozen=True)
-class Origin:
-    """Where an event came from, as a dead letter cites it: a record of an envelope is cited alone, its
-    bytes encoded only when a dead letter needs them (``cite``)."""
-
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-    timestamp_ms: int
-    index: int | None = None  # the record's place in an envelope
-    cite: Callable[[], bytes] | None = field(default=None, compare=False)
-
-    def original(self) -> bytes | None:
-        return self.cite() if self.value is None and self.cite is not None else self.value
-
-    def to_json(self) -> dict[str, Any]:
-        value = self.original()
-        return {"topic": self.topic, "partition": self.partition, "offset": self.offset,
-                "key": None if self.key is None else self.key.hex(),
-                "value": None if value is None else value.hex(), "timestamp_ms": self.timestamp_ms,
-                "index": self.index}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Origin:
-        return cls(data["topic"], data["partition"], data["offset"],
-                   None if data["key"] is None else bytes.fromhex(data["key"]),
-                   None if data["value"] is None else bytes.fromhex(data["value"]), data["timestamp_ms"],
-                   data.get("index"))
-
 
 class Processor:
     """Handles the events of one checkpoint; ``flush`` writes its state back before the commit."""
@@ -138,15 +105,11 @@ class Processor:
         self._partition = 0
         self.origin: Origin | None = None
         self.clock = expiry.Clock(config.state_ttl_s * 1000, config.link_horizon_ms)
-        self.wheel = expiry.Wheel(store, self.clock)
+        self.expiring = Expiring(store, self.clock, self.dead_letter,
+                                 lambda name: self.trees.pop(name, None), config.topics.raw_feedback,
+                                 f"CLAWR1_STREAMS_STATE_TTL_S={config.state_ttl_s}")
         self.now_ms: Callable[[], int] = lambda: int(time.time() * 1000)  # the expiry clock (tests set it)
         self._visited: set[int] = set()  # partitions this checkpoint handled events of: they sweep
-        self._held: set[tuple[int, str]] = set()  # H keys written this checkpoint
-        self._markers: set[tuple[int, str]] = set()  # Z keys written this checkpoint
-        # Checks already in the wheel for the bucket ``_scheduled_in``: a value written by every
-        # checkpoint is scheduled once per bucket, not once per checkpoint.
-        self._scheduled: set[tuple[int, str, str]] = set()
-        self._scheduled_in = -1
         # The checkpoint's decoded records; the dirty ones are written back by ``flush``.
         self._trajectories: dict[str, Trajectory] = {}
         # Where each trajectory's record was read from: (namespace, hash) of its R or T key, None if new.
@@ -221,11 +184,8 @@ class Processor:
             group["touched_ms"] = now
             self.store.put(part, "G", scope_id, group)
             checks.append((part, (expiry.GROUP, scope_id)))
-        checks += [(part, (expiry.HELD, step_id)) for part, step_id in self._held]
-        self._schedule(checks, now)
-        for part in sorted(self._visited):
-            self._sweep(part, now)
-        self._schedule([(part, (expiry.MARKER, name)) for part, name in self._markers], now)
+        self.expiring.schedule(checks, now)
+        self.expiring.sweep(self._visited, now)
         written = self.store.flush()
         self.discard()
         return written
@@ -286,133 +246,15 @@ class Processor:
         for step_id in home_record.index_entries(trajectory_id, step_ids, kept_under, found_under):
             self.store.put(part, "S", step_id, trajectory_id)
 
-    # ------------------------------------------------------------------ expiry (clawr1.streams.expiry)
-    def _schedule(self, checks: list[tuple[int, expiry.Check]], now: int) -> None:
-        bucket = self.clock.due_bucket(now, expiry.HOME)
-        if bucket != self._scheduled_in:
-            self._scheduled.clear()
-            self._scheduled_in = bucket
-        by_partition: dict[int, list[expiry.Check]] = {}
-        for part, check in checks:
-            if check[0] == expiry.MARKER or (part, *check) not in self._scheduled:
-                by_partition.setdefault(part, []).append(check)
-                self._scheduled.add((part, *check))
-        for part, due in by_partition.items():
-            self.wheel.schedule(part, due, now)
-
-    def _sweep(self, part: int, now: int) -> None:
-        """Let go of what in ``part`` has not been written for the TTL."""
-        for kind, name in self.wheel.take(part, now):
-            if kind == expiry.HOME:
-                self._expire_home(part, name, now)
-            elif kind == expiry.TRAJECTORY:
-                self._expire_kept(part, name, now)
-            elif kind == expiry.TARGET:
-                self._expire_target(part, name, now)
-            elif kind == expiry.HELD:
-                self._expire_held(part, name, now)
-            elif kind == expiry.GROUP:
-                self._expire_group(part, name, now)
-            elif kind == expiry.MARKER and self.clock.expired(self.store.get(part, "Z", name), now, kind):
-                self.store.delete(part, "Z", name)
-
-    def _mark(self, part: int, name: str, now: int) -> None:
-        """Remember for a while that ``name`` (a trajectory, a conversation, a scope) expired here."""
-        self.store.put(part, "Z", name, now)
-        self._markers.add((part, name))
-
-    def _expired_here(self, part: int, name: str) -> bool:
-        return self.store.get(part, "Z", name) is not None
-
-    def _expire_home(self, part: int, name: str, now: int) -> None:
-        record = self._home((part, name))
-        if record is None or not self.clock.expired(record.get("touched_ms"), now, expiry.HOME):
-            return
-        for trajectory_id, data in record["t"].items():
-            self._expire_trajectory(part, trajectory_id, TrajectoryRecord.from_json(data), now)
-        for key in record["l"]:
-            self._mark(part, key, now)
-        self.store.delete(part, "R", name)
-
-    def _expire_kept(self, part: int, trajectory_id: str, now: int) -> None:
-        """A trajectory kept under its own hash (``T``); one in its home record goes with the home."""
-        name = key_hash(trajectory_id)
-        kept = self.store.get(part, "T", name) or {}
-        data = kept.get(trajectory_id)
-        if data is None or not self.clock.expired(data.get("touched_ms"), now, expiry.TRAJECTORY):
-            return
-        self._expire_trajectory(part, trajectory_id, TrajectoryRecord.from_json(data), now)
-        del kept[trajectory_id]
-        if kept:
-            self.store.put(part, "T", name, kept)
-        else:
-            self.store.delete(part, "T", name)
-
-    def _expire_trajectory(self, part: int, trajectory_id: str, record: TrajectoryRecord, now: int) -> None:
-        """Its chunks and index entries go with it; feedback that never met its step is a dead letter."""
-        for n in range(record.chunks):
-            self.store.delete(part, "C", f"{trajectory_id}{_SEP}{n}")
-        for step_id in record.steps:
-            if id_tag(step_id) is not None and self.store.get(part, "S", step_id) == trajectory_id:
-                self.store.delete(part, "S", step_id)
-        for waiting, fact in record.waiting_feedback():
-            target = f"step {waiting}" if waiting is not None else "any of its steps"
-            self._dead_letter_fact(part, fact, f"feedback for {target} of trajectory {trajectory_id}: "
-                                   f"the step never arrived before the trajectory's state expired "
-                                   f"({self._ttl()})")
-        self.trees.pop(trajectory_id, None)
-        self._mark(part, trajectory_id, now)
-
-    def _expire_target(self, part: int, target_id: str, now: int) -> None:
-        data = self.store.get(part, "X", target_id)
-        if data is None or not self.clock.expired(data.get("touched_ms"), now, expiry.TARGET):
-            return
-        for held in TargetState.from_json(data).feedback:
-            if held.step_id is None and held.refused is None:
-                self.dead_letter("expire", f"feedback for {target_id}: no step with that id arrived before "
-                                 f"its state expired ({self._ttl()})", Origin.from_json(held.origin))
-        self.store.delete(part, "X", target_id)
-
-    def _expire_held(self, part: int, step_id: str, now: int) -> None:
-        data = self.store.get(part, "H", step_id)
-        if data is None or isinstance(data, dict) and not self.clock.expired(data["touched_ms"], now,
-                                                                             expiry.HELD):
-            return
-        for entry in _held_entries(data):
-            self.dead_letter("expire", f"feedback for step {step_id}: the step never arrived, or its "
-                             f"trajectory's state had expired ({self._ttl()})",
-                             Origin.from_json(entry["origin"]))
-        self.store.delete(part, "H", step_id)
-
-    def _expire_group(self, part: int, scope_id: str, now: int) -> None:
-        group = self.store.get(part, "G", scope_id)
-        if group is None or not self.clock.expired(group.get("touched_ms"), now, expiry.GROUP):
-            return
-        for n in range(group["chunks"]):
-            self.store.delete(part, "GC", f"{scope_id}{_SEP}{n}")
-        self.store.delete(part, "G", scope_id)
-        self.trees.pop(scope_id, None)
-        self._mark(part, scope_id, now)
-
-    def _ttl(self) -> str:
-        return f"CLAWR1_STREAMS_STATE_TTL_S={self.config.state_ttl_s}"
-
-    def _dead_letter_fact(self, part: int, fact: dict[str, Any], reason: str) -> None:
-        """A dead letter for a feedback fact whose raw event is no longer at hand: it cites the fact."""
-        # No position to cite: the fact's digest tells its dead letters apart (and the same one again).
-        origin = Origin(self.config.topics.raw_feedback, part, -1, str(fact.get("target_id", "")).encode(),
-                        orjson.dumps(fact), int(fact.get("received_at_ms") or 0),
-                        index=int(fact_digest(fact)[:12], 16))
-        self.dead_letter("expire", reason, origin)
-
     def discard(self) -> None:
         """Forget the checkpoint's work (after its flush, or when it is thrown away)."""
         for cache in (self._trajectories, self._found_at, self._arrivals, self._links, self._targets,
                       self._groups, self._open_groups):
             cache.clear()
         for dirty in (self._dirty_trajectories, self._dirty_links, self._dirty_targets, self._legacy_links,
-                      self._visited, self._held, self._markers):
+                      self._visited):
             dirty.clear()
+        self.expiring.clear()
         self.store.clear()
 
     # ------------------------------------------------------------------ routing
@@ -485,7 +327,7 @@ class Processor:
         fresh = not state.assigned
         linked = link_turn(state, turn, self.config.link_horizon_ms, self.config.max_links_per_key,
                            self.config.group_window_ms)
-        if fresh and self._expired_here(partition_of(key, self.partitions), key):
+        if fresh and self.expiring.expired_here(partition_of(key, self.partitions), key):
             linked = after_expiry(state, turn, linked)
         for fact in steps_from_turn(turn, linked.assignments, self.retokenizer):
             self._publish_fact(fact)
@@ -587,12 +429,12 @@ class Processor:
             self.to_trajectory(trajectory_id, messages.message(
                 messages.STEP_FEEDBACK, step_id=step_id, feedback=message["feedback"]))
             return
-        held = _held_entries(self.store.get(self.partition, "H", step_id))
+        held = held_entries(self.store.get(self.partition, "H", step_id))
         digest = fact_digest(message["feedback"])
         if all(fact_digest(h["feedback"]) != digest for h in held):
             held.append({"feedback": message["feedback"], "origin": message["origin"]})
             self.store.put(self.partition, "H", step_id, {"held": held, "touched_ms": self.now_ms()})
-            self._held.add((self.partition, step_id))
+            self.expiring.held.add((self.partition, step_id))
 
     # ------------------------------------------------------------------ join
     def _trajectory(self, trajectory_id: str) -> Trajectory:
@@ -610,7 +452,7 @@ class Processor:
                 found_at = None
         self._found_at[trajectory_id] = found_at
         record = TrajectoryRecord.from_json(data)
-        if found_at is None and self._expired_here(part, trajectory_id):
+        if found_at is None and self.expiring.expired_here(part, trajectory_id):
             record.after_expiry = True
 
         def load(n: int) -> Chunk | None:
@@ -663,9 +505,9 @@ class Processor:
         else:
             return False
         if missing:
-            self._dead_letter_fact(self.partition, message["feedback"],
-                                   f"feedback for {target} of trajectory {trajectory.id}, whose state had "
-                                   f"expired ({self._ttl()}): not joined")
+            self.expiring.dead_letter_fact(self.partition, message["feedback"],
+                                           f"feedback for {target} of trajectory {trajectory.id}, whose "
+                                           f"state had expired ({self.expiring.ttl()}): not joined")
         return missing
 
     def _on_step_fact(self, trajectory: Trajectory, fact: StepFact) -> None:
@@ -692,7 +534,7 @@ class Processor:
         if id_tag(step_id) is None:
             return
         self._arrivals.setdefault(trajectory.id, []).append(step_id)  # indexed by the flush if need be
-        held = _held_entries(self.store.get(self.partition, "H", step_id))
+        held = held_entries(self.store.get(self.partition, "H", step_id))
         if held:
             for entry in held:
                 apply_feedback(state.feedback, entry["feedback"])
@@ -755,7 +597,7 @@ class Processor:
             group = self.store.get(part, "G", step.scope_id)
             if group is None:
                 group = {"scope": None, "where": {}, "chunks": 0}
-                if self._expired_here(part, step.scope_id):
+                if self.expiring.expired_here(part, step.scope_id):
                     group["after_expiry"] = True
             self._groups[step.scope_id] = group
         if group.get("after_expiry"):
@@ -784,14 +626,6 @@ class Processor:
             group["where"][step.step_id] = n
         group["scope"] = state.to_json()
         self._merged(step.scope_id, state, tree, merge)
-
-
-def _held_entries(data: Any) -> list[dict[str, Any]]:
-    """Held feedback of a step id: ``{"held": [...], "touched_ms": ...}``, or the bare list workers
-    wrote before state expired."""
-    if data is None:
-        return []
-    return list(data["held"]) if isinstance(data, dict) else list(data)
 
 
 def _scope_signature(state: StepState, trajectory: Trajectory) -> tuple[str, str | None] | None:

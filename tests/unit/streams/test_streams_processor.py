@@ -12,8 +12,9 @@ from clawr1.core.routing import key_hash, partition_of, routable_id
 from clawr1.schemas.codec import AvroCodec
 from clawr1.streams import messages
 from clawr1.streams.config import StreamConfig
+from clawr1.streams.origin import Origin
 from clawr1.streams.outbox import Envelope, Outbox
-from clawr1.streams.processor import Origin, Processor
+from clawr1.streams.processor import Processor
 from clawr1.streams.store import Store
 from tests.integration.streams.events import feedback, llm_call, user, whitebox_step
 
