@@ -130,6 +130,9 @@ class Batch:
     rows: int = 0
     tables: dict[str, TableRows] = field(default_factory=dict)
     ranges: dict[tuple[str, int], OffsetRange] = field(default_factory=dict)
+    # Feedback the worker could no longer join (``clawr1.sinks.late_feedback``), with its dead letter's
+    # position: joined in the pool by the same flush.
+    late: list[tuple[Origin, dict[str, Any]]] = field(default_factory=list)
 
     def add(self, table: str, columns: tuple[str, ...], row: tuple[Any, ...], origin: Origin) -> None:
         rows = self.tables.setdefault(table, TableRows(columns))
@@ -181,6 +184,7 @@ class Batch:
             rows.rows = [r for r, _ in kept]
             rows.origins = [o for _, o in kept]
             rows.envelopes = [e for e in rows.envelopes if (e.origin.topic, e.origin.partition) not in lost]
+        self.late = [(o, fact) for o, fact in self.late if (o.topic, o.partition) not in lost]
         self.rows = sum(len(r) for r in self.tables.values())
         self.messages = len({(o.topic, o.partition, o.offset) for r in self.tables.values()
                              for o in [*r.origins, *(e.origin for e in r.envelopes)]})

@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clawr1.core import registry as r
 from clawr1.core.settings import Settings
+from clawr1.streams.readiness import ReadinessRule
 
 DEFAULT_GROUP = r.SINK_GROUP.default
 
@@ -24,6 +25,8 @@ class SinkConfig:
     session_timeout_ms: int = r.SINK_SESSION_TIMEOUT_MS.default
     # Test hook for crash recovery: exit the process right after a batch insert, before its commit.
     exit_after_insert: bool = r.SINK_EXIT_AFTER_INSERT.default
+    # The worker's rule, for the versions the sink writes itself (``clawr1.sinks.late_feedback``).
+    readiness: ReadinessRule = field(default_factory=ReadinessRule)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
@@ -38,4 +41,5 @@ class SinkConfig:
             batch_seconds=knob(r.SINK_BATCH_SECONDS),
             session_timeout_ms=knob(r.SINK_SESSION_TIMEOUT_MS),
             exit_after_insert=knob(r.SINK_EXIT_AFTER_INSERT),
+            readiness=ReadinessRule.parse(knob(r.READY_RULE)),
         )

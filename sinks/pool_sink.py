@@ -35,6 +35,7 @@ from clawr1.schemas.codec import AvroCodec, DecodeError, unpack_record
 from clawr1.sinks.batch import Batch, ColumnPart, Envelope, RowPart, TableRows
 from clawr1.sinks.columns import ColumnPlan
 from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.late_feedback import expired_feedback, rejoined_steps
 from clawr1.sinks.rows import (
     DEAD_LETTER_COLUMNS,
     DLQ_ROUTE,
@@ -45,6 +46,7 @@ from clawr1.sinks.rows import (
     RowError,
     TableRoute,
     sink_dead_letter_row,
+    step_row,
 )
 
 log = logging.getLogger("clawr1.sink")
@@ -66,6 +68,7 @@ class SinkStats:
     flushes: int = 0
     insert_failures: int = 0
     commit_failures: int = 0
+    late_feedback: int = 0  # step versions written for feedback the worker could no longer join
 
 
 def routes_for(config: SinkConfig) -> dict[str, TableRoute]:
@@ -157,6 +160,8 @@ class PoolSink:
             # A record of an envelope is cited alone: its own bytes, its place in the envelope.
             at = replace(origin, value=None, index=index,
                          cite=partial(self.codec.encode, route.schema, record)) if envelope else origin
+            if route is DLQ_ROUTE and (late := expired_feedback(record, self.codec)) is not None:
+                self._batch.late.append((at, late))
             try:
                 row = route.to_row(record, at, stamp)
             except (RowError, KeyError, TypeError) as exc:
@@ -264,6 +269,8 @@ class PoolSink:
             rows.restamp("ingested_at", stamp)
             if not self._insert_rows(table, rows, batch.dedup_token(table), stop):
                 return False
+        if batch.late and not self._join_late(batch, stamp, stop):
+            return False
         if self.config.exit_after_insert:
             log.warning("exit-after-insert hook: leaving before the commit")
             os._exit(EXIT_AFTER_INSERT_CODE)
@@ -274,6 +281,21 @@ class PoolSink:
         _observe_flush(batch, time.monotonic() - started)
         self._batch = Batch()
         return True
+
+    def _join_late(self, batch: Batch, stamp: int, stop: threading.Event) -> bool:
+        """The next version of each step that feedback in an ``expire`` dead letter names
+        (``clawr1.sinks.late_feedback``); False if stopped first."""
+        origin = batch.late[-1][0]
+        try:
+            records = rejoined_steps(self.store, [fact for _, fact in batch.late], self.config.readiness)
+        except PoolError as exc:  # the pool is away: the batch is retried, as an insert would be
+            log.error("late feedback could not be joined (retrying with the batch): %s", exc)
+            return False
+        rows = [step_row(record, origin, stamp) for record in records]
+        part = RowPart(tuple(STEPS_ROUTE.columns), rows, [origin] * len(rows))
+        self.stats.late_feedback += len(rows)
+        token = f"{batch.dedup_token(STEPS_ROUTE.table)}/late"
+        return self._insert_part(STEPS_ROUTE.table, part, token, stop)
 
     def _commit(self, batch: Batch) -> None:
         assert self._consumer is not None

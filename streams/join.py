@@ -194,6 +194,22 @@ def build_step(state: StepState, trajectory: TrajectoryState, rule: ReadinessRul
     return record
 
 
+def rejoin(row: dict[str, Any], fact: dict[str, Any], rule: ReadinessRule) -> dict[str, Any] | None:
+    """A step's next version from its last one (as the pool holds it) and feedback that came after the
+    worker let the step's state go: the fold of ``build_step`` over the facts the row records plus this
+    one. None when the row holds the fact already (a replay)."""
+    facts = json.loads(row["feedback_json"] or "[]")
+    on_trajectory = [f for f in facts if f["target_kind"] == "trajectory"]
+    on_step = [f for f in facts if f["target_kind"] != "trajectory"]
+    if not apply_feedback(on_trajectory if fact["target_kind"] == "trajectory" else on_step, fact):
+        return None
+    state = StepState(base=row, feedback=on_step, superseded=row["link_status"] == "superseded")
+    record = build_step(state, TrajectoryState(feedback=on_trajectory), rule)
+    assert record is not None  # it has its base
+    record["version"] = row["version"] + 1
+    return record
+
+
 def scope_of(record: dict[str, Any]) -> tuple[str, str]:
     """The prefix-tree merge scope of a step: its prompt group, else its trajectory."""
     if record["prompt_group_id"]:

@@ -347,7 +347,7 @@ STREAMS_REPLICATION = option("STREAMS_REPLICATION", int, -1,
                              "state changelog follows its input topics')", ("worker",))
 READY_RULE = option("READY_RULE", str, "tokens,final_outcome",
                     "what a step needs to be ready for training (comma-separated requirement words)",
-                    ("worker",))
+                    ("worker", "sink"))
 STREAMS_LINK_HORIZON_MS = option("STREAMS_LINK_HORIZON_MS", int, 24 * 3_600_000,
                                  "event-time age after which link state expires", ("worker",))
 STREAMS_MAX_LINKS = option("STREAMS_MAX_LINKS", int, 2048,
