@@ -552,7 +552,8 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=4, help="openai-SDK agents (half streamed)")
     parser.add_argument("--agent-turns", type=int, default=8, help="calls per agent conversation")
     parser.add_argument("--agent-think-s", type=float, default=0.0, help="an agent's pause between calls")
-    parser.add_argument("--senders", type=int, default=4, help="threads posting white-box groups")
+    parser.add_argument("--senders", type=int, default=4,
+                        help="threads posting groups (raise it where acknowledged falls short of offered)")
     parser.add_argument("--overload", type=float, default=0.0,
                         help="minutes at 2x the measured capacity after the soak (0: skip)")
     parser.add_argument("--capacity-minutes", type=float, default=1.0, help="the capacity phase's length")
