@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 import clawr1.gateway.client as client_module  # noqa: E402
 from bench.bench_pipeline import step  # noqa: E402
-from bench.bench_streams import rollout_steps  # noqa: E402
+from bench.bench_streams import posted_rollouts  # noqa: E402
 from bench.common import wait_port  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 
@@ -85,8 +85,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     shapes = {
         "whitebox": ([step("bc", i) for i in range(2000)], 100),
-        "rollouts": ([{k: v for k, v in s.items() if k not in ("step_id", "received_at_ms")}
-                      for s in rollout_steps("bc", 24)], 200),
+        "rollouts": (posted_rollouts("bc", 24), 200),
     }
     try:
         wait_port(port)

@@ -66,6 +66,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,7 +78,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 
-from bench.bench_streams import rollout_steps  # noqa: E402
+from bench.bench_streams import posted_rollouts  # noqa: E402
 from bench.common import (  # noqa: E402
     cpu_by_role,
     percentile,
@@ -104,15 +105,19 @@ def step(run: str, n: int, length: int = 10) -> dict[str, Any]:
 
 
 class Stack:
-    """``clawr1 up`` on a private data dir and free ports, with the stand-in engine as upstream."""
+    """``clawr1 up`` on a private data dir and free ports, with the stand-in engine as upstream; ``env``:
+    settings of the stack's own; its log is kept as ``kept_log`` (default: in bench/results/, by the
+    work dir's name)."""
 
-    def __init__(self, workdir: Path, kafka_nodes: int = 1, workers: int = 1) -> None:
+    def __init__(self, workdir: Path, kafka_nodes: int = 1, workers: int = 1,
+                 env: Mapping[str, str] | None = None, kept_log: Path | None = None) -> None:
         self.api_port, self.kafka_port = free_port(), free_ports(kafka_nodes)
         self.reverse_port, self.engine_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.bootstrap = ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(kafka_nodes))
         workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "CLAWR1_DATA_DIR": str(workdir / "data")}
+        self.data_dir = workdir / "data"
+        env = {**os.environ, **(env or {}), "CLAWR1_DATA_DIR": str(self.data_dir)}
         env.pop("CLAWR1_KAFKA_BOOTSTRAP", None)
         clawr1 = [sys.executable, "-m", "clawr1.cli"]
         self.engine = subprocess.Popen([*clawr1, "standin-engine", "--port", str(self.engine_port)], cwd=REPO,
@@ -126,6 +131,7 @@ class Stack:
              "--upstream", f"http://127.0.0.1:{self.engine_port}", "--workers", str(workers)],
             cwd=REPO, env=env, stdout=(workdir / "stack.log").open("wb"), stderr=subprocess.STDOUT)
         self.log = workdir / "stack.log"
+        self.kept_log = kept_log or RESULTS.with_name(f"bench_pipeline_stack_{workdir.name}.log")
 
     def wait_healthy(self, timeout: float = 240) -> None:
         deadline = time.monotonic() + timeout
@@ -162,8 +168,8 @@ class Stack:
         try:
             self._stop()
         finally:
-            RESULTS.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.log, RESULTS.with_name(f"bench_pipeline_stack_{self.log.parent.name}.log"))
+            self.kept_log.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.log, self.kept_log)
 
     def _stop(self) -> None:
         for process in (self.up, self.engine):
@@ -244,8 +250,7 @@ def rollouts_throughput(stack: Stack, n: int, batch: int) -> dict[str, Any]:
     """The same for GRPO rollouts (``bench_streams.rollout_steps``: groups of 8 rollouts of 8 turns,
     prompts growing from 1,024 tokens by 256 a turn) as a rollout worker posts them."""
     run = "br" + uuid.uuid4().hex[:8]
-    steps = [{k: v for k, v in s.items() if k not in ("step_id", "received_at_ms")}
-             for s in rollout_steps(run, max(1, n // 64))]
+    steps = posted_rollouts(run, max(1, n // 64))
     tokens = sum(len(s["prompt_token_ids"]) + len(s["response_token_ids"]) for s in steps)
     return {**posted_throughput(stack, run, steps, batch), "tokens_per_step": round(tokens / len(steps))}
 
@@ -275,35 +280,50 @@ def tool_output(i: int) -> str:
                      for line in range(24))
 
 
+def agent_calls(reverse_port: int, name: str, indices: Iterable[int], turns: int, sizes: list[int], *,
+                stream: bool = False, think_s: float = 0.0) -> None:
+    """One agent (its own openai SDK client, as ``X-Claw-Agent: name``) calling the proxy's reverse port
+    once per item of ``indices``, one call after another (``think_s`` apart), in conversations of
+    ``turns`` calls that each send the conversation so far (``turns`` 1: a short one-message call); each
+    answered call appends its messages' JSON size to ``sizes``. ``stream``: streamed calls."""
+    from openai import OpenAI
+
+    with OpenAI(base_url=f"http://127.0.0.1:{reverse_port}/v1", api_key="sk-bench",
+                default_headers={"X-Claw-Agent": name}) as client:
+        history: list[dict[str, str]] = []
+        size = 0  # of the history as JSON, grown by each message added (not dumped again per call)
+
+        def add(*messages: dict[str, str]) -> None:
+            nonlocal size
+            history.extend(messages)
+            size += sum(len(json.dumps(m)) for m in messages)
+
+        for n, i in enumerate(indices):
+            if n % turns == 0:
+                history, size = [], 0
+                add({"role": "system", "content": "bench" if turns == 1 else SYSTEM_PROMPT},
+                    {"role": "user", "content": f"{name} task {i}"})
+            if stream:
+                chunks = client.chat.completions.create(model="standin", messages=history, stream=True)
+                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            else:
+                reply = client.chat.completions.create(model="standin", messages=history)
+                text = reply.choices[0].message.content or ""
+            sizes.append(size + 2 * len(history))  # the list's brackets and separators
+            add({"role": "assistant", "content": text}, {"role": "user", "content": tool_output(i)})
+            if think_s:
+                time.sleep(think_s)
+
+
 def blackbox_throughput(stack: Stack, calls: int, agents: int, turns: int = 1) -> dict[str, Any]:
     """Calls/s proxied -> queryable with ``agents`` agents calling at once, and each call's costs. With
     ``turns`` > 1 each agent holds conversations of that many calls, each sending the conversation so
     far (the engine's replies and a tool output per turn) as agents do."""
-    from openai import OpenAI
-
     agent = "bb" + uuid.uuid4().hex[:8]
     sizes: list[int] = []
 
     def one_agent(index: int, name: str = agent) -> None:
-        with OpenAI(base_url=f"http://127.0.0.1:{stack.reverse_port}/v1", api_key="sk-bench",
-                    default_headers={"X-Claw-Agent": name}) as client:
-            history: list[dict[str, str]] = []
-            size = 0  # of the history as JSON, grown by each message added (not dumped again per call)
-
-            def add(*messages: dict[str, str]) -> None:
-                nonlocal size
-                history.extend(messages)
-                size += sum(len(json.dumps(m)) for m in messages)
-
-            for n, i in enumerate(range(index, calls, agents)):
-                if n % turns == 0:
-                    history, size = [], 0
-                    add({"role": "system", "content": "bench" if turns == 1 else SYSTEM_PROMPT},
-                        {"role": "user", "content": f"{name} task {i}"})
-                reply = client.chat.completions.create(model="standin", messages=history)
-                sizes.append(size + 2 * len(history))  # the list's brackets and separators
-                add({"role": "assistant", "content": reply.choices[0].message.content or ""},
-                    {"role": "user", "content": tool_output(i)})
+        agent_calls(stack.reverse_port, name, range(index, calls, agents), turns, sizes)
 
     # One call alone first, not counted: the SDK's response models are built lazily, and threads that
     # build them at once can fail ("BaseModel cannot be instantiated directly").

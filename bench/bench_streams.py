@@ -255,13 +255,13 @@ def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
 
 
 def rollout_steps(tag: str, groups: int, rollouts: int = 8, turns: int = 8, task: int = 1024,
-                  response: int = 128, tool: int = 128) -> list[dict[str, Any]]:
+                  response: int = 128, tool: int = 128, first: int = 0) -> list[dict[str, Any]]:
     """GRPO rollouts as a rollout worker posts them: ``groups`` prompt groups of ``rollouts`` each, every
     rollout ``turns`` steps whose prompt is the group's task (``task`` tokens) followed by each earlier
     turn's response and tool output (prompts grow turn by turn), a reward on the last turn; trajectory
-    after trajectory, as rollouts finish."""
+    after trajectory, as rollouts finish. Groups are numbered from ``first`` (their tokens differ)."""
     steps = []
-    for g in range(groups):
+    for g in range(first, first + groups):
         group = f"{tag}-g{g}"
         context = [(g * 7919 + k) % 32_000 for k in range(task)]
         for r in range(rollouts):
@@ -279,6 +279,12 @@ def rollout_steps(tag: str, groups: int, rollouts: int = 8, turns: int = 8, task
                               "agent": "bench"})
                 prompt += reply + [(seed * 13 + k) % 32_000 for k in range(tool)]
     return steps
+
+
+def posted_rollouts(tag: str, groups: int, first: int = 0) -> list[dict[str, Any]]:
+    """``rollout_steps`` as a client posts them to the gateway: without the ids and times it mints."""
+    return [{k: v for k, v in s.items() if k not in ("step_id", "received_at_ms")}
+            for s in rollout_steps(tag, groups, first=first)]
 
 
 def messages_written(bootstrap: str, suffix: str, app_id: str) -> dict[str, int]:

@@ -1,5 +1,6 @@
 """Small helpers the benchmarks share: a percentile, Kafka messages per topic, the records on a topic,
-CPU seconds per process, waiting for a port, a captured call. Free ports come from tests/support/ports.py."""
+CPU seconds and resident memory per process of a stack, bytes on disk, waiting for a port, a captured
+call. Free ports come from tests/support/ports.py."""
 
 from __future__ import annotations
 
@@ -95,15 +96,14 @@ def jit_cpu_s(pid: int, tasks: list[Path]) -> float:
     return total
 
 
-def cpu_by_role(pid: int) -> dict[str, float]:
-    """CPU seconds so far of ``pid`` and its live descendants, summed by role: ``clawr1 <role>`` processes
-    by their role, the Kafka broker as ``broker`` (a java process) with its JIT compiler threads apart as
-    ``broker_jit``, anything else by its program name."""
-    out: dict[str, float] = {}
+def stack_processes(pid: int) -> list[tuple[str, int]]:
+    """``pid`` and its live descendants, each with its role: ``clawr1 <role>`` processes by their role, the
+    Kafka broker (a java process) as ``broker``, anything else by its program name after its parent's
+    role (``proxy:python``: a process the proxy started)."""
+    found: list[tuple[str, int]] = []
 
-    def walk(p: int) -> None:
+    def walk(p: int, parent: str) -> None:
         try:
-            cpu = process_cpu_s(p)
             argv = Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace").split("\0")
             tasks = list(Path(f"/proc/{p}/task").iterdir())
         except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
@@ -112,22 +112,64 @@ def cpu_by_role(pid: int) -> dict[str, float]:
             role = argv[argv.index("clawr1.cli") + 1]
         elif Path(argv[0]).name == "java":
             role = "broker"
-            jit = jit_cpu_s(p, tasks)
-            out["broker_jit"] = out.get("broker_jit", 0.0) + jit
-            cpu -= jit
         else:
-            role = Path(argv[0]).name
-        out[role] = out.get(role, 0.0) + cpu
+            role = f"{parent}:{Path(argv[0]).name}" if parent else Path(argv[0]).name
+        found.append((role, p))
         for task in tasks:
             try:
                 children = (task / "children").read_text().split()
             except FileNotFoundError:
                 continue
             for child in children:
-                walk(int(child))
+                walk(int(child), role)
 
-    walk(pid)
+    walk(pid, "")
+    return found
+
+
+def cpu_by_role(pid: int) -> dict[str, float]:
+    """CPU seconds so far of ``pid`` and its live descendants, summed by role (``stack_processes``), the
+    broker's JIT compiler threads apart as ``broker_jit``."""
+    out: dict[str, float] = {}
+    for role, p in stack_processes(pid):
+        try:
+            cpu = process_cpu_s(p)
+            if role == "broker":
+                jit = jit_cpu_s(p, list(Path(f"/proc/{p}/task").iterdir()))
+                out["broker_jit"] = out.get("broker_jit", 0.0) + jit
+                cpu -= jit
+        except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+            continue
+        out[role] = out.get(role, 0.0) + cpu
     return out
+
+
+def rss_by_role(pid: int) -> dict[str, int]:
+    """Resident bytes of ``pid`` and its live descendants, summed by role (``stack_processes``)."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    out: dict[str, int] = {}
+    for role, p in stack_processes(pid):
+        try:
+            resident = int(Path(f"/proc/{p}/statm").read_text().split()[1]) * page
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out[role] = out.get(role, 0) + resident
+    return out
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes ``path`` (a file, or a folder and everything under it) takes on disk, as ``du`` counts them:
+    allocated blocks, so Kafka's preallocated, sparse index files count for what they hold."""
+    if path.is_file():
+        return path.lstat().st_blocks * 512
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:  # a segment deleted or a part merged meanwhile
+                continue
+    return total
 
 
 def wait_port(port: int, timeout: float = 30.0) -> None:
