@@ -323,19 +323,32 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
     from clawr1.pool.prune import PruneError, PruneFilter, parse_age, prune, report
-    from clawr1.pool.store import PoolError, PoolStore
+    from clawr1.pool.store import PoolError, PoolStore, is_embedded
 
     dsn = args.dsn or settings.pool_dsn
     try:
         where = PruneFilter(parse_age(args.older_than) if args.older_than else None,
                             args.policy_version_below, args.channel)
         where.condition()  # a prune without a filter is refused before the pool is opened
-        with PoolStore(dsn, cluster=settings.clickhouse_cluster) as store:
-            store.migrate()
-            counts = prune(store, where, dry_run=args.dry_run)
+    except PruneError as exc:
+        print(f"clawr1 prune: {exc}", file=sys.stderr)
+        return 2
+    try:
+        store = PoolStore(dsn, cluster=settings.clickhouse_cluster)
+    except PoolError as exc:
+        print(f"clawr1 prune: {exc}", file=sys.stderr)
+        if is_embedded(dsn):
+            print("clawr1 prune: it opens the embedded pool itself, so stop the stack that owns it first "
+                  "(the TTLs, CLAWR1_POOL_STEP_TTL_DAYS, run while it serves)", file=sys.stderr)
+        return 2
+    try:
+        store.migrate()
+        counts = prune(store, where, dry_run=args.dry_run)
     except (PruneError, PoolError) as exc:
         print(f"clawr1 prune: {exc}", file=sys.stderr)
         return 2
+    finally:
+        store.close()
     print(report(counts, args.dry_run))
     return 0
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -202,3 +205,19 @@ def test_the_prune_command_counts_then_deletes_and_refuses_without_a_filter(
     assert "prune needs a filter" in capsys.readouterr().err
     assert main(["prune", "--dsn", dsn, "--older-than", "30 days"]) == 2
     assert "e.g. 30d" in capsys.readouterr().err
+
+
+def test_the_prune_command_says_to_stop_the_stack_that_holds_the_embedded_pool(tmp_path: Path) -> None:
+    path = tmp_path / "pool"
+    hold = ("import time; from clawr1.pool.store import PoolStore; "
+            f"s = PoolStore('chdb://{path}'); s.migrate(); print('open', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "open\n"
+        done = subprocess.run([sys.executable, "-m", "clawr1.cli", "prune", "--dsn", f"chdb://{path}",
+                               "--channel", "val"], capture_output=True, text=True, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert done.returncode == 2
+    assert "stop the stack that owns it first" in done.stderr
