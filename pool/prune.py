@@ -14,8 +14,8 @@ given: it landed in the pool longer ago than ``older_than_s`` (``ingested_at``, 
 
 The keys are chosen once, into ``prune_keys``, before anything is deleted; every deletion then reads
 them, not the steps (a deletion whose subquery read the steps would see them change while the engine
-rewrites their parts one by one). Deletions are lightweight ``DELETE``s, the log first and the steps
-before what depends on them, so a consumer never reads a pruned step's entry with its step still there.
+rewrites their parts one by one). Deletions are lightweight ``DELETE``s: the log first, so no consumer
+is handed a step from the log's payload copy once the step is gone, then the steps, then what hangs on them.
 A version of a pruned step that lands after the keys were chosen stays (the step is back with it).
 
 The SQL builders are pure; ``prune`` is the adapter. On the embedded pool ``clawr1 prune`` opens the pool
