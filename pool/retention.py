@@ -13,7 +13,9 @@ showing the newest until it, too, expires. The id lookup keeps a day longer than
 (it knows only the day a row was indexed), so a step never outlives its lookup.
 
 TTLs are applied only where the table's own DDL differs from the settings: ``MODIFY TTL`` rewrites the
-table's parts in the background once (``materialize_ttl_after_modify``), which a start must not repeat.
+table's parts once (``materialize_ttl_after_modify``: without it, parts that never merge again would never
+expire), which a start must not repeat, and must not wait for either (``mutations_sync = 0``: chDB waits
+by default, 9 s per million small steps measured, far longer for a real pool).
 Rows go at merges (``merge_with_ttl_timeout``, 4 hours by default), not at the instant they expire.
 """
 
@@ -64,6 +66,9 @@ class Retention:
             "dead_letter_log": ttl("toDateTime(ingested_at)", self.dead_letter_days),
         }
 
+
+_IN_THE_BACKGROUND = {"mutations_sync": 0, "alter_sync": 0}
+"""The TTL's rewrite of the existing parts runs after the ``ALTER`` returns."""
 
 _TABLE_TTL = re.compile(r" TTL (.+?)(?: SETTINGS |$)")
 
@@ -116,5 +121,5 @@ def apply_retention(store: RetentionStore, retention: Retention) -> list[str]:
     for statement in statements:
         cluster = store.cluster
         for each in cluster_statements(statement, cluster, store.database) if cluster else [statement]:
-            store.command(each)
+            store.command(each, settings=_IN_THE_BACKGROUND)
     return statements
