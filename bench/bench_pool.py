@@ -22,7 +22,8 @@ Sections, each with a baseline measured in the same run:
   id-lookup latency (step, prompt, response, trajectory ids) and curated-scan latency (ready, final,
   one policy version) through the ``steps`` view, against the same lookup with skip indexes disabled;
   bytes on disk per token for the whole table, and for the pool with and without the delivery log's
-  payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``).
+  payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``); last, ``clawr1 prune``'s dry run and
+  prune of the first of the four policy versions (a quarter of the steps, with what hangs on them).
 
 Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 6 minutes on 2 cores; ``--flush-only``
 runs that section alone, about 2 minutes; ``--merges-only`` the merges, about 3 minutes);
@@ -45,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from clawr1.pool.migrations import DELIVERY_LOG, PAYLOAD_FIELDS, STEP_LOOKUP, id_lookup_sql
+from clawr1.pool.prune import PruneFilter, prune
 from clawr1.pool.store import PoolStore, is_embedded, quote_identifier
 from clawr1.schemas.codec import current_schema, pack_record
 from clawr1.sinks.columns import ColumnPlan
@@ -385,6 +387,16 @@ def bench_scale(store: PoolStore, steps: int, rng: np.random.Generator) -> dict[
           f"{result['table_bytes_per_token']} B/token for step_versions, "
           f"{result['pool_bytes_per_token']} B/token with {DELIVERY_LOG} and {STEP_LOOKUP} (raw: 4), "
           f"{result['pool_bytes_per_token_after_payload_ttl']} once the log's payload copy expired")
+    where = PruneFilter(policy_version_below=1)
+    planned: dict[str, int] = {}
+    deleted: dict[str, int] = {}
+    dry_run_s = timed(lambda: planned.update(prune(store, where, dry_run=True)))
+    prune_s = timed(lambda: deleted.update(prune(store, where)))
+    assert planned == deleted, (planned, deleted)
+    result["prune_policy_version_0"] = {"dry_run_s": round(dry_run_s, 2), "prune_s": round(prune_s, 2),
+                                        "rows": deleted}
+    print(f"  {steps:>9} steps: prune of policy version 0 ({deleted['step_versions']} steps): dry run "
+          f"{dry_run_s:.2f} s, prune {prune_s:.2f} s; rows {deleted}")
     return result
 
 

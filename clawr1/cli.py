@@ -78,6 +78,19 @@ def _build_parser() -> argparse.ArgumentParser:
     export.add_argument("--api-key", dest="api_key",
                         help="API key when the stack requires one (default: $CLAWR1_API_KEY, hidden from ps)")
 
+    prune = sub.add_parser("prune", help="delete step data by age, policy version or channel, with what "
+                                         "hangs on it (feedback, prefix trees, lookups); docs/pool.md")
+    _common(prune)
+    prune.add_argument("--dsn", help="a pool DSN (default: CLAWR1_CLICKHOUSE_DSN or the embedded pool, which "
+                                     "the stack that owns it must not hold open)")
+    prune.add_argument("--older-than", dest="older_than", metavar="AGE",
+                       help="steps whose newest version landed longer ago than AGE: 30d, 12h, 90m, 2w")
+    prune.add_argument("--policy-version-below", dest="policy_version_below", type=int, metavar="N",
+                       help="steps whose policy version is below N (steps without one are kept)")
+    prune.add_argument("--channel", help="steps of this data channel (train, val, ...)")
+    prune.add_argument("--dry-run", dest="dry_run", action="store_true",
+                       help="print the rows each table would lose; delete nothing")
+
     status = sub.add_parser("status", help="health of a running stack, its restarts and what its pool holds")
     _common(status)
     status.add_argument("--api", default=None)
@@ -209,6 +222,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1.gateway.metrics import RequestMetrics, metrics_router
     from clawr1.gateway.server import serve
     from clawr1.pool.api import pool_router
+    from clawr1.pool.retention import migrate_with_retention
     from clawr1.pool.sql import AnalystSql, SqlLimits
     from clawr1.pool.store import PoolStore
     from clawr1.sinks.config import SinkConfig
@@ -218,7 +232,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     data_dir = settings.data_dir.resolve()
     # Two stores on one DSN (allowed within a process): a long analyst query never stalls the sink.
     store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
-    store.migrate()
+    migrate_with_retention(store, settings)
     sink_store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
     analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
@@ -307,6 +321,38 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_prune(settings: Settings, args: argparse.Namespace) -> int:
+    from clawr1.pool.prune import PruneError, PruneFilter, parse_age, prune, report
+    from clawr1.pool.store import PoolError, PoolStore, is_embedded
+
+    dsn = args.dsn or settings.pool_dsn
+    try:
+        where = PruneFilter(parse_age(args.older_than) if args.older_than else None,
+                            args.policy_version_below, args.channel)
+        where.condition()  # a prune without a filter is refused before the pool is opened
+    except PruneError as exc:
+        print(f"clawr1 prune: {exc}", file=sys.stderr)
+        return 2
+    try:
+        store = PoolStore(dsn, cluster=settings.clickhouse_cluster)
+    except PoolError as exc:
+        print(f"clawr1 prune: {exc}", file=sys.stderr)
+        if is_embedded(dsn):
+            print("clawr1 prune: it opens the embedded pool itself, so stop the stack that owns it first "
+                  "(the TTLs, CLAWR1_POOL_STEP_TTL_DAYS, run while it serves)", file=sys.stderr)
+        return 2
+    try:
+        store.migrate()
+        counts = prune(store, where, dry_run=args.dry_run)
+    except (PruneError, PoolError) as exc:
+        print(f"clawr1 prune: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        store.close()
+    print(report(counts, args.dry_run))
+    return 0
+
+
 def _dump_threads_on_sigusr1() -> None:
     """`clawr1 up` sends SIGUSR1 before it kills a stuck role: where every thread was goes to the role's
     log (the process's own stderr, whatever ``sys.stderr`` was replaced with)."""
@@ -352,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
         return sql_main([*target, *key, "--format", args.format, *([args.query] if args.query else [])])
     if args.command == "export":
         return _cmd_export(args)
+    if args.command == "prune":
+        return _cmd_prune(settings, args)
     if args.command == "api":
         return _cmd_api(settings, [p for p in args.expect_parts.split(",") if p], with_sink=not args.no_sink)
     if args.command == "worker":

@@ -14,9 +14,10 @@ before it runs, so the single-node DDL in ``migrations.py`` stays the one descri
 - a materialized view runs on each node from ``T_local`` into the local table of its target, which
   is sharded the same way, so it never crosses shards; views are created on every node, and a view's
   ``MODIFY QUERY`` changes it on every node the same way;
-- ``ALTER TABLE T`` alters ``T_local`` and ``T`` alike; a backfill (``INSERT ... SELECT``) runs over the
-  Distributed tables with ``distributed_product_mode = 'local'``: its ``NOT IN`` subquery then reads each
-  shard's own rows, which is exact because source and target are sharded alike.
+- ``ALTER TABLE T`` alters ``T_local`` and ``T`` alike (a TTL, ``pool/retention.py``, only ``T_local``);
+  a backfill (``INSERT ... SELECT``) runs over the Distributed tables with ``distributed_product_mode =
+  'local'``: its ``NOT IN`` subquery then reads each shard's own rows, which is exact because source and
+  target are sharded alike.
 
 ``ClickHouseCluster`` writes the servers' config for a layout (``deploy/clickhouse/``, mounted by the
 ``cluster`` profile of docker-compose.yml): ``remote_servers``, the Keeper ensemble, the macros (from
@@ -42,6 +43,7 @@ SHARDING_KEYS: dict[str, str] = {
     # Its sort key's identity; its feeds write beside their step_versions rows (local to local).
     "delivery_log": "cityHash64(step_id)",
     "step_lookup": "cityHash64(trajectory_id)",
+    "prune_keys": "cityHash64(trajectory_id)",
     "consumer_commits": "cityHash64(group_name)",
     "consumer_positions": "cityHash64(group_name)",
     "consumer_presets": "cityHash64(name)",
@@ -58,6 +60,7 @@ _ENGINE = re.compile(r"\bENGINE = (\w*MergeTree)(?:\(([^()]*)\))?", re.IGNORECAS
 _CREATE_VIEW = re.compile(r"^(CREATE (?:OR REPLACE )?VIEW (?:IF NOT EXISTS )?)(\w+)( AS\b)", re.IGNORECASE)
 _CREATE_MV = re.compile(r"^(CREATE MATERIALIZED VIEW IF NOT EXISTS )(\w+) TO (\w+)( AS\b)", re.IGNORECASE)
 _MODIFY_QUERY = re.compile(r"^ALTER TABLE (\w+) MODIFY QUERY\b", re.IGNORECASE)
+_TTL = re.compile(r"^ALTER TABLE (\w+) ((?:MODIFY|REMOVE) TTL\b.*)", re.IGNORECASE | re.DOTALL)
 _ALTER = re.compile(r"^ALTER TABLE (\w+) ", re.IGNORECASE)
 _INSERT_SELECT = re.compile(r"^INSERT INTO \w+ .*\bSELECT\b", re.IGNORECASE | re.DOTALL)
 _DROP = re.compile(r"^DROP (VIEW|TABLE) IF EXISTS (\w+)$", re.IGNORECASE)
@@ -114,6 +117,8 @@ def cluster_statements(statement: str, cluster: str, database: str) -> list[str]
     if match := _MODIFY_QUERY.match(statement):  # a feed's query: like its CREATE, over the local tables
         body = _qualified_from(statement[match.end():], db, local=True)
         return [f"ALTER TABLE {db}.{match.group(1)} {on} MODIFY QUERY{body}"]
+    if match := _TTL.match(statement):  # rows live in the local tables; a Distributed table has no TTL
+        return [f"ALTER TABLE {db}.{match.group(1)}{LOCAL_SUFFIX} {on} {match.group(2)}"]
     if match := _ALTER.match(statement):
         table, change = match.group(1), statement[match.end():]
         return [f"ALTER TABLE {db}.{name} {on} {change}" for name in (f"{table}{LOCAL_SUFFIX}", table)]

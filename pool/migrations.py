@@ -62,6 +62,9 @@ STEP_LOOKUP = "step_lookup"
 """32-bit hashes of every step_id, prompt_id and response_id, each with the trajectory holding it."""
 _ID_HASH = "toUInt32(cityHash64({id}) % 4294967296)"
 
+PRUNE_KEYS = "prune_keys"
+"""The keys one ``clawr1 prune`` deletes (``clawr1.pool.prune``), fixed before anything is deleted."""
+
 _SINK_TABLE_SETTINGS = f"SETTINGS non_replicated_deduplication_window = {DEDUP_WINDOW}"
 
 # Columns mirror schemas/step.avsc field by field; see docs/pool.md for the type mapping.
@@ -452,6 +455,23 @@ DROP TABLE IF EXISTS {READY_QUEUE};
 ALTER TABLE {DELIVERY_LOG}_feed MODIFY QUERY
 {_delivery_select("now64(3)", "ready = 1")};
 DROP VIEW IF EXISTS {DELIVERY_LOG}_moves;
+"""),
+    # Retention (pool/retention.py) and prune (pool/prune.py). The id lookup gets the day each row was
+    # indexed, so it can expire with the steps it points at (rows written before carry the day of their
+    # first merge or TTL rewrite after this). Prune gets a table for the keys it deletes, filled before it
+    # deletes anything, so every table's deletion reads the same keys: a subquery over the steps themselves
+    # would change while their parts are rewritten one by one. Its rows expire after a day.
+    ("0014_retention", f"""
+ALTER TABLE {STEP_LOOKUP} ADD COLUMN IF NOT EXISTS indexed_on Date DEFAULT today();
+CREATE TABLE IF NOT EXISTS {PRUNE_KEYS} (
+    prune_id String,
+    kind LowCardinality(String),
+    trajectory_id String,
+    id String,
+    added_at DateTime DEFAULT now()
+) ENGINE = MergeTree
+ORDER BY (prune_id, kind, trajectory_id, id)
+TTL added_at + INTERVAL 1 DAY;
 """),
 ]
 

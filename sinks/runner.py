@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from clawr1.core.settings import Settings, load_settings
 from clawr1.core.signals import stop_on_signals
+from clawr1.pool.retention import migrate_with_retention
 from clawr1.pool.store import PoolStore
 from clawr1.schemas.codec import codec_for
 from clawr1.sinks.config import SinkConfig
@@ -33,6 +34,7 @@ def run_sink_process(settings: Settings) -> SinkStats:
     """Blocking: open the pool named by the settings and sink into it until SIGINT/SIGTERM."""
     stop = stop_on_signals()
     with PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster) as store:
+        migrate_with_retention(store, settings)  # the sink process owns the pool: it sets the TTLs
         return run_sink(settings, store, stop)
 
 

@@ -329,6 +329,19 @@ SINK_SESSION_TIMEOUT_MS = option("SINK_SESSION_TIMEOUT_MS", int, 10_000,
 SINK_EXIT_AFTER_INSERT = option("SINK_EXIT_AFTER_INSERT", bool, False,
                                 "test hook: exit right after a batch insert, before its commit", _SINK)
 
+# -- pool retention (pool/retention.py: set by the process that migrates the pool, at its start) -------
+
+POOL_STEP_TTL_DAYS = option("POOL_STEP_TTL_DAYS", int, 0,
+                            "days the pool keeps step data (steps, feedback, prefix trees, id lookup, "
+                            "consumer commits) after it landed; `0` = forever ([pool](pool.md))", _SINK,
+                            check=not_negative)
+POOL_DELIVERY_LOG_TTL_DAYS = option("POOL_DELIVERY_LOG_TTL_DAYS", int, 30,
+                                    "days the delivery log keeps an entry (ready polls deliver steps "
+                                    "from it); `0` = forever", _SINK, check=not_negative)
+POOL_DEAD_LETTER_TTL_DAYS = option("POOL_DEAD_LETTER_TTL_DAYS", int, 30,
+                                   "days the pool keeps a dead letter; `0` = forever", _SINK,
+                                   check=not_negative)
+
 # -- stream worker -----------------------------------------------------------------------------------
 
 STALL_S = option("STALL_S", float, 30.0,

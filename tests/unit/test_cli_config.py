@@ -51,7 +51,7 @@ def test_config_markdown_is_the_docs_table(clean_env: pytest.MonkeyPatch,
     assert capsys.readouterr().out == markdown_table()
 
 
-COMMANDS = ["config", "status", "worker", "sink", "rewarder", "proxy", "api", "kafka", "ca", "sql"]
+COMMANDS = ["config", "status", "worker", "sink", "rewarder", "proxy", "api", "kafka", "ca", "sql", "prune"]
 
 
 @pytest.mark.parametrize("command", COMMANDS)
