@@ -402,10 +402,10 @@ STREAMS_LINGER_MS = option("STREAMS_LINGER_MS", int, 5,
                            ("worker",), check=positive)
 STREAMS_LOG_LEVEL = option("STREAMS_LOG_LEVEL", str, "warning", "the worker's log level", ("worker",))
 STREAMS_STATE_TTL_S = option("STREAMS_STATE_TTL_S", int, 600,
-                             "the worker lets go of a trajectory's, a conversation's, a prompt group's and an "
-                             "index entry's state this long after its last event (tombstones on the "
-                             "changelog); what arrives for it later starts anew, flagged, and feedback for a "
-                             "step it no longer holds is a dead letter", ("worker",), check=positive)
+                             "the worker lets go of a trajectory's, a conversation's, a prompt group's and "
+                             "an index entry's state this long after its last event (tombstones on the "
+                             "changelog); what arrives for it later starts anew, flagged, and feedback for "
+                             "a step it no longer holds is joined in the pool", ("worker",), check=positive)
 STREAMS_ROCKSDB_CACHE_MB = option("STREAMS_ROCKSDB_CACHE_MB", int, 64,
                                   "RocksDB block cache of the worker's state, one for all its partitions",
                                   ("worker",), check=positive)
