@@ -444,7 +444,8 @@ RESTART_BACKOFF_S = option("RESTART_BACKOFF_S", float, 0.5,
                            "first restart delay of a role; doubles per exit within the window", ("up",))
 RESTART_MAX_BACKOFF_S = option("RESTART_MAX_BACKOFF_S", float, 30.0, "restart delay cap", ("up",))
 RESTART_LIMIT = option("RESTART_LIMIT", int, 5,
-                       "more exits of one role within the window is a crash loop: the stack stops", ("up",))
+                       "more exits of one role within the window is a crash loop: the stack stops (a kill of a worker "
+                       "the stall watch found stuck is restarted but not counted)", ("up",))
 RESTART_WINDOW_S = option("RESTART_WINDOW_S", float, 300.0, "the crash-loop window", ("up",))
 DEMO_ENGINE_PORT = option("DEMO_ENGINE_PORT", int, 8091, "`clawr1 up --demo`: the stand-in engine's port",
                           ("up",))
