@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -380,11 +380,13 @@ def _install_openapi(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
 def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readiness: Readiness | None = None,
                public_routers: Sequence[APIRouter] = (),
                topics: GatewayTopics | None = None,
-               producer_overrides: dict[str, Any] | None = None) -> FastAPI:
+               producer_overrides: dict[str, Any] | None = None,
+               pipeline: Mapping[str, Sequence[str]] | None = None) -> FastAPI:
     """The whole API app. With keys set, the routes of ``routers`` need a key of a kind ``ROUTE_KINDS``
     grants them; ``public_routers`` serve no data (the dashboard's page). Without keys only loopback
     ``Host`` names are answered. ``topics`` renames the raw topics (tests); ``producer_overrides`` go
-    to librdkafka as they are."""
+    to librdkafka as they are. ``pipeline``: the consumer groups a step passes through, with their input
+    topics, whose lag the backpressure bounds (default: the stream worker's on the raw topics)."""
     config = GatewayConfig.from_settings(settings)
     state = GatewayState(
         config=config,
@@ -406,8 +408,8 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
         await publisher.start()
         state.publisher = publisher
         if config.max_lag_s > 0:
-            state.backpressure = PipelineLag(config.bootstrap, config.streams_group, state.topics.raw(),
-                                             config.max_lag_s).start()
+            stages = pipeline or {config.streams_group: state.topics.raw()}
+            state.backpressure = PipelineLag(config.bootstrap, stages, config.max_lag_s).start()
         try:
             yield
         finally:

@@ -175,7 +175,7 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         elif call.status is not None and call.status >= 400:
             PROXY_CALLS_FAILED.labels(api=call.api, reason="http_error").inc()
 
-    lag = PipelineLag(config.bootstrap, config.streams_group, [config.topic], config.max_lag_s) \
+    lag = PipelineLag(config.bootstrap, {config.streams_group: [config.topic]}, config.max_lag_s) \
         if config.max_lag_s > 0 and config.streams_group else None
     emitter: Emitter[CapturedCall] = Emitter(
         bootstrap=config.bootstrap, topic=config.topic, spool_dir=config.spool_dir, prepare=prepare,

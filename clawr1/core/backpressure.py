@@ -1,19 +1,26 @@
 """Backpressure: a pipeline that falls behind slows its producers down, instead of letting its lag and
 freshness grow without bound while the ingest edge keeps accepting.
 
-How far behind is a time: how long the stream worker's group needs to reach what waits on the raw
-topics now. From two cheap numbers per look (no record is read): the records behind (end of log minus
-the group's committed offset, summed) and the rate the group committed at over the last ``window_s``,
-``behind / rate``; capped by the time since the group was last seen caught up, which bounds the age of
-anything waiting (a burst after an idle spell is not "behind" because the rate was 0 a moment ago, and a
-worker that stopped is as far behind as the time since it last had nothing to do). Raw topics only:
-their producers write no transaction markers, so a caught-up group is behind by exactly 0.
+How far behind is a time, summed over the pipeline's stages (the consumer groups a step passes
+through: the stream worker on the raw topics and its own work topic, the pool's sink on the worker's
+outputs): per stage, how long its group needs to reach what waits for it now. From two cheap numbers
+per look (no record is read): the records behind (end of log minus the group's committed offset, summed)
+and the rate the group committed at over the last ``window_s``, ``behind / rate``; capped by the time
+since the group was last seen caught up, which bounds the age of anything waiting (a burst after an idle
+spell is not "behind" because the rate was 0 a moment ago, and a worker that stopped is as far behind as
+the time since it last had nothing to do). A partition behind by one offset only is caught up: that is
+the commit marker a transactional producer (the worker) leaves after its last records.
 
-``LagClock`` (the estimate) and ``LagGate`` (the refusal, with hysteresis: it closes above the bound
-and opens again below ``resume_ratio`` of it, so it does not flap) are pure; ``PipelineLag`` samples the
+``LagGate`` closes at ``close_ratio`` of the bound, not at the bound itself: what was accepted before it
+closed still has its way to go, and a raw record becomes work-topic records, which wait again (in a run
+at about twice the worker's capacity the lag went on to 1.6-1.9 times what it was when the gate closed,
+sampled once a second). The rest of the bound is that margin, so the lag, and the freshness of what was
+accepted, stay under it. It opens again at ``resume_ratio``, so it does not flap.
+
+``LagClock`` (the estimate) and ``LagGate`` (the refusal) are pure; ``PipelineLag`` samples the
 offsets on a daemon thread, at most every ``interval_s``, so a request only reads the latest verdict.
-Before the group has committed anything on the watched topics the lag is unknown and nothing is held
-back (no worker has consumed them yet: a stall, which /healthz names, not an overload).
+A stage whose group has committed nothing on its topics yet adds nothing (no worker or sink has consumed
+them: a stall, which /healthz names, not an overload); with no stage known, nothing is held back.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from clawr1.core.progress import Offsets, Partition, group_offsets, group_reader
 
 log = logging.getLogger(__name__)
 
-RESUME_RATIO = 0.5
+CLOSE_RATIO = 0.4
+RESUME_RATIO = 0.2
 WINDOW_S = 10.0
 _WARN_EVERY_S = 30.0
 
@@ -59,7 +67,7 @@ class LagClock:
         self._history.append((now, self._consumed))
         while len(self._history) > 2 and now - self._history[1][0] >= self.window_s:
             self._history.popleft()
-        behind = sum(at.lag for at in offsets.values())
+        behind = sum(at.lag for at in offsets.values() if at.lag > 1)  # 1: a trailing commit marker
         if behind == 0 or self._caught_up_at is None:
             self._caught_up_at = now
         if behind == 0:
@@ -85,9 +93,11 @@ class Verdict:
 
 @dataclass
 class LagGate:
-    """Closes above ``bound_s``, opens again at or below ``resume_ratio`` of it; a bound of 0 never closes."""
+    """Closes above ``close_ratio`` of ``bound_s``, opens again at or below ``resume_ratio`` of it; a bound of
+    0 never closes."""
 
     bound_s: float
+    close_ratio: float = CLOSE_RATIO
     resume_ratio: float = RESUME_RATIO
     verdict: Verdict = field(default_factory=Verdict)
 
@@ -95,7 +105,7 @@ class LagGate:
         """Fold in a new lag (None: unknown, which holds nothing back)."""
         lag = 0.0 if lag_s is None else lag_s
         resume = self.bound_s * self.resume_ratio
-        limit = resume if self.verdict.closed else self.bound_s
+        limit = resume if self.verdict.closed else self.bound_s * self.close_ratio
         closed = self.bound_s > 0 and lag > limit
         # Until the lag is back at the resume mark, at a second per second: from 1 s up to the bound.
         wait = math.ceil(min(max(lag - resume, 1.0), max(self.bound_s, 1.0)))
@@ -103,18 +113,24 @@ class LagGate:
         return self.verdict
 
 
-class PipelineLag:
-    """Samples ``group``'s lag on ``topics`` every ``interval_s`` on a daemon thread; ``verdict()`` is the
-    latest. A failed look keeps the last verdict (Kafka away is the publisher's 503 to tell)."""
+def pipeline_lag(lags: Iterable[float | None]) -> float | None:
+    """The stages' lags summed (a step waits at each in turn); None when no stage is known."""
+    known = [lag for lag in lags if lag is not None]
+    return sum(known) if known else None
 
-    def __init__(self, bootstrap: str, group: str, topics: Iterable[str], bound_s: float,
+
+class PipelineLag:
+    """Samples the lag of each stage (``stages``: consumer group -> its input topics) every ``interval_s`` on
+    a daemon thread; ``verdict()`` is the latest. A failed look keeps the last verdict (Kafka away is the
+    publisher's 503 to tell)."""
+
+    def __init__(self, bootstrap: str, stages: Mapping[str, Iterable[str]], bound_s: float,
                  interval_s: float = 1.0) -> None:
         self.bound_s = bound_s
         self._bootstrap = bootstrap
-        self._group = group
-        self._topics = list(topics)
+        self._stages = {group: list(topics) for group, topics in stages.items()}
         self._interval_s = interval_s
-        self._clock = LagClock()
+        self._clocks = {group: LagClock() for group in self._stages}
         self._gate = LagGate(bound_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="clawr1-pipeline-lag", daemon=True)
@@ -132,25 +148,29 @@ class PipelineLag:
         return self._gate.verdict
 
     def _run(self) -> None:
-        reader = group_reader(self._bootstrap, self._group)
+        readers = {group: group_reader(self._bootstrap, group) for group in self._stages}
         try:
             while not self._stop.wait(self._interval_s):
-                self._look(reader)
+                self._look(readers)
         finally:
-            reader.close()
+            for reader in readers.values():
+                reader.close()
 
-    def _look(self, reader: Consumer) -> None:
+    def _look(self, readers: Mapping[str, Consumer]) -> None:
         try:
-            offsets = group_offsets(reader, self._topics)
+            offsets = {group: group_offsets(readers[group], topics) for group, topics in self._stages.items()}
         except Exception as exc:  # noqa: BLE001 - Kafka away: the last verdict stands
             now = time.monotonic()
             if now - self._warned >= _WARN_EVERY_S:
                 self._warned = now
-                log.warning("cannot read the lag of consumer group %s: %s", self._group, exc)
+                log.warning("cannot read the pipeline's lag (%s): %s", ", ".join(self._stages), exc)
             return
+        now = time.monotonic()
         was = self._gate.verdict.closed
-        verdict = self._gate.update(self._clock.observe(time.monotonic(), offsets))
+        lags = {group: self._clocks[group].observe(now, looked) for group, looked in offsets.items()}
+        verdict = self._gate.update(pipeline_lag(lags.values()))
         PIPELINE_LAG_SECONDS.set(min(verdict.lag_s, 1e9))
         if verdict.closed != was:
-            log.warning("consumer group %s is %s: %s", self._group, f"{verdict.lag_s:.1f}s behind",
+            log.warning("the pipeline is %.1fs behind (%s): %s", verdict.lag_s,
+                        ", ".join(f"{g} {lag:.1f}s" for g, lag in lags.items() if lag is not None),
                         "refusing new work (429)" if verdict.closed else "accepting again")
