@@ -12,10 +12,11 @@ the time since it last had nothing to do). A partition behind by one offset only
 the commit marker a transactional producer (the worker) leaves after its last records.
 
 ``LagGate`` closes at ``close_ratio`` of the bound, not at the bound itself: what was accepted before it
-closed still has its way to go, and a raw record becomes work-topic records, which wait again (in a run
-at about twice the worker's capacity the lag went on to 1.6-1.9 times what it was when the gate closed,
-sampled once a second). The rest of the bound is that margin, so the lag, and the freshness of what was
-accepted, stay under it. It opens again at ``resume_ratio``, so it does not flap.
+closed still has its way to go, and a raw record becomes work-topic records, which wait again (offered
+more than the worker could take, the lag went on to 1.6-1.9 times what it was when a gate closing at the
+bound closed, sampled once a second: bench/RESULTS.md, "Overload"). The rest of the bound is that
+margin, so the lag, and the freshness of what was accepted, stay under it while the pipeline's capacity
+holds. It opens again at ``resume_ratio``, so it does not flap.
 
 ``LagClock`` (the estimate) and ``LagGate`` (the refusal) are pure; ``PipelineLag`` samples the
 offsets on a daemon thread, at most every ``interval_s``, so a request only reads the latest verdict.

@@ -257,9 +257,9 @@ IDEMPOTENCY_MAX_KEYS = option("IDEMPOTENCY_MAX_KEYS", int, 100_000, "keys kept b
 IDEMPOTENCY_MAX_BYTES = option("IDEMPOTENCY_MAX_BYTES", int, 64 * 1024 * 1024,
                                "bytes kept by the replay store", ("api",), check=positive)
 MAX_LAG_S = option("MAX_LAG_S", float, 30.0,
-                   "backpressure: while the stream worker is this far behind on the raw topics (s), the "
-                   "ingest routes answer 429 with Retry-After and the proxy holds its captures in its "
-                   "spool; they resume below half of it (0: never)", ("api", "proxy"), check=not_negative)
+                   "backpressure: the bound on the pipeline's lag (s; the worker's and the sink's): from 40% "
+                   "of it the ingest routes answer 429 with Retry-After and the proxy holds its captures in "
+                   "its spool, until it is under 20% (0: never)", ("api", "proxy"), check=not_negative)
 OTLP_JOIN_WAIT_S = option("OTLP_JOIN_WAIT_S", float, 3.0,
                           "how long a GenAI span whose messages travel as OTLP log events waits for them "
                           "before it lands without content (0: never waits)", ("api",), check=not_negative)
