@@ -190,17 +190,15 @@ def _cmd_kafka(settings: Settings) -> int:
                           settings.kafka_nodes)
 
 
-def _watched_groups(settings: Settings, with_sink: bool,
-                    parts: list[str]) -> dict[str, tuple[str, list[str]]]:
-    """The consumer groups whose progress decides a part's health: group -> (part, input topics)."""
+def _pipeline_groups(settings: Settings, with_sink: bool) -> dict[str, tuple[str, list[str]]]:
+    """The consumer groups a step passes through: group -> (part, input topics). Their progress decides
+    a part's health; their lag, the API's backpressure."""
     from clawr1.sinks.config import SinkConfig
     from clawr1.sinks.pool_sink import routes_for
     from clawr1.streams.config import StreamConfig
 
-    groups: dict[str, tuple[str, list[str]]] = {}
-    if "worker" in parts:
-        worker = StreamConfig.from_settings(settings)
-        groups[worker.app_id] = ("worker", worker.topics.inputs())
+    worker = StreamConfig.from_settings(settings)
+    groups = {worker.app_id: ("worker", worker.topics.inputs())}
     if with_sink:
         sink = SinkConfig.from_settings(settings)
         groups[sink.group_id] = ("sink", list(routes_for(sink)))
@@ -245,7 +243,9 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     if with_sink:
         sink.start()
 
-    watched = _watched_groups(settings, with_sink, expect_parts)
+    pipeline = _pipeline_groups(settings, with_sink)
+    watched = {group: (part, topics) for group, (part, topics) in pipeline.items()
+               if part != "worker" or part in expect_parts}
     progress = ProgressWatch(settings.bootstrap_servers,
                              {group: topics for group, (_, topics) in watched.items()},
                              settings.role_setting(registry.STALL_S)).start()
@@ -269,6 +269,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
                  metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,
+        pipeline={group: topics for group, (_, topics) in pipeline.items()},
     )
     app.add_middleware(RequestMetrics, app_name="api")
     interval = sample_interval(settings)

@@ -7,6 +7,7 @@ the health answer reflects processes it does not own without any extra RPC.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -60,6 +61,16 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def ready_for_s(data_dir: Path, part: str) -> float | None:
+    """How long ago the part (its live process) marked itself ready; None while it is not."""
+    path = _run_dir(data_dir) / f"{part}.ready"
+    try:
+        pid, marked = int(path.read_text().strip()), path.stat().st_mtime
+    except (FileNotFoundError, ValueError):
+        return None
+    return max(0.0, time.time() - marked) if _alive(pid) else None
 
 
 def is_ready(data_dir: Path, part: str) -> bool:

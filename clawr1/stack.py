@@ -49,8 +49,10 @@ def _cli_role(name: str, args: list[str], env: dict[str, str], data_dir: Path) -
 
 def _reported(data_dir: Path, part: str, check: Callable[[float], str | None],
               started_at: float) -> str | None:
-    """``check``'s verdict, and /healthz names the part with it until the part is ready again."""
-    reason = check(started_at)
+    """``check``'s verdict, and /healthz names the part with it until the part is ready again. The check's
+    clock starts when this process of the part marked itself ready (its start until then)."""
+    ready_for = readiness.ready_for_s(data_dir, part)
+    reason = check(started_at if ready_for is None else max(started_at, time.monotonic() - ready_for))
     if reason is not None:
         readiness.report_problem(data_dir, part, reason)
     return reason

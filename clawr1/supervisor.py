@@ -1,8 +1,13 @@
 """Keeps the roles of ``clawr1 up`` running: a role that dies is restarted with backoff until it
 crash-loops, then the stack stops with the reason.
 
-The decision (restart after how long, or give up) is a pure function of a role's recent exit times
-(``RestartPolicy.decide``), so it is tested without processes. ``Supervisor`` applies it to roles
+A role its health check calls stuck (a worker that committed nothing while its input waited) is killed
+and restarted with the same backoff, but such kills are not crashes: they never count toward the
+crash-loop limit, so an overloaded machine that slows a worker down cannot stop the whole stack. A role
+that stays stuck is restarted, at most every ``max_backoff_s``, and /healthz names it all along.
+
+The decision (restart after how long, or give up) is a pure function of a role's recent crash and kill
+times (``RestartPolicy.decide``), so it is tested without processes. ``Supervisor`` applies it to roles
 through a thin adapter (``ProcessRole``: one child process, its stderr forwarded and its last lines
 kept for the crash report) and records what it sees in ``run/supervisor.json`` for ``clawr1 status``,
 which is the only witness while the API process itself is down.
@@ -35,28 +40,31 @@ DUMP_WAIT_S = 1.0  # for a stuck process's thread dump to reach its log before t
 class Decision:
     restart: bool
     delay_s: float
-    recent_exits: int
+    recent_exits: int  # crashes within the window (what the limit counts)
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    """Restart after ``backoff_s`` doubling per exit within ``window_s`` (capped at ``max_backoff_s``);
-    more than ``max_restarts`` exits within the window is a crash loop: restarting again would only
-    hide a fault that needs a person."""
+    """Restart after ``backoff_s`` doubling per exit (crash or kill) within ``window_s`` (capped at
+    ``max_backoff_s``); more than ``max_restarts`` crashes within the window is a crash loop: restarting
+    again would only hide a fault that needs a person. Kills of a stuck role are not counted there: a
+    process that was alive and slow is not a fault of its setup."""
 
     backoff_s: float = registry.RESTART_BACKOFF_S.default
     max_backoff_s: float = registry.RESTART_MAX_BACKOFF_S.default
     max_restarts: int = registry.RESTART_LIMIT.default
     window_s: float = registry.RESTART_WINDOW_S.default
 
-    def decide(self, exits: Sequence[float], now: float) -> Decision:
-        """``exits``: the role's exit times, the one just seen included."""
+    def decide(self, exits: Sequence[float], now: float, kills: Sequence[float] = ()) -> Decision:
+        """``exits``: the role's crash times, ``kills``: the times it was killed as stuck, the one just seen
+        included in either."""
         recent = sum(1 for t in exits if now - t < self.window_s)
         if recent > self.max_restarts:
             return Decision(False, 0.0, recent)
         # The ceiling, not a draw under it: a restart is one process, not a crowd of clients to spread, and
         # a jittered delay near zero would restart a crash at once.
-        delay = Backoff(self.backoff_s, self.max_backoff_s).ceiling(max(1, recent))
+        restarts = recent + sum(1 for t in kills if now - t < self.window_s)
+        delay = Backoff(self.backoff_s, self.max_backoff_s).ceiling(max(1, restarts))
         return Decision(True, delay, recent)
 
     @classmethod
@@ -180,7 +188,8 @@ class _Watch:
     health: Callable[[float], str | None] | None = None
     grace_s: float = 0.0
     started_at: float = 0.0
-    exits: list[float] = field(default_factory=list)
+    exits: list[float] = field(default_factory=list)  # crashes
+    kills: list[float] = field(default_factory=list)  # killed as stuck
     restart_at: float | None = None
     restarts: int = 0
     last_exit: str = ""
@@ -210,9 +219,9 @@ class Supervisor:
         """Start ``role``; on stop, higher tiers stop first (the broker, tier 0, outlives its clients).
 
         ``health(started_at)`` says why the running role is stuck, if it is (``started_at`` is its start on
-        the supervisor's clock): such a role is killed and restarted
-        like one that died (the same backoff and crash-loop limit), once it has had ``grace_s`` since
-        its start to make progress."""
+        the supervisor's clock): such a role is killed and restarted with the same backoff as one that
+        died (but the kill is no crash: the crash-loop limit does not count it), once it has had
+        ``grace_s`` since its start to make progress."""
         role.start()
         self._watches.append(_Watch(role, tier, health, grace_s, self._clock()))
         self._write_state()
@@ -228,7 +237,8 @@ class Supervisor:
                     continue
                 changed = True
                 watch.role.exited()
-                problem = self._exited(watch, reason, now, restarting or code is None or code < 0)
+                problem = self._exited(watch, reason, now, restarting or code is None or code < 0,
+                                       killed=code is None)
             elif now >= watch.restart_at:
                 changed = True
                 problem = self._restart(watch, now, restarting)
@@ -251,15 +261,18 @@ class Supervisor:
         watch.role.kill()
         return f"stuck ({problem}), killed"
 
-    def _exited(self, watch: _Watch, reason: str, now: float, restarting: bool) -> str | None:
+    def _exited(self, watch: _Watch, reason: str, now: float, restarting: bool,
+                killed: bool = False) -> str | None:
+        """``killed``: by the health check (stuck), not a crash."""
         name = watch.role.name
-        watch.exits = [t for t in watch.exits if now - t < self.policy.window_s] + [now]
+        watch.exits = [t for t in watch.exits if now - t < self.policy.window_s] + ([] if killed else [now])
+        watch.kills = [t for t in watch.kills if now - t < self.policy.window_s] + ([now] if killed else [])
         watch.last_exit = reason
         tail = "\n".join(f"    {line}" for line in watch.role.last_lines())
         tail = f"; its last lines:\n{tail}" if tail else ""
         if not restarting:
             return f"{name} {reason} during start-up{tail}"
-        decision = self.policy.decide(watch.exits, now)
+        decision = self.policy.decide(watch.exits, now, watch.kills)
         if not decision.restart:
             return (f"{name} {reason}, exit {decision.recent_exits} within {self.policy.window_s:.0f}s "
                     f"(limit {self.policy.max_restarts} restarts): a crash loop, giving up{tail}")

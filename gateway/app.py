@@ -10,7 +10,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from functools import partial
@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel
 
+from clawr1.core.backpressure import PipelineLag
 from clawr1.core.envelopes import by_partition, fit, halved
 from clawr1.core.settings import Settings
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
@@ -87,6 +88,8 @@ class GatewayState:
     codec: AvroCodec
     readiness: Readiness | None
     publisher: KafkaPublisher | None = None
+    # The stream worker's lag, sampled while the app runs (None: CLAWR1_MAX_LAG_S is 0).
+    backpressure: PipelineLag | None = None
     # Plain white-box steps skip the per-step models (False: the schema is not the one it fills).
     fast_steps: bool = False
 
@@ -136,6 +139,17 @@ def _require_json(request: Request) -> None:
     if media != "application/json" and not media.endswith("+json"):
         raise ApiError(415, "unsupported_media_type",
                        f"send the body as application/json (got {media or 'no Content-Type'})")
+
+
+def admit(state: GatewayState) -> None:
+    """429 with Retry-After while the pipeline is behind past ``CLAWR1_MAX_LAG_S``: the caller keeps the
+    work and sends it later, instead of the lag and the freshness of what is taken growing without bound."""
+    if state.backpressure is None:
+        return
+    verdict = state.backpressure.verdict()
+    if verdict.closed:
+        raise ApiError(429, "pipeline_behind", verdict.reason(state.backpressure.bound_s),
+                       headers={"Retry-After": str(verdict.retry_after_s)})
 
 
 def _unavailable(message: str, retry_after_s: int) -> ApiError:
@@ -218,9 +232,10 @@ async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name:
 
 async def publish(state: GatewayState, messages: list[OutMessage]) -> None:
     """Produce and wait for the broker's acknowledgement of every message; ``ApiError`` (503, 413)
-    when it cannot. An envelope Kafka finds too large is sent again in smaller ones: only a record too
-    large on its own is a 413."""
+    when it cannot, 429 while the pipeline is behind (``admit``). An envelope Kafka finds too large is
+    sent again in smaller ones: only a record too large on its own is a 413."""
     config = state.config
+    admit(state)
     if state.publisher is None:
         raise _unavailable("the gateway is starting or stopping", config.retry_after_s)
     while messages:
@@ -252,6 +267,7 @@ def _smaller(state: GatewayState, refused: RecordTooLarge) -> list[OutMessage]:
 async def accept(request: Request, ingest: Ingest, source_name: str, idempotency_key: str | None) -> Response:
     """Validate, produce, and answer 202 once Kafka acknowledged; replay the answer for a reused key."""
     state = gateway_state(request)
+    admit(state)  # before the body is parsed: refusing costs next to nothing
     _require_json(request)
     raw = await request.body()
     scope = (source_name, ingest.kind, idempotency_key) if idempotency_key else None
@@ -284,6 +300,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "the key's kinds do not grant this route",
         409: "the same Idempotency-Key is still in flight", 413: "body, batch or record too large",
         415: "not application/json", 422: "invalid fields (each named with its reason)",
+        429: "the pipeline is behind past CLAWR1_MAX_LAG_S: retry after Retry-After seconds",
         503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
     }.items()
 }
@@ -363,11 +380,13 @@ def _install_openapi(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
 def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readiness: Readiness | None = None,
                public_routers: Sequence[APIRouter] = (),
                topics: GatewayTopics | None = None,
-               producer_overrides: dict[str, Any] | None = None) -> FastAPI:
+               producer_overrides: dict[str, Any] | None = None,
+               pipeline: Mapping[str, Sequence[str]] | None = None) -> FastAPI:
     """The whole API app. With keys set, the routes of ``routers`` need a key of a kind ``ROUTE_KINDS``
     grants them; ``public_routers`` serve no data (the dashboard's page). Without keys only loopback
     ``Host`` names are answered. ``topics`` renames the raw topics (tests); ``producer_overrides`` go
-    to librdkafka as they are."""
+    to librdkafka as they are. ``pipeline``: the consumer groups a step passes through, with their input
+    topics, whose lag the backpressure bounds (default: the stream worker's on the raw topics)."""
     config = GatewayConfig.from_settings(settings)
     state = GatewayState(
         config=config,
@@ -388,10 +407,16 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
             producer_overrides=producer_overrides)
         await publisher.start()
         state.publisher = publisher
+        if config.max_lag_s > 0:
+            stages = pipeline or {config.streams_group: state.topics.raw()}
+            state.backpressure = PipelineLag(config.bootstrap, stages, config.max_lag_s).start()
         try:
             yield
         finally:
             state.publisher = None
+            if state.backpressure is not None:
+                await asyncio.to_thread(state.backpressure.stop)
+                state.backpressure = None
             await publisher.close()
 
     app = FastAPI(title="Claw-R1 API", version="1",
@@ -406,7 +431,8 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
         app.add_middleware(LoopbackHostMiddleware)  # outermost: a rebinding page gets nothing, not even 413
     app.include_router(ingest_router(config.max_batch, state.keys))
     otlp = OtlpIngest(lambda messages: publish(state, messages), state.codec, state.topics.events,
-                      RAW_EVENTS.schema, config.max_request_bytes, config.max_batch, config.otlp_join_wait_s)
+                      RAW_EVENTS.schema, config.max_request_bytes, config.max_batch, config.otlp_join_wait_s,
+                      admit=partial(admit, state))
     app.include_router(otlp_router(otlp, authorizer(state.keys)))
     app.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health, tags=["health"],
                       responses={503: {"model": Health, "description": "a part is not ready"}})

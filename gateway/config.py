@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from clawr1.core import registry
 from clawr1.core.settings import Settings
-from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
+from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_LLM, RAW_STEPS
 
 # The variables' names, for tests that set them in ``Settings.extra``.
 MAX_IN_FLIGHT_ENV = registry.GATEWAY_MAX_IN_FLIGHT.name
@@ -28,9 +28,15 @@ class GatewayTopics:
     steps: str = RAW_STEPS.name
     feedback: str = RAW_FEEDBACK.name
     events: str = RAW_EVENTS.name
+    llm: str = RAW_LLM.name  # the proxy's: not written here, but watched for the pipeline's lag
 
     def names(self) -> list[str]:
+        """The topics the gateway writes."""
         return [self.steps, self.feedback, self.events]
+
+    def raw(self) -> list[str]:
+        """Every raw topic the stream worker reads: how far behind it is there is the pipeline's lag."""
+        return [*self.names(), self.llm]
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,9 @@ class GatewayConfig:
     idempotency_max_bytes: int
     otlp_join_wait_s: float = registry.OTLP_JOIN_WAIT_S.default
     retry_after_s: int = 1
+    # Backpressure (clawr1.core.backpressure): 429 while the worker's group is this far behind (0: never).
+    max_lag_s: float = registry.MAX_LAG_S.default
+    streams_group: str = registry.STREAMS_APP_ID.default
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
@@ -69,6 +78,8 @@ class GatewayConfig:
             idempotency_max_keys=knob(registry.IDEMPOTENCY_MAX_KEYS),
             idempotency_max_bytes=knob(registry.IDEMPOTENCY_MAX_BYTES),
             otlp_join_wait_s=knob(registry.OTLP_JOIN_WAIT_S),
+            max_lag_s=knob(registry.MAX_LAG_S),
+            streams_group=knob(registry.STREAMS_APP_ID),
         )
 
 

@@ -16,11 +16,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from clawr1.core.registry import (
+    MAX_LAG_S,
     PROXY_ALLOW,
     PROXY_BATCH_CALLS,
     PROXY_BATCH_MS,
     PROXY_INSTANCE,
     PROXY_PROCESSES,
+    STREAMS_APP_ID,
     UPSTREAM_CA_FILE,
     UPSTREAM_INSECURE,
 )
@@ -75,6 +77,9 @@ class ProxyConfig:
     processes: int = 1
     batch_s: float = 0.0
     batch_calls: int = 1
+    # Backpressure: captures stay spooled while the worker's group is this far behind (0: never).
+    max_lag_s: float = MAX_LAG_S.default
+    streams_group: str = STREAMS_APP_ID.default
 
 
 def confdir(settings: Settings) -> Path:
@@ -165,6 +170,8 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         processes=processes,
         batch_s=settings.role_setting(PROXY_BATCH_MS) / 1000,
         batch_calls=settings.role_setting(PROXY_BATCH_CALLS),
+        max_lag_s=settings.role_setting(MAX_LAG_S),
+        streams_group=settings.role_setting(STREAMS_APP_ID),
     )
 
 

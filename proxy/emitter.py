@@ -4,6 +4,8 @@ The proxy's event loop only calls ``submit`` (a queue put). The thread builds an
 writes them to the spool (fsync'd), hands them to an idempotent confluent-kafka producer and drops
 them from the spool once Kafka confirms the message that carried them. If Kafka is down or slow,
 records wait in the spool and go out when it answers again; agent traffic never waits for any of it.
+So do they while ``paused`` says so (the pipeline is behind past ``CLAWR1_MAX_LAG_S``: backpressure,
+``clawr1.core.backpressure``): captured and spooled as ever, sent once the worker has caught up.
 
 Envelopes: given ``combine``, records bound for one partition (their key hashed as Kafka's
 partitioner does, over the topic's partition count as the broker has it) are held up to ``batch_s``
@@ -67,18 +69,21 @@ _Envelope = tuple[int, Sequence[SpoolRecord], bytes]
 
 class Emitter(Generic[T]):
     """``prepare`` turns a submitted item into (key, value bytes); it runs on the emitter thread.
-    ``combine`` makes one message of several spooled values (None: every record is its own message)."""
+    ``combine`` makes one message of several spooled values (None: every record is its own message).
+    ``paused``: while it answers True nothing new is handed to Kafka (records keep being spooled)."""
 
     def __init__(self, *, bootstrap: str, topic: str, spool_dir: Path,
                  prepare: Callable[[T], tuple[str, bytes]], partitions: int = 4,
                  producer_overrides: dict[str, Any] | None = None, max_in_flight: int = 10_000,
                  segment_records: int = 1000, combine: Callable[[list[bytes]], bytes] | None = None,
-                 batch_s: float = 0.0, batch_records: int = 1) -> None:
+                 batch_s: float = 0.0, batch_records: int = 1,
+                 paused: Callable[[], bool] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
         self.stats = EmitterStats()
         self._prepare = prepare
+        self._paused = paused or (lambda: False)
         self._combine = combine
         self._batch_s = batch_s
         self._batch_records = max(1, batch_records) if combine is not None else 1
@@ -138,7 +143,7 @@ class Emitter(Generic[T]):
                 busy = self._spool.pending > 0
                 self._spool_batch(self._take_batch(0.0 if busy else 0.05))
                 self._ensure_topic()
-                if self._topic_ready:
+                if self._topic_ready and not self._paused():
                     self._send_unsent(producers.producer)
                 producers.producer.poll(0.01 if busy else 0)
                 if producers.rebuild_if_fatal() is not None:

@@ -52,6 +52,10 @@ class EmitterConfig:
     # Where the emitter serves the proxy's metrics (``clawr1.core.metrics``); port 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # Backpressure (clawr1.core.backpressure): while ``streams_group`` is this far behind on ``topic``,
+    # captures stay in the spool (the agent's traffic is forwarded all along); 0: never.
+    max_lag_s: float = 0.0
+    streams_group: str = ""
 
 
 class EmitterStartError(RuntimeError):
@@ -137,6 +141,7 @@ class EmitterProcess:
 
 def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Connection) -> None:
     # Imported here: the parent only needs the pipes, the child the whole record pipeline.
+    from clawr1.core.backpressure import PipelineLag
     from clawr1.core.metrics import (
         PROXY_CALLS_CAPTURED,
         PROXY_CALLS_FAILED,
@@ -170,10 +175,12 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         elif call.status is not None and call.status >= 400:
             PROXY_CALLS_FAILED.labels(api=call.api, reason="http_error").inc()
 
+    lag = PipelineLag(config.bootstrap, {config.streams_group: [config.topic]}, config.max_lag_s) \
+        if config.max_lag_s > 0 and config.streams_group else None
     emitter: Emitter[CapturedCall] = Emitter(
         bootstrap=config.bootstrap, topic=config.topic, spool_dir=config.spool_dir, prepare=prepare,
         partitions=config.partitions, combine=partial(envelope_of, codec), batch_s=config.batch_s,
-        batch_records=config.batch_calls)
+        batch_records=config.batch_calls, paused=None if lag is None else lambda: lag.verdict().closed)
     PROXY_SPOOL_DEPTH.set_function(lambda: emitter.pending)
     serving = False
 
@@ -183,6 +190,8 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         if not serving:
             serving = serve_metrics(config.metrics_port, config.metrics_host, "CLAWR1_PROXY_METRICS_PORT")
         emitter.start()
+        if lag is not None:
+            lag.start()
 
     # An orphaned emitter (its proxy was killed) holds the spool and the metrics port for a moment.
     _start_waiting_for_lock(start, (SpoolBusyError, MetricsPortError), status)
@@ -203,6 +212,8 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
                 count(item)
                 emitter.submit(item)
     emitter.close(drain_s)
+    if lag is not None:
+        lag.stop()
 
 
 def _start_waiting_for_lock(start: Callable[[], None], busy: tuple[type[Exception], ...],

@@ -87,6 +87,9 @@ HTTP_REQUESTS = Counter("clawr1_http_requests", "requests answered, by app (api,
 POOL_ROWS = Gauge("clawr1_pool_rows", "rows stored per pool table (active parts, sampled)", ["table"])
 CONSUMER_LAG = Gauge("clawr1_consumer_lag", "messages not yet committed by a consumer group (sampled)",
                      ["group", "topic"])
+PIPELINE_LAG_SECONDS = Gauge("clawr1_pipeline_lag_seconds",
+                             "how far the stream worker is behind on the raw topics, in seconds (sampled; "
+                             "over CLAWR1_MAX_LAG_S the ingest routes answer 429)")
 CONSUMER_STALLED_SECONDS = Gauge("clawr1_consumer_stalled_seconds",
                                  "how long a consumer group has had records "
                                  "waiting and made no progress (0 = progressing; clawr1/core/progress.py)",

@@ -9,6 +9,11 @@ Kafka: per partition of the group's inputs, the committed offset and the end of 
 partition stalls, and stays stuck until that partition's offset moves: a restart alone does not make
 it healthy.
 
+Overload is not a stall: a worker busy with a backlog may leave one of its partitions waiting while it
+commits others. A stalled partition whose owner (as last described) moved the committed offset of any of
+its partitions within ``stall_s`` is excused; only a member that committed nothing at all for ``stall_s``
+while its records waited is stuck.
+
 Records beyond the committed offset are not always work: a transaction's commit marker takes an offset
 of its own, and an aborted transaction's records are never delivered. Before a partition is called
 stalled, ``probe`` reads from its committed offset as a ``read_committed`` consumer does, and the
@@ -56,6 +61,7 @@ Partition = tuple[str, int]
 class Offsets:
     committed: int  # the group's committed offset (the log's start when it never committed)
     end: int  # the high watermark
+    unset: bool = False  # the group never committed here
 
     @property
     def lag(self) -> int:
@@ -97,6 +103,7 @@ class ProgressTracker:
 
     stall_s: float
     _seen: dict[tuple[str, Partition], _Seen] = field(default_factory=dict)
+    _moved: dict[tuple[str, Partition], float] = field(default_factory=dict)  # when its offset last moved
     _looked: dict[str, float] = field(default_factory=dict)  # group -> its last look that succeeded
     _blind: set[str] = field(default_factory=set)  # groups with a failed look since then
 
@@ -105,12 +112,14 @@ class ProgressTracker:
         self._blind.add(group)
 
     def observe(self, group: str, now: float, offsets: Mapping[Partition, Offsets],
-                probe: Callable[[Partition, int], int | None]) -> Stall | None:
+                probe: Callable[[Partition, int], int | None],
+                owners: Mapping[Partition, str] | None = None) -> Stall | None:
         """Fold in one look at ``group``'s offsets (those of the partitions Kafka answered for); the
         stall, if the group is stuck now.
 
         ``probe(partition, offset)``: the offset of the first committed record at or after ``offset``
-        (None: none), or ``ProbeInconclusive``.
+        (None: none), or ``ProbeInconclusive``. ``owners``: each partition's member as last described
+        (a partition left out has none known, and is judged alone).
         """
         last = self._looked.get(group)
         if group in self._blind and last is not None:
@@ -122,10 +131,12 @@ class ProgressTracker:
         stalled: list[tuple[Partition, Offsets, float]] = []
         for partition, at in offsets.items():
             seen = self._seen.get((group, partition))
+            if seen is None or seen.committed != at.committed:
+                self._moved[(group, partition)] = now
             if seen is None or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
                 self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0, at.end)
                 continue
-            if now - seen.since >= self.stall_s:
+            if now - seen.since >= self.stall_s and not self._owner_progressed(group, partition, now, owners):
                 try:
                     found = probe(partition, at.committed)
                 except ProbeInconclusive:
@@ -138,6 +149,14 @@ class ProgressTracker:
             return None
         return Stall(group, sum(at.lag for _, at, _ in stalled), max(s for _, _, s in stalled),
                      tuple(sorted(f"{t}[{p}]" for (t, p), _, _ in stalled)))
+
+    def _owner_progressed(self, group: str, partition: Partition, now: float,
+                          owners: Mapping[Partition, str] | None) -> bool:
+        """Whether ``partition``'s owner committed on any of its partitions within ``stall_s``: busy."""
+        if owners is None or (owner := owners.get(partition)) is None:
+            return False
+        return any(now - self._moved.get((group, p), -float("inf")) < self.stall_s
+                   for p, member in owners.items() if member == owner)
 
 
 @dataclass
@@ -208,9 +227,13 @@ class ProgressWatch:
             return dict(self._stalls)
 
     def member_problem(self, group: str, client_id: str, since: float) -> str | None:
-        """Why the member ``client_id`` of ``group`` is stuck, if it is (checked from ``since``, its start):
-        out of the group for ``stall_s``, or owning a stalled partition (as last described)."""
+        """Why the member ``client_id`` of ``group`` is stuck, if it is. ``since``: when its process started
+        (or became ready): its clock starts there, so a restarted worker gets ``stall_s`` of its own before
+        it is judged; then it is stuck when out of the group for ``stall_s``, or owning a stalled partition
+        (as last described)."""
         now = time.monotonic()
+        if now - since < self._tracker.stall_s:
+            return None
         with self._lock:
             described = now - self._described.get(group, -float("inf")) <= self._stale_s
             stall = self._stalls.get(group)
@@ -232,9 +255,13 @@ class ProgressWatch:
             self._close_clients()
 
     def _look(self, group: str, topics: list[str]) -> None:
+        members = self._describe(group)
+        with self._lock:
+            known = members if members is not None else self._members.get(group, {})
+        owners = {partition: member for member, owned in known.items() for partition in owned}
         try:
             stall = self._tracker.observe(group, time.monotonic(), self._offsets(group, topics),
-                                          self._first_record)
+                                          self._first_record, owners)
         except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, and the clocks pause
             self._tracker.unseen(group)
             with self._lock:
@@ -243,7 +270,6 @@ class ProgressWatch:
                 self._renew_clients()
             return
         self._unlooked.answered(group)
-        members = self._describe(group)
         with self._lock:
             if stall is None:
                 self._stalls.pop(group, None)
@@ -271,28 +297,10 @@ class ProgressWatch:
                 for m in described.members}
 
     def _offsets(self, group: str, topics: list[str]) -> dict[Partition, Offsets]:
-        """The offsets of the partitions Kafka answered for (a partition between leaders is left out)."""
         reader = self._readers.get(group)
         if reader is None:
-            reader = self._readers[group] = Consumer({"bootstrap.servers": self._bootstrap, "group.id": group,
-                                                      "enable.auto.commit": False})
-        partitions: list[TopicPartition] = []
-        for topic in topics:
-            described = reader.list_topics(topic, timeout=5.0).topics.get(topic)
-            if described is not None and described.error is None:
-                partitions += [TopicPartition(topic, p) for p in described.partitions]
-        offsets: dict[Partition, Offsets] = {}
-        failed: Exception | None = None
-        for tp in reader.committed(partitions, timeout=5.0) if partitions else []:
-            try:
-                low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
-            except Exception as exc:  # noqa: BLE001 - this partition's leader is away: judged next look
-                failed = exc
-                continue
-            offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high)
-        if failed is not None and not offsets:
-            raise failed
-        return offsets
+            reader = self._readers[group] = group_reader(self._bootstrap, group)
+        return group_offsets(reader, topics)
 
     def _first_record(self, partition: Partition, offset: int) -> int | None:
         """The offset of the first committed record at or after ``offset`` (read as the group reads it);
@@ -336,3 +344,30 @@ class ProgressWatch:
             consumer.close()
         self._readers.clear()
         self._probe = self._admin = None
+
+
+def group_reader(bootstrap: str, group: str) -> Consumer:
+    """A consumer that reads ``group``'s committed offsets and never joins it (it moves nothing)."""
+    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+
+
+def group_offsets(reader: Consumer, topics: Iterable[str]) -> dict[Partition, Offsets]:
+    """The offsets of the partitions of ``topics`` Kafka answered for (a partition between leaders, or a
+    topic not there, is left out); raises when it answered for none of them."""
+    partitions: list[TopicPartition] = []
+    for topic in topics:
+        described = reader.list_topics(topic, timeout=5.0).topics.get(topic)
+        if described is not None and described.error is None:
+            partitions += [TopicPartition(topic, p) for p in described.partitions]
+    offsets: dict[Partition, Offsets] = {}
+    failed: Exception | None = None
+    for tp in reader.committed(partitions, timeout=5.0) if partitions else []:
+        try:
+            low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
+        except Exception as exc:  # noqa: BLE001 - this partition's leader is away: judged next look
+            failed = exc
+            continue
+        offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high, tp.offset < 0)
+    if failed is not None and not offsets:
+        raise failed
+    return offsets

@@ -256,6 +256,10 @@ IDEMPOTENCY_MAX_KEYS = option("IDEMPOTENCY_MAX_KEYS", int, 100_000, "keys kept b
                               ("api",), check=positive)
 IDEMPOTENCY_MAX_BYTES = option("IDEMPOTENCY_MAX_BYTES", int, 64 * 1024 * 1024,
                                "bytes kept by the replay store", ("api",), check=positive)
+MAX_LAG_S = option("MAX_LAG_S", float, 30.0,
+                   "backpressure: the bound on the pipeline's lag (s; the worker's and the sink's): from 40% "
+                   "of it the ingest routes answer 429 with Retry-After and the proxy holds its captures in "
+                   "its spool, until it is under 20% (0: never)", ("api", "proxy"), check=not_negative)
 OTLP_JOIN_WAIT_S = option("OTLP_JOIN_WAIT_S", float, 3.0,
                           "how long a GenAI span whose messages travel as OTLP log events waits for them "
                           "before it lands without content (0: never waits)", ("api",), check=not_negative)
@@ -351,7 +355,8 @@ STALL_S = option("STALL_S", float, 30.0,
 WORKERS = option("WORKERS", int, 1, "stream workers `clawr1 up` runs, one process each (a worker uses one "
                  "core at most; more than the topics' partitions would idle)", ("up",), check=positive)
 STREAMS_APP_ID = option("STREAMS_APP_ID", str, "clawr1-streams",
-                        "app id / consumer group: workers with one id share the work", ("worker",))
+                        "app id / consumer group: workers with one id share the work (the API and the "
+                        "proxy watch its lag)", ("worker", "api", "proxy"))
 TOPIC_SUFFIX = option("TOPIC_SUFFIX", str, "",
                       "appended to every topic name the worker and rewarder use (tests, side-by-side stacks)",
                       ("worker", "rewarder"))
@@ -468,7 +473,8 @@ RESTART_BACKOFF_S = option("RESTART_BACKOFF_S", float, 0.5,
                            "first restart delay of a role; doubles per exit within the window", ("up",))
 RESTART_MAX_BACKOFF_S = option("RESTART_MAX_BACKOFF_S", float, 30.0, "restart delay cap", ("up",))
 RESTART_LIMIT = option("RESTART_LIMIT", int, 5,
-                       "more exits of one role within the window is a crash loop: the stack stops", ("up",))
+                       "more exits of one role within the window is a crash loop: the stack stops (a kill "
+                       "of a worker the stall watch found stuck is restarted but not counted)", ("up",))
 RESTART_WINDOW_S = option("RESTART_WINDOW_S", float, 300.0, "the crash-loop window", ("up",))
 DEMO_ENGINE_PORT = option("DEMO_ENGINE_PORT", int, 8091, "`clawr1 up --demo`: the stand-in engine's port",
                           ("up",))

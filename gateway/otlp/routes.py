@@ -43,6 +43,9 @@ class OtlpIngest:
     max_request_bytes: int
     max_calls: int
     wait_s: float
+    # Raises (429) while the pipeline is behind: checked before a body is read, so a refused export's
+    # log events are not taken from the join for nothing.
+    admit: Callable[[], None] = lambda: None
     join: ContentJoin = field(default_factory=ContentJoin)
 
     async def read(self, request: Request) -> tuple[wire.Encoding, bytes]:
@@ -61,6 +64,7 @@ class OtlpIngest:
             raise ApiError(422, "invalid_request", str(exc)) from exc
 
     async def traces(self, request: Request, source_name: str) -> bytes:
+        self.admit()
         encoding, body = await self.read(request)
         decoded = await _decode(wire.decode_traces, body, encoding)
         tally = Tally()
@@ -83,6 +87,7 @@ class OtlpIngest:
         return wire.answer(ExportTraceServiceResponse, warning, encoding)
 
     async def logs(self, request: Request) -> bytes:
+        self.admit()
         encoding, body = await self.read(request)
         decoded = await _decode(wire.decode_logs, body, encoding)
         tally = Tally()
@@ -116,6 +121,7 @@ _ANSWERS: dict[int | str, dict[str, Any]] = {
         400: "malformed OTLP body (the reason says what the parser found)",
         401: "missing or invalid API key", 403: "the key's kinds do not grant this route",
         413: "body or decompressed body too large, or too many model-call spans",
+        429: "the pipeline is behind past CLAWR1_MAX_LAG_S: retry after Retry-After seconds",
         415: "not application/x-protobuf or application/json, or an unsupported Content-Encoding",
         503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
     }.items()},

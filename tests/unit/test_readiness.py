@@ -22,3 +22,12 @@ def test_clear_forgets_markers_and_problems(tmp_path: Path) -> None:
     readiness.report_problem(tmp_path, "worker", "stuck")
     readiness.clear(tmp_path)
     assert not readiness.is_ready(tmp_path, "proxy") and readiness.problem(tmp_path, "worker") is None
+
+
+def test_ready_for_is_the_age_of_a_live_processs_mark(tmp_path: Path) -> None:
+    assert readiness.ready_for_s(tmp_path, "worker") is None
+    readiness.mark_ready(tmp_path, "worker")
+    age = readiness.ready_for_s(tmp_path, "worker")
+    assert age is not None and 0 <= age < 5
+    readiness.withdraw(tmp_path, "worker")
+    assert readiness.ready_for_s(tmp_path, "worker") is None

@@ -39,6 +39,16 @@ def test_exits_older_than_the_window_are_forgiven() -> None:
     assert decision.restart and decision.recent_exits == 1 and decision.delay_s == 1.0
 
 
+def test_kills_of_a_stuck_role_back_off_but_never_make_a_crash_loop() -> None:
+    """A worker killed as stuck (overloaded, slow) is restarted with the backoff its kills earned, however
+    often; only crashes count toward the limit."""
+    kills = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    decision = POLICY.decide([], 60.0, kills)
+    assert decision.restart and decision.recent_exits == 0 and decision.delay_s == 5.0
+    assert POLICY.decide([55.0, 60.0], 60.0, kills[:1]).delay_s == 4.0  # two crashes and a kill: third delay
+    assert not POLICY.decide([10.0, 20.0, 30.0, 60.0], 60.0, kills).restart
+
+
 def test_exit_descriptions_name_the_signal_or_the_code() -> None:
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"
     assert describe_exit(3) == "exited with code 3"
@@ -121,6 +131,28 @@ def test_a_stuck_role_is_killed_and_restarted_after_its_grace_and_counted(tmp_pa
         assert role.pid != first and role.returncode() is None
         assert supervisor.state()[0]["restarts"] == 1
         assert supervisor.tick() is None and role.returncode() is None  # within its new grace
+    finally:
+        supervisor.stop_all()
+
+
+def test_a_role_stuck_for_good_is_restarted_again_and_again_without_stopping_the_stack() -> None:
+    """Kills of a stuck role are no crash loop: more of them than the limit allows crashes, and the stack
+    goes on; each restart gives the new process its own grace (its clock starts at its start)."""
+    logs: list[str] = []
+    starts: list[float] = []
+
+    def stuck(started: float) -> str:
+        starts.append(started)
+        return "consumer group g: 12 records waiting, no progress for 30s (t[0])"
+
+    role = ProcessRole("worker", _python("import time; time.sleep(60)"))
+    policy = RestartPolicy(backoff_s=0.01, max_backoff_s=0.05, max_restarts=1)
+    supervisor = Supervisor(policy, log=logs.append)
+    try:
+        supervisor.add(role, health=stuck, grace_s=0.1)
+        assert _tick_until(supervisor, lambda: supervisor.state()[0]["restarts"] == 4) is None
+        assert len(set(starts)) == len(starts) >= 4, "each process is judged from its own start"
+        assert role.returncode() is None
     finally:
         supervisor.stop_all()
 

@@ -123,3 +123,29 @@ def test_a_look_that_misses_a_partition_judges_the_others() -> None:
     assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]",)
     stall = tracker.observe("g", 12, {P: Offsets(0, 5), q: Offsets(0, 5)}, _always)
     assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]", "clawr1.raw.steps[1]")
+
+
+def test_a_member_that_commits_on_any_of_its_partitions_is_busy_not_stalled() -> None:
+    """Overload is not a stall: a worker that left one partition waiting while it committed another
+    within the window is excused; once it commits nothing at all for the window, that partition stalls."""
+    tracker = ProgressTracker(stall_s=10)
+    q = ("clawr1.raw.steps", 1)
+    owners = {P: "w1", q: "w1"}
+    tracker.observe("g", 0, {P: Offsets(0, 50), q: Offsets(0, 50)}, _always, owners)
+    for now, moved in ((5, 10), (12, 20), (18, 30)):  # q moves, P waits
+        assert tracker.observe("g", now, {P: Offsets(0, 50), q: Offsets(moved, 50)}, _always, owners) is None
+    stall = tracker.observe("g", 28, {P: Offsets(0, 50), q: Offsets(30, 50)}, _always, owners)
+    assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]", "clawr1.raw.steps[1]")
+
+
+def test_another_members_progress_excuses_nobody_else() -> None:
+    tracker = ProgressTracker(stall_s=10)
+    q = ("clawr1.raw.steps", 1)
+    owners = {P: "w1", q: "w2"}
+    tracker.observe("g", 0, {P: Offsets(0, 50), q: Offsets(0, 50)}, _always, owners)
+    stall = tracker.observe("g", 12, {P: Offsets(0, 50), q: Offsets(20, 50)}, _always, owners)
+    assert stall is not None and stall.partitions == ("clawr1.raw.steps[0]",)
+    # Without owners known, each partition is judged alone.
+    alone = ProgressTracker(stall_s=10)
+    alone.observe("g", 0, {P: Offsets(0, 50), q: Offsets(0, 50)}, _always)
+    assert alone.observe("g", 12, {P: Offsets(0, 50), q: Offsets(20, 50)}, _always) is not None

@@ -95,3 +95,18 @@ def test_records_stay_spooled_until_their_envelope_is_acknowledged(
         producer.healthy = True
         wait_until(lambda: emitter.stats.delivered == 5, 10)
     assert emitter.pending == 0 and not list((tmp_path / "spool").glob("*.seg"))
+
+
+def test_while_paused_captures_are_spooled_not_sent_and_go_once_resumed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backpressure: while the pipeline is behind, calls keep being captured into the spool and nothing
+    is handed to Kafka; once it caught up they all go, none lost."""
+    paused = [True]
+    with running_emitter(tmp_path, monkeypatch, paused=lambda: paused[0]) as (emitter, producer):
+        for n in range(5):
+            emitter.submit(f"k{n}:{n}")
+        wait_until(lambda: emitter.stats.spooled == 5 and emitter.pending == 5, 10)
+        assert producer.acked == [] and emitter.stats.delivered == 0
+        paused[0] = False
+        wait_until(lambda: emitter.stats.delivered == 5 and emitter.pending == 0, 10)
+    assert sorted(producer.acked) == sorted(f"k{n}:{n}".encode() for n in range(5))
