@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from clawr1.streams.normalize import StepFact
+if TYPE_CHECKING:  # the fold itself needs no tokenizer: the sink runs it without one (``rejoin``)
+    from clawr1.streams.normalize import StepFact
 from clawr1.streams.readiness import TRAINABLE_STATUSES, ReadinessRule
 from clawr1.streams.rewards import distinct_facts, fact_digest, fold_rewards, human_score, labels_of
 

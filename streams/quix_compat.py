@@ -39,6 +39,8 @@ PINNED: tuple[pins.Pin, ...] = (
     ("quixstreams.checkpointing.checkpoint", "Checkpoint.get_store_transaction"),
     ("quixstreams.state.base.transaction", "PartitionTransaction.as_state"),
     ("quixstreams.internal_producer", "InternalProducer.produce"),
+    # The worker's RocksDB options add a compaction rule to the options Quix builds (streams/app.py).
+    ("quixstreams.state.rocksdb.options", "RocksDBOptions.to_options"),
 )
 
 STATE_PREFIX = b"clawr1"
