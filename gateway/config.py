@@ -49,6 +49,9 @@ class GatewayConfig:
     idempotency_max_keys: int
     idempotency_max_bytes: int
     otlp_join_wait_s: float = registry.OTLP_JOIN_WAIT_S.default
+    otlp_max_records: int = registry.OTLP_MAX_RECORDS.default
+    otlp_join_ttl_s: float = registry.OTLP_JOIN_TTL_S.default
+    otlp_join_max_bytes: int = registry.OTLP_JOIN_MAX_BYTES.default
     retry_after_s: int = 1
 
     @classmethod
@@ -69,6 +72,9 @@ class GatewayConfig:
             idempotency_max_keys=knob(registry.IDEMPOTENCY_MAX_KEYS),
             idempotency_max_bytes=knob(registry.IDEMPOTENCY_MAX_BYTES),
             otlp_join_wait_s=knob(registry.OTLP_JOIN_WAIT_S),
+            otlp_max_records=knob(registry.OTLP_MAX_RECORDS),
+            otlp_join_ttl_s=knob(registry.OTLP_JOIN_TTL_S),
+            otlp_join_max_bytes=knob(registry.OTLP_JOIN_MAX_BYTES),
         )
 
 

@@ -1,7 +1,8 @@
 """``POST /v1/traces`` and ``POST /v1/logs``: OTLP/HTTP in, service ``turn`` events out (key kind ``events``).
 
 Thin: ``wire`` decodes, ``genai`` finds the model calls and their content, ``join`` pairs spans with
-the log events that carry their messages, ``events`` writes the records. A traces request is answered
+the log events that carry their messages (sent with the same API key), ``events`` writes the
+records. A traces request is answered
 200 once Kafka acknowledged every step it held (as the other ingest routes answer 202); a logs request
 once its content is held for its span. Errors keep the API's one shape (docs/gateway.md).
 """
@@ -20,21 +21,23 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from clawr1.core.metrics import OTLP_LOG_RECORDS, OTLP_SPANS
+from clawr1.core.registry import OTLP_MAX_RECORDS
 from clawr1.gateway.errors import ApiError, ErrorBody
 from clawr1.gateway.otlp import wire
 from clawr1.gateway.otlp.events import turn_event
-from clawr1.gateway.otlp.genai import ModelCall, Tally, log_contents, model_calls
+from clawr1.gateway.otlp.genai import ModelCall, SpanKey, SpanLogs, Tally, log_contents, model_calls
 from clawr1.gateway.otlp.join import ContentJoin
 from clawr1.gateway.publisher import OutMessage
 from clawr1.schemas.codec import AvroCodec, EncodeError
 
-# Bodies above this are decoded in a worker thread, as the other ingest routes do.
-_INLINE_BODY_BYTES = 64 * 1024
-
 
 @dataclass
 class OtlpIngest:
-    """What the OTLP routes need from the API process (given by ``clawr1.gateway.app``)."""
+    """What the OTLP routes need from the API process (given by ``clawr1.gateway.app``).
+
+    Every step whose work grows with the body (inflating, counting, parsing, walking the spans, checking,
+    redacting, encoding) runs in a worker thread under the limits of ``wire``; the event loop only
+    joins, waits and publishes, work bounded by the model calls one request may hold."""
 
     publish: Callable[[list[OutMessage]], Awaitable[None]]
     codec: AvroCodec
@@ -43,17 +46,31 @@ class OtlpIngest:
     max_request_bytes: int
     max_calls: int
     wait_s: float
+    max_records: int = OTLP_MAX_RECORDS.default
     join: ContentJoin = field(default_factory=ContentJoin)
 
-    async def read(self, request: Request) -> tuple[wire.Encoding, bytes]:
-        encoding = wire.Encoding.of(request.headers.get("content-type", ""))
-        raw = await request.body()
-        body = wire.inflate(raw, request.headers.get("content-encoding", ""),
+    def _inflated(self, request: Request, raw: bytes) -> bytes:
+        return wire.inflate(raw, request.headers.get("content-encoding", ""),
                             self.max_request_bytes * wire.INFLATE_FACTOR)
-        return encoding, body
 
-    def encode(self, calls: list[ModelCall], source_name: str) -> list[OutMessage]:
+    def _calls(self, request: Request, raw: bytes, encoding: wire.Encoding) -> tuple[list[ModelCall], Tally]:
+        decoded = wire.decode_traces(self._inflated(request, raw), encoding, self.max_records)
+        tally = Tally()
+        calls = model_calls(decoded, tally)
+        if len(calls) > self.max_calls:
+            raise ApiError(413, "batch_too_large", f"{len(calls)} GenAI model-call spans exceed the limit of "
+                           f"{self.max_calls} per request (max_batch_steps); export smaller batches")
+        return calls, tally
+
+    def _log_contents(self, request: Request, raw: bytes,
+                      encoding: wire.Encoding) -> tuple[dict[SpanKey, SpanLogs], Tally]:
+        decoded = wire.decode_logs(self._inflated(request, raw), encoding, self.max_records)
+        tally = Tally()
+        return log_contents(decoded, tally), tally
+
+    def encode(self, joined: list[tuple[ModelCall, SpanLogs | None]], source_name: str) -> list[OutMessage]:
         received_at_ms = int(time.time() * 1000)
+        calls = [call if logs is None else call.with_content(logs.content()) for call, logs in joined]
         outgoing = [turn_event(call, source_name, received_at_ms) for call in calls]
         try:
             return [OutMessage(self.topic, o.key, self.codec.encode(self.schema, o.record)) for o in outgoing]
@@ -61,44 +78,31 @@ class OtlpIngest:
             raise ApiError(422, "invalid_request", str(exc)) from exc
 
     async def traces(self, request: Request, source_name: str) -> bytes:
-        encoding, body = await self.read(request)
-        decoded = await _decode(wire.decode_traces, body, encoding)
-        tally = Tally()
-        calls = model_calls(decoded, tally)
-        if len(calls) > self.max_calls:
-            raise ApiError(413, "batch_too_large", f"{len(calls)} GenAI model-call spans exceed the limit of "
-                           f"{self.max_calls} per request (max_batch_steps); export smaller batches")
-        incomplete = [call.key for call in calls if not call.content.complete]
+        encoding = wire.Encoding.of(request.headers.get("content-type", ""))
+        raw = await request.body()
+        calls, tally = await asyncio.to_thread(self._calls, request, raw, encoding)
+        incomplete = [(source_name, *call.key) for call in calls if not call.content.complete]
         if incomplete and self.wait_s > 0:
             await self.join.wait(incomplete, self.wait_s)
-        joined = []
-        for call in calls:
-            logs = self.join.take(call.key)
-            joined.append(call if logs is None else call.with_content(logs.content()))
+        joined = [(call, self.join.take((source_name, *call.key))) for call in calls]
         if joined:
-            await self.publish(self.encode(joined, source_name))
+            await self.publish(await asyncio.to_thread(self.encode, joined, source_name))
         for outcome, count in tally.counts.items():
             OTLP_SPANS.labels(outcome=outcome).inc(count)
         warning = tally.warning(("not_genai", "genai_other"), "spans (only GenAI model calls become steps)")
         return wire.answer(ExportTraceServiceResponse, warning, encoding)
 
-    async def logs(self, request: Request) -> bytes:
-        encoding, body = await self.read(request)
-        decoded = await _decode(wire.decode_logs, body, encoding)
-        tally = Tally()
+    async def logs(self, request: Request, source_name: str) -> bytes:
+        encoding = wire.Encoding.of(request.headers.get("content-type", ""))
+        raw = await request.body()
+        contents, tally = await asyncio.to_thread(self._log_contents, request, raw, encoding)
         expired = self.join.expired
-        self.join.offer(log_contents(decoded, tally))
+        self.join.offer(source_name, contents)
         tally.counts["expired"] += self.join.expired - expired
         for outcome, count in tally.counts.items():
             OTLP_LOG_RECORDS.labels(outcome=outcome).inc(count)
         warning = tally.warning(("not_genai", "no_span"), "log records (only a span's GenAI events are read)")
         return wire.answer(ExportLogsServiceResponse, warning, encoding)
-
-
-async def _decode(decode: Callable[[bytes, wire.Encoding], Any], body: bytes, encoding: wire.Encoding) -> Any:
-    if len(body) > _INLINE_BODY_BYTES:
-        return await asyncio.to_thread(decode, body, encoding)
-    return decode(body, encoding)
 
 
 def _body(description: str) -> dict[str, Any]:
@@ -115,7 +119,9 @@ _ANSWERS: dict[int | str, dict[str, Any]] = {
     **{status: {"model": ErrorBody, "description": text} for status, text in {
         400: "malformed OTLP body (the reason says what the parser found)",
         401: "missing or invalid API key", 403: "the key's kinds do not grant this route",
-        413: "body or decompressed body too large, or too many model-call spans",
+        413: "body or decompressed body too large, or too many spans, log records, model-call spans or "
+             "protobuf fields",
+        422: "a model call the pool could not keep (start time, content nested too deep or too large)",
         415: "not application/x-protobuf or application/json, or an unsupported Content-Encoding",
         503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
     }.items()},
@@ -145,6 +151,6 @@ def otlp_router(ingest: OtlpIngest, authorize: Callable[..., Any]) -> APIRouter:
                  openapi_extra={"requestBody": _body("ExportLogsServiceRequest")},
                  summary="OTLP/HTTP logs: GenAI message events, joined to their spans")
     async def export_logs(request: Request, source_name: str = authenticated) -> Response:
-        return await answered(request, ingest.logs(request))
+        return await answered(request, ingest.logs(request, source_name))
 
     return router
