@@ -47,11 +47,12 @@ class ContentJoin:
     def offer(self, source: str, logs: dict[SpanKey, SpanLogs]) -> None:
         """Keep a request's log events (added to what the same spans already have) and wake waiters."""
         now = self.clock()
-        held = self._by_source.setdefault(source, OrderedDict())
-        for key, more in logs.items():
-            seen = held.pop(key, None)
-            held[key] = _Held(now, more if seen is None else seen.logs.plus(more))
-            self._bytes[source] = self._bytes.get(source, 0) + more.size
+        if logs:
+            held = self._by_source.setdefault(source, OrderedDict())
+            for key, more in logs.items():
+                seen = held.pop(key, None)
+                held[key] = _Held(now, more if seen is None else seen.logs.plus(more))
+            self._bytes[source] = self._bytes.get(source, 0) + sum(more.size for more in logs.values())
         self._expire(now)
         self._changed.set()
         self._changed = asyncio.Event()

@@ -348,6 +348,9 @@ def test_unclaimed_log_events_expire_by_age_and_bytes() -> None:
     now[0] = 11.0
     join.offer("k", {("t", "d"): SpanLogs(size=10)})
     assert len(join) == 1 and join.expired == 3 and join.held_bytes("k") == 10
+    now[0] = 22.0
+    join.offer("other", {})  # a request without GenAI events still lets the old ones go
+    assert len(join) == 0 and join.expired == 4 and join.held_bytes("k") == 0
 
 
 # --- admission: bounded work, the pool's rules, redaction ---------------------------------------------------
