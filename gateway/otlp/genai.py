@@ -19,6 +19,7 @@ templates read.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,22 @@ SpanKey = tuple[str, str]
 
 Json = dict[str, Any]
 LOG_RECORD_OVERHEAD = 256
-"""Bytes counted for a held log record beyond its encoded size (the objects that hold it)."""
+"""Bytes counted for a held log record beyond its values' objects (its event tuple, its place)."""
+
+
+def footprint(value: Any) -> int:
+    """The bytes the objects of ``value`` take (``sys.getsizeof`` summed over every node, iteratively):
+    what a held value costs in memory, ten times its encoded size for a kvlist of small values."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list | tuple):
+            pending += item
+    return total
 
 
 def _refused(reason: str) -> OtlpError:
@@ -328,7 +344,8 @@ def model_calls(request: ExportTraceServiceRequest, tally: Tally) -> list[ModelC
 class SpanLogs:
     """The GenAI log events of one span seen so far: 1.30 message events in emission order, and the
     content of a details event. A span's events may come in several requests: ``plus`` adds them up.
-    ``size``: the bytes they hold (encoded, plus ``LOG_RECORD_OVERHEAD`` each), what the join counts."""
+    ``size``: the bytes their values' objects take (``footprint``, plus ``LOG_RECORD_OVERHEAD`` each), what
+    the join counts."""
 
     events: tuple[tuple[str, Any], ...] = ()
     details: Content = field(default_factory=Content)
@@ -360,10 +377,12 @@ def log_contents(request: ExportLogsServiceRequest, tally: Tally) -> dict[SpanKe
                 tally.counts["genai_event"] += 1
                 key = (record.trace_id.hex(), record.span_id.hex())
                 seen = out.get(key, SpanLogs())
-                size = record.ByteSize() + LOG_RECORD_OVERHEAD
                 if name == DETAILS_EVENT:
                     details = semconv_content(attrs, f"the {name} event of span {key[0]}/{key[1]}")
-                    out[key] = seen.plus(SpanLogs(details=details, size=size))
+                    size = footprint((details.messages, details.reply, details.finish_reason, details.tools))
+                    out[key] = seen.plus(SpanLogs(details=details, size=size + LOG_RECORD_OVERHEAD))
                 else:
-                    out[key] = seen.plus(SpanLogs(events=((name, any_value(record.body)),), size=size))
+                    body = any_value(record.body)
+                    size = footprint(body) + LOG_RECORD_OVERHEAD
+                    out[key] = seen.plus(SpanLogs(events=((name, body),), size=size))
     return out
