@@ -393,6 +393,7 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
             yield
         finally:
             state.publisher = None
+            otlp.close()
             await publisher.close()
 
     app = FastAPI(title="Claw-R1 API", version="1",

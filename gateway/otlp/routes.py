@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -30,14 +31,20 @@ from clawr1.gateway.otlp.join import ContentJoin
 from clawr1.gateway.publisher import OutMessage
 from clawr1.schemas.codec import AvroCodec, EncodeError
 
+T = TypeVar("T")
+WORKERS = 2
+"""Threads that do the OTLP routes' work. It is Python under one interpreter lock, so more threads add
+no throughput; two let a small request pass a large one, and bound what concurrent floods hold (memory,
+and the default executor the rest of the API uses stays free)."""
+
 
 @dataclass
 class OtlpIngest:
     """What the OTLP routes need from the API process (given by ``clawr1.gateway.app``).
 
     Every step whose work grows with the body (inflating, counting, parsing, walking the spans, checking,
-    redacting, encoding) runs in a worker thread under the limits of ``wire``; the event loop only
-    joins, waits and publishes, work bounded by the model calls one request may hold."""
+    redacting, encoding) runs in one of ``WORKERS`` threads under the limits of ``wire``; the event loop
+    only joins, waits and publishes, work bounded by the model calls one request may hold."""
 
     publish: Callable[[list[OutMessage]], Awaitable[None]]
     codec: AvroCodec
@@ -48,6 +55,14 @@ class OtlpIngest:
     wait_s: float
     max_records: int = OTLP_MAX_RECORDS.default
     join: ContentJoin = field(default_factory=ContentJoin)
+    workers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(WORKERS, thread_name_prefix="otlp"))
+
+    async def _in_worker(self, work: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self.workers, work, *args)
+
+    def close(self) -> None:
+        self.workers.shutdown(wait=False, cancel_futures=True)
 
     def _inflated(self, request: Request, raw: bytes) -> bytes:
         return wire.inflate(raw, request.headers.get("content-encoding", ""),
@@ -80,13 +95,13 @@ class OtlpIngest:
     async def traces(self, request: Request, source_name: str) -> bytes:
         encoding = wire.Encoding.of(request.headers.get("content-type", ""))
         raw = await request.body()
-        calls, tally = await asyncio.to_thread(self._calls, request, raw, encoding)
+        calls, tally = await self._in_worker(self._calls, request, raw, encoding)
         incomplete = [(source_name, *call.key) for call in calls if not call.content.complete]
         if incomplete and self.wait_s > 0:
             await self.join.wait(incomplete, self.wait_s)
         joined = [(call, self.join.take((source_name, *call.key))) for call in calls]
         if joined:
-            await self.publish(await asyncio.to_thread(self.encode, joined, source_name))
+            await self.publish(await self._in_worker(self.encode, joined, source_name))
         for outcome, count in tally.counts.items():
             OTLP_SPANS.labels(outcome=outcome).inc(count)
         warning = tally.warning(("not_genai", "genai_other"), "spans (only GenAI model calls become steps)")
@@ -95,7 +110,7 @@ class OtlpIngest:
     async def logs(self, request: Request, source_name: str) -> bytes:
         encoding = wire.Encoding.of(request.headers.get("content-type", ""))
         raw = await request.body()
-        contents, tally = await asyncio.to_thread(self._log_contents, request, raw, encoding)
+        contents, tally = await self._in_worker(self._log_contents, request, raw, encoding)
         expired = self.join.expired
         self.join.offer(source_name, contents)
         tally.counts["expired"] += self.join.expired - expired
