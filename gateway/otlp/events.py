@@ -25,6 +25,7 @@ from typing import Any
 
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, ID_MAX, NAME_MAX
 from clawr1.gateway.otlp.genai import ModelCall
+from clawr1.gateway.otlp.wire import OtlpError
 from clawr1.gateway.records import Outgoing, compact_json, deterministic_id
 from clawr1.proxy.redact import redact_id, redact_text, redact_tokens, redact_url
 
@@ -96,16 +97,38 @@ def _json_rule(value: Any) -> Any:
     return value if cleaned is text else json.loads(cleaned)
 
 
+def _text_rule(text: str) -> str:
+    try:
+        return redact_text(text)
+    except RecursionError as exc:  # the redaction walks what a string's JSON holds, recursively
+        raise OtlpError(422, "invalid_request", "a string of the content holds JSON nested too deep to "
+                        "check it for secrets") from exc
+
+
 def _leaves(value: Any) -> Any:
-    """Every string in ``value`` through the proxy's text rule (as its records' strings: JSON inside a
-    string, tool arguments, gets the field rule too) and every key through its token rule."""
-    if isinstance(value, str):
-        return redact_text(value)
-    if isinstance(value, list | tuple):
-        return [_leaves(v) for v in value]
-    if isinstance(value, Mapping):
-        return {redact_tokens(k): _leaves(v) for k, v in value.items()}
-    return value
+    """A copy of ``value`` with every string through the proxy's text rule (as its records' strings: JSON
+    inside a string, tool arguments, gets the field rule too) and every key through its token rule.
+    Iterative, so the rule has the whole stack for what a string holds."""
+    pending: list[tuple[Any, Any]] = []
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, str):
+            return _text_rule(item)
+        if isinstance(item, Mapping | list | tuple):
+            out: Any = {} if isinstance(item, Mapping) else []
+            pending.append((item, out))
+            return out
+        return item
+
+    root = copy(value)
+    while pending:
+        source, target = pending.pop()
+        if isinstance(target, dict):
+            for key, item in source.items():
+                target[redact_tokens(key)] = copy(item)
+        else:
+            target.extend(copy(item) for item in source)
+    return root
 
 
 _CONTENT_FIELDS = frozenset({"prompt_messages", "tool_calls"})
