@@ -1,10 +1,10 @@
 """``POST /v1/traces`` and ``POST /v1/logs``: OTLP/HTTP in, service ``turn`` events out (key kind ``events``).
 
 Thin: ``wire`` decodes, ``genai`` finds the model calls and their content, ``join`` pairs spans with
-the log events that carry their messages (sent with the same API key), ``events`` writes the
-records. A traces request is answered
-200 once Kafka acknowledged every step it held (as the other ingest routes answer 202); a logs request
-once its content is held for its span. Errors keep the API's one shape (docs/gateway.md).
+the log events that carry their messages (sent with the same API key), ``events`` writes the records.
+A traces request is answered 200 once Kafka acknowledged every step it held (as the other ingest routes
+answer 202); a logs request once its content is held for its span. Errors keep the API's one shape
+(docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ _ANSWERS: dict[int | str, dict[str, Any]] = {
     **{status: {"model": ErrorBody, "description": text} for status, text in {
         400: "malformed OTLP body (the reason says what the parser found)",
         401: "missing or invalid API key", 403: "the key's kinds do not grant this route",
-        413: "body or decompressed body too large, or too many spans, log records, model-call spans or "
-             "protobuf fields",
+        413: "body or decompressed body too large, or too many spans, log records, model-call spans, "
+             "protobuf fields or JSON values",
         422: "a model call the pool could not keep (start time, content nested too deep or too large)",
         415: "not application/x-protobuf or application/json, or an unsupported Content-Encoding",
         503: "Kafka unavailable or overloaded: retry after Retry-After seconds",
