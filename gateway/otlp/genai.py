@@ -49,7 +49,7 @@ LOG_RECORD_OVERHEAD = 256
 
 def footprint(value: Any) -> int:
     """The bytes the objects of ``value`` take (``sys.getsizeof`` summed over every node, iteratively):
-    what a held value costs in memory, ten times its encoded size for a kvlist of small values."""
+    what a held value costs in memory, many times its encoded size for a kvlist of small values."""
     total, pending = 0, [value]
     while pending:
         item = pending.pop()
@@ -67,8 +67,9 @@ def _refused(reason: str) -> OtlpError:
 
 
 def _structured(value: Any, where: str) -> Any:
-    """A content attribute: a JSON string on spans (parsed as the API parses JSON, see
-    ``wire.json_document``), a structured value on events (passed). An unparsable string stays a string,
+    """A content attribute: a JSON string on spans (parsed as the API parses JSON,
+    ``gateway.validation.load_json``, once ``wire.json_values_within`` bounded it), a structured value on
+    events (passed). An unparsable string stays a string,
     which no reader takes; one too deep or too large for the API is refused (422), never half-read."""
     if not isinstance(value, str):
         return value
