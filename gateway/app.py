@@ -35,6 +35,7 @@ from clawr1.gateway.hosts import LoopbackHostMiddleware
 from clawr1.gateway.idempotency import IdempotencyConflict, IdempotencyStore
 from clawr1.gateway.limits import BodyLimitMiddleware
 from clawr1.gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn, Health, StepIn, TurnPayload
+from clawr1.gateway.otlp.join import ContentJoin
 from clawr1.gateway.otlp.routes import OtlpIngest, otlp_router
 from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
 from clawr1.gateway.records import Outgoing, event_record, feedback_record, step_record
@@ -417,6 +418,7 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
             if state.backpressure is not None:
                 await asyncio.to_thread(state.backpressure.stop)
                 state.backpressure = None
+            otlp.close()
             await publisher.close()
 
     app = FastAPI(title="Claw-R1 API", version="1",
@@ -430,9 +432,10 @@ def create_app(settings: Settings, *, routers: Sequence[APIRouter] = (), readine
     if not state.keys.enabled:
         app.add_middleware(LoopbackHostMiddleware)  # outermost: a rebinding page gets nothing, not even 413
     app.include_router(ingest_router(config.max_batch, state.keys))
+    join = ContentJoin(config.otlp_join_ttl_s, config.otlp_join_max_bytes)
     otlp = OtlpIngest(lambda messages: publish(state, messages), state.codec, state.topics.events,
                       RAW_EVENTS.schema, config.max_request_bytes, config.max_batch, config.otlp_join_wait_s,
-                      admit=partial(admit, state))
+                      max_records=config.otlp_max_records, join=join, admit=partial(admit, state))
     app.include_router(otlp_router(otlp, authorizer(state.keys)))
     app.add_api_route("/healthz", healthz, methods=["GET"], response_model=Health, tags=["health"],
                       responses={503: {"model": Health, "description": "a part is not ready"}})

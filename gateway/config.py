@@ -55,6 +55,9 @@ class GatewayConfig:
     idempotency_max_keys: int
     idempotency_max_bytes: int
     otlp_join_wait_s: float = registry.OTLP_JOIN_WAIT_S.default
+    otlp_max_records: int = registry.OTLP_MAX_RECORDS.default
+    otlp_join_ttl_s: float = registry.OTLP_JOIN_TTL_S.default
+    otlp_join_max_bytes: int = registry.OTLP_JOIN_MAX_BYTES.default
     retry_after_s: int = 1
     # Backpressure (clawr1.core.backpressure): 429 while the worker's group is this far behind (0: never).
     max_lag_s: float = registry.MAX_LAG_S.default
@@ -80,6 +83,9 @@ class GatewayConfig:
             otlp_join_wait_s=knob(registry.OTLP_JOIN_WAIT_S),
             max_lag_s=knob(registry.MAX_LAG_S),
             streams_group=knob(registry.STREAMS_APP_ID),
+            otlp_max_records=knob(registry.OTLP_MAX_RECORDS),
+            otlp_join_ttl_s=knob(registry.OTLP_JOIN_TTL_S),
+            otlp_join_max_bytes=knob(registry.OTLP_JOIN_MAX_BYTES),
         )
 
 

@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic.config import JsonDict
 
+from clawr1.core.epoch import MAX_EPOCH_MS
+
 AVRO_INT_LIMIT = 2**31
 AVRO_LONG_LIMIT = 2**63
 
@@ -51,6 +53,8 @@ def _whole_items(values: Any) -> Any:
 Index = Annotated[StrictInt, Field(ge=0, lt=AVRO_INT_LIMIT), BeforeValidator(_whole)]
 Count = Annotated[StrictInt, Field(ge=1, lt=AVRO_INT_LIMIT), BeforeValidator(_whole)]
 Long = Annotated[StrictInt, Field(ge=0, lt=AVRO_LONG_LIMIT), BeforeValidator(_whole)]
+# The pool's rule for times (clawr1.core.epoch): one the sink would dead-letter is refused here.
+EpochMs = Annotated[StrictInt, Field(ge=0, lt=MAX_EPOCH_MS), BeforeValidator(_whole)]
 TokenId = Annotated[StrictInt, Field(ge=0, lt=AVRO_INT_LIMIT)]
 TokenIds = Annotated[list[TokenId], BeforeValidator(_whole_items)]
 Real = Annotated[StrictFloat, Field(allow_inf_nan=False)]
@@ -150,7 +154,7 @@ class EventIn(_Strict):
     trajectory_id: Id
     step_id: Id | None = None
     step_index: Index | None = None
-    timestamp_ms: Long | None = Field(None, description="epoch milliseconds; default: time of receipt")
+    timestamp_ms: EpochMs | None = Field(None, description="epoch milliseconds; default: time of receipt")
     payload: JsonObject = Field({}, description="free-form, except for `turn` events: see TurnPayload")
 
 

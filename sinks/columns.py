@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from clawr1.core.epoch import MAX_EPOCH_MS
 from clawr1.schemas.codec import current_schema
-from clawr1.sinks.rows import MAX_EPOCH_MS, REWARD_STATES, SOURCE_COLUMNS, Origin, TableRoute
+from clawr1.sinks.rows import REWARD_STATES, SOURCE_COLUMNS, Origin, TableRoute
 
 TIME = pa.timestamp("ms", tz="UTC")
 _SCALARS = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "double": pa.float64()}

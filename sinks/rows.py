@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawr1.core.epoch import is_epoch_ms
 from clawr1.core.topics import DLQ, PREFIX_NODES, RAW_FEEDBACK, STEPS
 from clawr1.pool.migrations import STEP_FIELDS
 
 REWARD_STATES = frozenset({"pending", "final"})
-MAX_EPOCH_MS = 10_000_000_000_000  # year 2286, inside DateTime64(3)'s range
 _MAX_TOKEN_ID = 2**32 - 1
 
 
@@ -69,7 +69,7 @@ STEP_STATES = ("reward_status", "trajectory_reward_status")
 
 def _epoch_ms(record: dict[str, Any], name: str) -> int:
     value = record[name]
-    if not 0 <= value < MAX_EPOCH_MS:
+    if not is_epoch_ms(value):
         raise RowError(f"{name}={value} is not an epoch time in milliseconds")
     return int(value)
 

@@ -263,6 +263,14 @@ MAX_LAG_S = option("MAX_LAG_S", float, 30.0,
 OTLP_JOIN_WAIT_S = option("OTLP_JOIN_WAIT_S", float, 3.0,
                           "how long a GenAI span whose messages travel as OTLP log events waits for them "
                           "before it lands without content (0: never waits)", ("api",), check=not_negative)
+OTLP_MAX_RECORDS = option("OTLP_MAX_RECORDS", int, 10_000,
+                          "spans or log records in one OTLP request; more get 413", ("api",), check=positive)
+OTLP_JOIN_TTL_S = option("OTLP_JOIN_TTL_S", float, 120.0,
+                         "how long OTLP log events wait for their span before they are dropped", ("api",),
+                         check=positive)
+OTLP_JOIN_MAX_BYTES = option("OTLP_JOIN_MAX_BYTES", int, 32 * 1024 * 1024,
+                             "bytes of OTLP log events waiting for their spans, per API key (its oldest "
+                             "are dropped beyond)", ("api",), check=positive)
 COMPAT_MAX_TRAJECTORIES = option("COMPAT_MAX_TRAJECTORIES", int, 100_000,
                                  "compat: trajectory registrations kept", ("api",))
 COMPAT_MAX_METADATA_BYTES = option("COMPAT_MAX_METADATA_BYTES", int, 64 * 1024,

@@ -8,17 +8,26 @@ span is the same step.
 Ids: ``clawr1.trajectory_id`` (span, else resource attribute), else ``gen_ai.conversation.id``, else the
 trace id names the trajectory; ``clawr1.step_index``, ``clawr1.prompt_group_id`` / ``_size``,
 ``clawr1.policy_version`` and ``clawr1.terminal`` place the step when given (docs/otel.md).
+
+Secrets are kept out as the capture proxy keeps them out (``clawr1.proxy.redact``, its one list of
+names and shapes): the messages, tool calls and tool definitions get its JSON rule (a secret-named
+field's value becomes ``[REDACTED]`` at any depth), every string its text rule (as the strings of its own
+records: secret-shaped tokens anywhere, the JSON rule for JSON inside a string such as tool arguments),
+``server.address`` loses its userinfo, and an id holding a secret becomes a stable stand-in.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, ID_MAX, NAME_MAX
 from clawr1.gateway.otlp.genai import ModelCall
+from clawr1.gateway.otlp.wire import OtlpError
 from clawr1.gateway.records import Outgoing, compact_json, deterministic_id
+from clawr1.proxy.redact import redact_id, redact_text, redact_tokens, redact_url
 
 SOURCE_KIND = "otel"
 NO_CONTENT_NOTE = "no message content"
@@ -80,9 +89,71 @@ def _finite(value: Any) -> Any:
     return value
 
 
+def _json_rule(value: Any) -> Any:
+    """``value`` (content: messages, tool calls, tool definitions) through the proxy's JSON rule: a
+    secret-named field's value is replaced at any depth."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    cleaned = redact_text(text)
+    return value if cleaned is text else json.loads(cleaned)
+
+
+def _text_rule(text: str) -> str:
+    try:
+        return redact_text(text)
+    except RecursionError as exc:  # the redaction walks what a string's JSON holds, recursively
+        raise OtlpError(422, "invalid_request", "a string of the content holds JSON nested too deep to "
+                        "check it for secrets") from exc
+
+
+def _leaves(value: Any) -> Any:
+    """A copy of ``value`` with every string through the proxy's text rule (as its records' strings: JSON
+    inside a string, tool arguments, gets the field rule too) and every key through its token rule.
+    Iterative, so the rule has the whole stack for what a string holds."""
+    pending: list[tuple[Any, Any]] = []
+
+    def copy(item: Any) -> Any:
+        if isinstance(item, str):
+            return _text_rule(item)
+        if isinstance(item, Mapping | list | tuple):
+            out: Any = {} if isinstance(item, Mapping) else []
+            pending.append((item, out))
+            return out
+        return item
+
+    root = copy(value)
+    while pending:
+        source, target = pending.pop()
+        if isinstance(target, dict):
+            for key, item in source.items():
+                target[redact_tokens(key)] = copy(item)
+        else:
+            target.extend(copy(item) for item in source)
+    return root
+
+
+_CONTENT_FIELDS = frozenset({"prompt_messages", "tool_calls"})
+_ID_FIELDS = ("response_id", "prompt_group_id")
+
+
+def redacted(payload: dict[str, Any]) -> dict[str, Any]:
+    """A turn payload with its secrets replaced (see the module's docstring)."""
+    payload = {key: _json_rule(value) if key in _CONTENT_FIELDS else value for key, value in payload.items()}
+    if "tools" in payload["metadata"]:
+        payload["metadata"] = {**payload["metadata"], "tools": _json_rule(payload["metadata"]["tools"])}
+    out: dict[str, Any] = _leaves(payload)
+    for key in _ID_FIELDS:
+        if isinstance(payload.get(key), str):
+            out[key] = redact_id(payload[key])
+    otel = out["metadata"]["otel"]
+    if isinstance(otel.get("server.address"), str):
+        otel["server.address"] = redact_url(f"//{otel['server.address']}")[2:]  # without user:password@
+    return out
+
+
 def turn_payload(call: ModelCall) -> dict[str, Any]:
-    """The ``turn`` payload (docs/gateway.md's TurnPayload fields, plus ``error``) of a call; without
-    its prompt or reply it is kept with what there is and a ``no message content`` note."""
+    """The ``turn`` payload (docs/gateway.md's TurnPayload fields, plus ``error``) of a call, its secrets
+    replaced (``redacted``); without its prompt or reply it is kept with what there is and a ``no message
+    content`` note."""
     content, attrs = call.content, call.attributes
     reply = content.reply or {}
     notes = []
@@ -119,12 +190,12 @@ def turn_payload(call: ModelCall) -> dict[str, Any]:
         "error": call.error,
         "metadata": metadata,
     }
-    return {k: _finite(v) for k, v in payload.items() if v is not None}
+    return redacted({k: _finite(v) for k, v in payload.items() if v is not None})
 
 
 def trajectory_of(call: ModelCall) -> str:
     explicit = _attribute(call, "clawr1.trajectory_id", "gen_ai.conversation.id")
-    return _string(explicit if isinstance(explicit, str) else None, ID_MAX) or call.trace_id
+    return _string(redact_id(explicit) if isinstance(explicit, str) else None, ID_MAX) or call.trace_id
 
 
 def turn_event(call: ModelCall, source_name: str, received_at_ms: int) -> Outgoing:

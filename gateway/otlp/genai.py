@@ -19,6 +19,7 @@ templates read.
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -29,7 +30,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
-from clawr1.core.conversation import canonical_arguments as _structured
+from clawr1.core.epoch import MAX_EPOCH_MS, is_epoch_ms
+from clawr1.gateway.otlp.wire import MAX_JSON_VALUES, OtlpError, json_values_within
+from clawr1.gateway.validation import load_json
 
 INFERENCE_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
 DETAILS_EVENT = "gen_ai.client.inference.operation.details"
@@ -40,8 +43,44 @@ SpanKey = tuple[str, str]
 """(trace id, span id), lower-case hex: what ties a log record to its span."""
 
 Json = dict[str, Any]
-# A content attribute is a JSON string on spans and a structured value on events: ``_structured`` parses
-# the first and passes the second (an unparsable string stays a string, which no reader takes).
+LOG_RECORD_OVERHEAD = 256
+"""Bytes counted for a held log record beyond its values' objects (its event tuple, its place)."""
+
+
+def footprint(value: Any) -> int:
+    """The bytes the objects of ``value`` take (``sys.getsizeof`` summed over every node, iteratively):
+    what a held value costs in memory, many times its encoded size for a kvlist of small values."""
+    total, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            pending += item.keys()
+            pending += item.values()
+        elif isinstance(item, list | tuple):
+            pending += item
+    return total
+
+
+def _refused(reason: str) -> OtlpError:
+    return OtlpError(422, "invalid_request", reason)
+
+
+def _structured(value: Any, where: str) -> Any:
+    """A content attribute: a JSON string on spans (parsed as the API parses JSON,
+    ``gateway.validation.load_json``, once ``wire.json_values_within`` bounded it), a structured value on
+    events (passed). An unparsable string stays a string,
+    which no reader takes; one too deep or too large for the API is refused (422), never half-read."""
+    if not isinstance(value, str):
+        return value
+    if not json_values_within(value, MAX_JSON_VALUES):
+        raise _refused(f"{where} holds more than {MAX_JSON_VALUES} JSON values")
+    try:
+        return load_json(value)
+    except ValueError as exc:
+        if "recursion limit" in str(exc):
+            raise _refused(f"{where} nests deeper than the API accepts (~200 levels)") from exc
+        return value
 
 
 # --- OTLP values ------------------------------------------------------------------------------------
@@ -156,11 +195,15 @@ def _openai_tools(definitions: Any) -> tuple[Json, ...]:
     return tuple(tools)
 
 
-def semconv_content(attrs: Mapping[str, Any]) -> Content:
-    """Content from the GenAI conventions' message attributes (span or details event); empty without."""
-    inputs = _structured(attrs.get("gen_ai.input.messages"))
-    outputs = _structured(attrs.get("gen_ai.output.messages"))
-    messages = [*_system_message(_structured(attrs.get("gen_ai.system_instructions")))]
+def semconv_content(attrs: Mapping[str, Any], where: str = "the span") -> Content:
+    """Content from the GenAI conventions' message attributes (span or details event); empty without.
+    ``OtlpError`` 422 (naming ``where``) for one the API would refuse."""
+    def read(name: str) -> Any:
+        return _structured(attrs.get(name), f"{name} of {where}")
+
+    inputs = read("gen_ai.input.messages")
+    outputs = read("gen_ai.output.messages")
+    messages = [*_system_message(read("gen_ai.system_instructions"))]
     for message in inputs if isinstance(inputs, list) else []:
         if isinstance(message, Mapping):
             messages += _semconv_message(message)
@@ -170,7 +213,7 @@ def semconv_content(attrs: Mapping[str, Any]) -> Content:
         reply["role"] = "assistant"
     finish = outputs[0].get("finish_reason") if outputs else None
     return Content(tuple(messages), reply, str(finish) if finish else None,
-                   _openai_tools(_structured(attrs.get("gen_ai.tool.definitions"))), len(outputs))
+                   _openai_tools(read("gen_ai.tool.definitions")), len(outputs))
 
 
 def _legacy_message(role: str, body: Any) -> Json:
@@ -266,7 +309,8 @@ def _error(status: Status, attrs: Mapping[str, Any]) -> str | None:
 
 def model_calls(request: ExportTraceServiceRequest, tally: Tally) -> list[ModelCall]:
     """The request's inference spans; every other span is counted in ``tally`` (``not_genai``,
-    ``genai_other``) and left out."""
+    ``genai_other``) and left out. ``OtlpError`` 422 for a call the pool could not keep (its start is no
+    epoch time, its content is too deep or too large)."""
     calls = []
     for resource_spans in request.resource_spans:
         resource = attributes(resource_spans.resource.attributes)
@@ -281,13 +325,17 @@ def model_calls(request: ExportTraceServiceRequest, tally: Tally) -> list[ModelC
                     tally.counts["genai_other"] += 1
                     continue
                 tally.counts["model_call"] += 1
+                where = f"span {span.trace_id.hex()}/{span.span_id.hex()}"
+                start_ms = span.start_time_unix_nano // 1_000_000
+                if not is_epoch_ms(start_ms):
+                    raise _refused(f"startTimeUnixNano {span.start_time_unix_nano} of {where} is not an "
+                                   f"epoch time the pool can store (0 to {MAX_EPOCH_MS * 1_000_000} ns)")
                 calls.append(ModelCall(
                     trace_id=span.trace_id.hex(), span_id=span.span_id.hex(),
-                    parent_span_id=span.parent_span_id.hex(), name=span.name,
-                    start_ms=span.start_time_unix_nano // 1_000_000,
+                    parent_span_id=span.parent_span_id.hex(), name=span.name, start_ms=start_ms,
                     end_ms=span.end_time_unix_nano // 1_000_000,
                     attributes=attrs, resource=resource, scope=scope, error=_error(span.status, attrs),
-                    content=semconv_content(attrs)))
+                    content=semconv_content(attrs, where)))
     return calls
 
 
@@ -296,13 +344,17 @@ def model_calls(request: ExportTraceServiceRequest, tally: Tally) -> list[ModelC
 @dataclass(frozen=True)
 class SpanLogs:
     """The GenAI log events of one span seen so far: 1.30 message events in emission order, and the
-    content of a details event. A span's events may come in several requests: ``plus`` adds them up."""
+    content of a details event. A span's events may come in several requests: ``plus`` adds them up.
+    ``size``: the bytes their values' objects take (``footprint``, plus ``LOG_RECORD_OVERHEAD`` each), what
+    the join counts."""
 
     events: tuple[tuple[str, Any], ...] = ()
     details: Content = field(default_factory=Content)
+    size: int = 0
 
     def plus(self, later: SpanLogs) -> SpanLogs:
-        return SpanLogs(self.events + later.events, self.details.merged(later.details))
+        return SpanLogs(self.events + later.events, self.details.merged(later.details),
+                        self.size + later.size)
 
     def content(self) -> Content:
         return self.details.merged(legacy_content(self.events))
@@ -327,7 +379,11 @@ def log_contents(request: ExportLogsServiceRequest, tally: Tally) -> dict[SpanKe
                 key = (record.trace_id.hex(), record.span_id.hex())
                 seen = out.get(key, SpanLogs())
                 if name == DETAILS_EVENT:
-                    out[key] = seen.plus(SpanLogs(details=semconv_content(attrs)))
+                    details = semconv_content(attrs, f"the {name} event of span {key[0]}/{key[1]}")
+                    size = footprint((details.messages, details.reply, details.finish_reason, details.tools))
+                    out[key] = seen.plus(SpanLogs(details=details, size=size + LOG_RECORD_OVERHEAD))
                 else:
-                    out[key] = seen.plus(SpanLogs(events=((name, any_value(record.body)),)))
+                    body = any_value(record.body)
+                    size = footprint(body) + LOG_RECORD_OVERHEAD
+                    out[key] = seen.plus(SpanLogs(events=((name, body),), size=size))
     return out

@@ -14,10 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from google.protobuf.internal.encoder import _VarintBytes
 from opentelemetry._logs import LogRecord
 from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import InMemoryLogRecordExporter, SimpleLogRecordProcessor
 from opentelemetry.sdk.resources import Resource
@@ -26,15 +30,17 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
+from clawr1.core.epoch import is_epoch_ms
 from clawr1.gateway.otlp import wire
 from clawr1.gateway.otlp.events import NO_CONTENT_NOTE, turn_event, turn_payload
-from clawr1.gateway.otlp.genai import ModelCall, Tally, log_contents, model_calls
+from clawr1.gateway.otlp.genai import ModelCall, SpanLogs, Tally, log_contents, model_calls
 from clawr1.gateway.otlp.join import ContentJoin
 from clawr1.schemas.codec import AvroCodec
 from clawr1.streams import normalize
 from clawr1.streams.linking import ROOT, Assignment
 from clawr1.streams.readiness import ReadinessRule
 from clawr1.streams.turns import turn_from_service_event
+from tests.support.waiting import wait_until_async
 
 TOOL_ARGS = {"query": "kafka"}
 INPUT = [
@@ -60,8 +66,8 @@ def openai_call(call_id: str, arguments: str) -> dict[str, Any]:
 class Telemetry:
     """An SDK tracer and logger writing to memory, and the OTLP requests their output encodes to."""
 
-    def __init__(self) -> None:
-        resource = Resource.create({"service.name": "my-agent"})
+    def __init__(self, service: str = "my-agent") -> None:
+        resource = Resource.create({"service.name": service})
         self.spans = InMemorySpanExporter()
         self.logs = InMemoryLogRecordExporter()
         self.tracer_provider = TracerProvider(resource=resource)
@@ -306,16 +312,18 @@ def test_a_span_waits_for_its_log_events_until_they_come_or_time_runs_out(otel: 
     user_only = {key: type(value)(events=value.events[:1]) for key, value in logs.items()}
     choice_only = {key: type(value)(events=value.events[1:]) for key, value in logs.items()}
 
+    key = ("agent", *call.key)
+
     async def scenario() -> tuple[float, str | None]:
         join = ContentJoin()
-        join.offer(user_only)  # the user message came first, in its own request
+        join.offer("agent", user_only)  # the user message came first, in its own request
         loop = asyncio.get_running_loop()
-        loop.call_later(0.05, join.offer, choice_only)
+        loop.call_later(0.05, join.offer, "agent", choice_only)
         started = loop.time()
-        await join.wait([call.key], 5.0)
+        await join.wait([key], 5.0)
         waited = loop.time() - started
-        taken = join.take(call.key)
-        assert taken is not None and join.take(call.key) is None
+        taken = join.take(key)
+        assert taken is not None and join.take(key) is None
         return waited, taken.content().reply and taken.content().reply.get("content")
 
     waited, reply = asyncio.run(scenario())
@@ -325,19 +333,208 @@ def test_a_span_waits_for_its_log_events_until_they_come_or_time_runs_out(otel: 
         join = ContentJoin()
         loop = asyncio.get_running_loop()
         started = loop.time()
-        await join.wait([call.key], 0.1)
+        await join.wait([key], 0.1)
         return loop.time() - started
 
     assert 0.1 <= asyncio.run(timeout()) < 1.0
 
 
-def test_unclaimed_log_events_expire_by_age_and_count() -> None:
+def test_unclaimed_log_events_expire_by_age_and_bytes() -> None:
     now = [0.0]
-    join = ContentJoin(ttl_s=10, max_spans=2, clock=lambda: now[0])
-    from clawr1.gateway.otlp.genai import SpanLogs
-
-    join.offer({("t", "a"): SpanLogs(), ("t", "b"): SpanLogs(), ("t", "c"): SpanLogs()})
-    assert len(join) == 2 and join.expired == 1 and join.take(("t", "a")) is None
+    join = ContentJoin(ttl_s=10, max_bytes=200, clock=lambda: now[0])
+    join.offer("k", {("t", span): SpanLogs(size=100) for span in "abc"})
+    assert len(join) == 2 and join.expired == 1 and join.take(("k", "t", "a")) is None
+    assert join.held_bytes("k") == 200
     now[0] = 11.0
-    join.offer({("t", "d"): SpanLogs()})
-    assert len(join) == 1 and join.expired == 3
+    join.offer("k", {("t", "d"): SpanLogs(size=10)})
+    assert len(join) == 1 and join.expired == 3 and join.held_bytes("k") == 10
+    now[0] = 22.0
+    join.offer("other", {})  # a request without GenAI events still lets the old ones go
+    assert len(join) == 0 and join.expired == 4 and join.held_bytes("k") == 0
+
+
+# --- admission: bounded work, the pool's rules, redaction ---------------------------------------------------
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (what every OTLP message level nests in)."""
+    return _VarintBytes(number << 3 | 2) + _VarintBytes(len(payload)) + payload
+
+
+def _nested(records: bytes) -> bytes:
+    """``records`` (fields of a ScopeSpans / ScopeLogs) as an export request: resource (1) -> scope (2)."""
+    return _field(1, _field(2, records))
+
+
+def test_a_flood_of_spans_or_log_records_is_refused_before_any_is_parsed() -> None:
+    """1,000,000 empty spans in 1,983 gzip bytes: refused after 10,000 of them were counted (the count
+    walks the wire format; the parser, which holds the interpreter, never sees the body)."""
+    bomb = gzip.compress(_nested(b"\x12\x00" * 1_000_000), 9)
+    assert len(bomb) < 2_100
+    body = wire.inflate(bomb, "gzip", 64 << 20)
+    with pytest.raises(wire.OtlpError, match="more than 10000 spans") as spans:
+        wire.decode_traces(body, PROTOBUF)
+    assert spans.value.status == 413
+    with pytest.raises(wire.OtlpError, match="more than 300 log records") as records:
+        wire.decode_logs(_nested(b"\x12\x00" * 301), PROTOBUF, max_records=300)
+    assert records.value.status == 413
+    assert len(wire.decode_logs(_nested(b"\x12\x00" * 300), PROTOBUF, 300).resource_logs[0]
+               .scope_logs[0].log_records) == 300
+
+
+def test_a_span_of_countless_fields_or_a_json_body_of_countless_values_is_refused() -> None:
+    one_span = _nested(_field(2, b"\x4a\x00" * wire.MAX_FIELDS))  # a span of empty attributes
+    with pytest.raises(wire.OtlpError, match="protobuf fields") as fields:
+        wire.decode_traces(one_span, PROTOBUF)
+    assert fields.value.status == 413
+    spans = ",".join(["{}"] * wire.MAX_JSON_VALUES)
+    body = f'{{"resourceSpans": [{{"scopeSpans": [{{"spans": [{spans}]}}]}}]}}'.encode()
+    with pytest.raises(wire.OtlpError, match="JSON values") as values:
+        wire.decode_traces(body, wire.Encoding(json=True))
+    assert values.value.status == 413
+    # Commas and brackets inside strings are no values: the exact count skips them.
+    assert wire.json_values_within(json.dumps(["," * 500, "{[" * 500]), 5)
+    assert not wire.json_values_within(json.dumps([[1, 2], {"a": 3}]), 4)
+
+
+def _deep(levels: int) -> Any:
+    return json.loads("[" * levels + "]" * levels)
+
+
+@pytest.mark.parametrize("attribute", ["gen_ai.input.messages", "gen_ai.output.messages",
+                                       "gen_ai.tool.definitions"])
+def test_content_nested_deeper_than_the_api_accepts_is_refused_not_a_crash(otel: Telemetry,
+                                                                          attribute: str) -> None:
+    """100,000 levels (a RecursionError, so a 500, before) and 600-deep parts: a 422 naming the span."""
+    deep_parts = [{"role": "user", "parts": [{"type": "text", "content": "x", "extra": _deep(600)}]}]
+    with otel.tracer.start_as_current_span("chat", attributes={
+            **CALL_ATTRIBUTES, attribute: "[" * 100_000 + "]" * 100_000}):
+        pass
+    with otel.tracer.start_as_current_span("chat", attributes={
+            **CALL_ATTRIBUTES, attribute: json.dumps(deep_parts)}):
+        pass
+    for span in otel.spans.get_finished_spans():
+        request = encode_spans([span]).SerializeToString()
+        with pytest.raises(wire.OtlpError, match=f"{attribute} of span .* nests deeper") as refused:
+            model_calls(wire.decode_traces(request, PROTOBUF), Tally())
+        assert refused.value.status == 422
+    with otel.tracer.start_as_current_span("chat", attributes={
+            **CALL_ATTRIBUTES, attribute: json.dumps([_deep(150)])}):
+        pass
+    model_calls(wire.decode_traces(encode_spans([otel.spans.get_finished_spans()[-1]]).SerializeToString(),
+                                   PROTOBUF), Tally())  # as deep as the API takes: read
+
+
+def test_a_string_holding_json_too_deep_to_redact_is_refused_never_stored_unchecked(otel: Telemetry) -> None:
+    for depth in (300, 5_000):
+        text = "[" * depth + '{"password": "hunter2xx"}' + "]" * depth  # a message's text, itself JSON
+        messages = [{"role": "user", "parts": [{"type": "text", "content": text}]}]
+        with otel.tracer.start_as_current_span("chat", attributes={
+                **CALL_ATTRIBUTES, "gen_ai.input.messages": json.dumps(messages),
+                "gen_ai.output.messages": json.dumps(OUTPUT)}):
+            pass
+    shallow, deep = calls_of(otel)
+    assert "hunter2xx" not in turn_event(shallow, "svc", 1).record["payload_json"]
+    with pytest.raises(wire.OtlpError, match="too deep to check it for secrets") as refused:
+        turn_event(deep, "svc", 1)
+    assert refused.value.status == 422
+
+
+def test_deep_bodies_are_a_400_in_either_encoding() -> None:
+    deep_json = b'{"resourceSpans": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+    with pytest.raises(wire.OtlpError, match="recursion limit") as json_body:
+        wire.decode_traces(deep_json, wire.Encoding(json=True))
+    value = b""
+    for _ in range(2_000):  # AnyValue { array_value { values { ... } } }
+        value = _field(5, _field(1, value))
+    attribute = _field(9, _field(2, value))  # span.attributes { value }
+    with pytest.raises(wire.OtlpError, match="not a valid OTLP protobuf") as protobuf:
+        wire.decode_traces(_nested(_field(2, attribute)), PROTOBUF)
+    assert json_body.value.status == protobuf.value.status == 400
+
+
+def test_a_start_time_the_pool_cannot_store_is_refused_at_admission() -> None:
+    """2^64-1 ns was answered 200, then dead-lettered by the sink ("not an epoch time"): the same rule
+    (clawr1.core.epoch) now refuses it."""
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add()
+    span.trace_id, span.span_id, span.start_time_unix_nano = b"\x01" * 16, b"\x02" * 8, 2**64 - 1
+    attribute = span.attributes.add()
+    attribute.key, attribute.value.string_value = "gen_ai.operation.name", "chat"
+    with pytest.raises(wire.OtlpError, match="startTimeUnixNano 18446744073709551615 .* not an epoch") as bad:
+        model_calls(request, Tally())
+    assert bad.value.status == 422
+    span.start_time_unix_nano = 1_700_000_000_000_000_000
+    [call] = model_calls(request, Tally())
+    assert call.start_ms == 1_700_000_000_000 and is_epoch_ms(call.start_ms)
+
+
+OPENAI_KEY = "sk-proj-" + "a1B2c3D4" * 5
+GITHUB_TOKEN = "ghp_" + "x1Y2" * 9
+BEARER = "Bearer abcdef0123456789abcdef"
+
+
+def test_secrets_in_otlp_content_are_redacted_as_the_proxy_redacts_them() -> None:
+    otel = Telemetry(service=f"agent {GITHUB_TOKEN}")
+    messages = [
+        {"role": "user", "parts": [{"type": "text", "content": f"my key is {OPENAI_KEY}"},
+                                   {"type": "blob", "api_key": "plain-secret-1", "password": "hunter2xx"}]},
+        {"role": "assistant", "parts": [{"type": "tool_call", "id": "c1", "name": "login",
+                                         "arguments": {"token": "plain-secret-2", "user": "bob"}}]},
+    ]
+    output = [{"role": "assistant", "parts": [
+        {"type": "tool_call", "id": "c2", "name": "call", "arguments": {"password": "plain-secret-3"}},
+        {"type": "text", "content": f"use {BEARER}"}], "finish_reason": f"stop {GITHUB_TOKEN}"}]
+    schema = {"type": "object", "properties": {"password": {"type": "string"}}}
+    tools = [{"name": "login", "parameters": schema, "secret": "plain-secret-4"}]
+    try:
+        with otel.tracer.start_as_current_span(f"chat {OPENAI_KEY}", attributes={
+                **CALL_ATTRIBUTES, "gen_ai.input.messages": json.dumps(messages),
+                "gen_ai.output.messages": json.dumps(output), "gen_ai.tool.definitions": json.dumps(tools),
+                "gen_ai.conversation.id": f"conv/{OPENAI_KEY}",
+                "server.address": "bob:hunter2pass@api.example.com"}):
+            pass
+        [call] = calls_of(otel)
+    finally:
+        otel.tracer_provider.shutdown()
+        otel.logger_provider.shutdown()
+    event = turn_event(call, "svc", 1)
+    stored = json.dumps(event.record) + event.key
+    for secret in (OPENAI_KEY, GITHUB_TOKEN, BEARER, "plain-secret-1", "hunter2", "plain-secret-2",
+                   "plain-secret-3", "plain-secret-4"):
+        assert secret not in stored, secret
+    payload = json.loads(event.record["payload_json"])
+    assert payload["metadata"]["otel"]["server.address"] == "api.example.com"
+    assert payload["metadata"]["tools"][0]["function"]["parameters"]["properties"] == {
+        "password": {"type": "string"}}  # a schema names secrets, holds none
+    assert json.loads(payload["prompt_messages"][1]["tool_calls"][0]["function"]["arguments"]) == {
+        "token": "[REDACTED]", "user": "bob"}
+    assert event.key == turn_event(call, "svc", 2).key != f"conv/{OPENAI_KEY}"  # a stable stand-in
+
+
+# --- the join is per API key, bounded in bytes, expired by time -------------------------------------------
+
+def test_one_keys_log_events_never_fill_or_push_out_anothers(otel: Telemetry) -> None:
+    with otel.tracer.start_as_current_span("chat", attributes=CALL_ATTRIBUTES):
+        otel.event("gen_ai.user.message", {"content": "hi"})
+        otel.event("gen_ai.choice", {"index": 0, "message": {"role": "assistant", "content": "hello"}})
+    [call] = calls_of(otel)
+    logs = log_contents(wire.decode_logs(otel.log_request(), PROTOBUF), Tally())
+    join = ContentJoin(max_bytes=10_000)
+    join.offer("b", logs)  # key B knows A's trace and span ids (a traceparent header shows them)
+    assert not join.has_reply(("a", *call.key)) and join.take(("a", *call.key)) is None
+    join.offer("a", logs)
+    join.offer("b", {(f"{i:032x}", f"{i:016x}"): SpanLogs(size=100) for i in range(20_001)})
+    assert join.held_bytes("b") <= 10_000 and join.expired > 20_000 - 100
+    taken = join.take(("a", *call.key))
+    assert taken is not None and taken.content().reply == {"role": "assistant", "content": "hello"}
+
+
+def test_unclaimed_log_events_go_by_time_without_another_request() -> None:
+    async def scenario() -> tuple[int, int]:
+        join = ContentJoin(ttl_s=0.05)
+        join.offer("k", {("t", "s"): SpanLogs(size=10)})
+        held = len(join)
+        await wait_until_async(lambda: len(join) == 0, 5.0)
+        return held, join.expired
+
+    assert asyncio.run(scenario()) == (1, 1)

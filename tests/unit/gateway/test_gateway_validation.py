@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from clawr1.core.epoch import MAX_EPOCH_MS, is_epoch_ms
 from clawr1.gateway.errors import ApiError
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn
 from clawr1.gateway.validation import check_event, check_feedback, check_step, parse_items
@@ -173,3 +174,12 @@ def test_other_events_take_any_payload() -> None:
                           EventIn, check_event, 10)
     assert event.timestamp_ms == 5
     assert fields(event_rejection({"kind": "", "trajectory_id": "t"})) == {"kind": "string_too_short"}
+
+
+def test_an_event_time_the_pool_cannot_store_is_refused() -> None:
+    """The sink's rule (clawr1.core.epoch): such a time was accepted (any long), then dead-lettered."""
+    too_late = {"kind": "tool_result", "trajectory_id": "t", "timestamp_ms": MAX_EPOCH_MS}
+    assert fields(event_rejection(too_late)) == {"timestamp_ms": "less_than"}
+    [event] = parse_items(json.dumps({"kind": "tool_result", "trajectory_id": "t",
+                                      "timestamp_ms": MAX_EPOCH_MS - 1}).encode(), EventIn, check_event, 10)
+    assert is_epoch_ms(event.timestamp_ms or 0)
