@@ -466,6 +466,9 @@ def summarize(soak: Soak, load_phases: list[dict[str, Any]]) -> dict[str, Any]:
                          "second_half_growth": growth(at[1], at[2])}
     peak = max(samples, key=lambda s: sum(s["state_keys"].values()))
     total = {k: sum(s["state_keys"].values()) for k, s in (("peak", peak), ("end", end))}
+    # Live state bytes: what the worker holds; expiry markers (Z) are a few bytes a trajectory.
+    byte_peak = max(sum(s["state_bytes"].values()) for s in samples)
+    byte_end = sum(end["state_bytes"].values())
     load = end["load"]
     lost = {"steps": load.get("steps_acked", 0) - end["pool"]["whitebox"],
             "rewards": load.get("rewards_acked", 0) - end["pool"]["rewarded"],
@@ -475,7 +478,9 @@ def summarize(soak: Soak, load_phases: list[dict[str, Any]]) -> dict[str, Any]:
         "state_keys": {"peak": total["peak"], "end": total["end"],
                        "end_vs_peak": round(total["end"] / total["peak"], 3) if total["peak"] else None,
                        "peak_by_namespace": peak["state_keys"], "end_by_namespace": end["state_keys"],
-                       "end_bytes_by_namespace": end["state_bytes"]},
+                       "end_bytes_by_namespace": end["state_bytes"],
+                       "peak_bytes": byte_peak, "end_bytes": byte_end,
+                       "end_vs_peak_bytes": round(byte_end / byte_peak, 4) if byte_peak else None},
         "restarts": {role: n - samples[0]["restarts"].get(role, 0) for role, n in end["restarts"].items()},
         "http": {k: v for k, v in sorted(load.items()) if k.startswith("http_")},
         "load": load, "lost": lost, "errors": soak.tally.errors,
@@ -500,6 +505,8 @@ def report(result: dict[str, Any]) -> list[str]:
     keys = s["state_keys"]
     lines.append(f"state keys: peak {keys['peak']}, end {keys['end']} ({keys['end_vs_peak']} of the peak); "
                  "at the end " + " ".join(f"{k}={v}" for k, v in keys["end_by_namespace"].items()))
+    lines.append(f"state bytes: peak {keys['peak_bytes']}, end {keys['end_bytes']} "
+                 f"({keys['end_vs_peak_bytes']} of the peak)")
     http = s["http"]
     lines.append(f"restarts {s['restarts']}; 429s {http.get('http_429', 0)} "
                  f"({http.get('http_429_retry_after', 0)} with Retry-After); lost {s['lost']}")
