@@ -4,8 +4,9 @@ A turn continues an earlier step when its messages start with that step's prompt
 (compared canonically, ``clawr1.core.conversation``). Several steps can have the same prompt plus
 reply: k GRPO rollouts of one task whose first actions are identical. Their states are identical,
 so any one-to-one assignment is correct, and the linker keeps it one-to-one: a continuation goes
-to a matching step that has not been continued yet (preferring the one whose call came on the
-same client connection, then the oldest), never to one already continued. While such a free step
+to a matching step that has not been continued yet (preferring a live step to a superseded one,
+then the newest, then the one whose call came on the same client connection: ``_preference``),
+never to one already continued. While such a free step
 waits, the turn is never taken for a retry: rollout workers share one client, so a connection
 says nothing about which rollout a call belongs to.
 

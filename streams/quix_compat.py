@@ -3,8 +3,8 @@
 The worker keeps one state store per partition for all its inputs and writes its outputs in batches
 at the end of each checkpoint, inside the checkpoint's Kafka transaction. Quix's documented surface
 gives each dataframe a ``State`` scoped to the current message's key, and produces per row; so the
-worker reaches for the two objects underneath, both public names that Quix's own ``stateful`` wrapper
-and sinks use:
+worker reaches for what lies underneath, public names that Quix's own ``stateful`` wrapper and sinks
+use:
 
 - the checkpoint's store transaction of a partition (``StreamingDataFrame.processing_context
   .checkpoint.get_store_transaction(...).as_state(...)``): the same ``State`` protocol, without the
@@ -14,7 +14,9 @@ and sinks use:
 - the processing context's ``commit_checkpoint``, wrapped (on that one instance) so that a commit that
   never returns is seen (``clawr1.streams.commit_watchdog``);
 - the name Quix gives a store's changelog topic, so the worker can create it before Quix looks for it
-  (``changelog_topic``).
+  (``changelog_topic``);
+- ``RocksDBOptions.to_options``, extended by the worker's options with a compaction rule for the files
+  that expired state fills with deletions (``clawr1.streams.app``).
 
 ``tests/unit/streams/test_streams_quix_compat.py`` checks that every name in ``PINNED`` exists on the
 installed version, so an upgrade that renames one fails there with this module named, not in production.
