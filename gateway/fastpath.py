@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 from pydantic_core import SchemaValidator, ValidationError, core_schema
 
+from clawr1.core.json_depth import too_deep
 from clawr1.core.routing import routable_id
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, ID_MAX, NAME_MAX, StepIn
 from clawr1.gateway.records import compact_json, digest_of, identity_bytes, packed_bytes
@@ -187,7 +188,10 @@ def pack_body(raw: bytes, source_name: str, received_at_ms: int, max_batch: int)
     orjson reads an integer beyond 64 bits as a float, where ``parse_json`` keeps it an int. So the
     checks decline every number that may be such a float: token ids and integer fields must be ints in
     range, rewards and logprobs below 2**53 in magnitude, and the JSON kept for metadata and messages
-    must hold no exponent form."""
+    must hold no exponent form. A body nested deeper than ``MAX_JSON_DEPTH`` (orjson reads 1,024 levels)
+    is left to ``parse_json``, which refuses it."""
+    if too_deep(raw):
+        return None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
+from clawr1.core.json_depth import JsonTooDeep, check_depth
 from clawr1.gateway.errors import ApiError, FieldError, field_errors, field_path
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
 from clawr1.gateway.records import compact_json
@@ -23,10 +24,14 @@ MAX_REPORTED_ERRORS = 50
 
 
 def parse_json(raw: bytes) -> Any:
+    """The body's JSON, nested at most ``MAX_JSON_DEPTH`` levels (the limit of every way in)."""
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object or array")
     try:
+        check_depth(raw, "the request body")
         return from_json(raw, allow_inf_nan=False)
+    except JsonTooDeep as exc:
+        raise ApiError(400, "malformed_json", str(exc)) from exc
     except ValueError as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from exc
 
