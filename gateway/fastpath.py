@@ -28,9 +28,10 @@ import numpy as np
 import orjson
 from pydantic_core import SchemaValidator, ValidationError, core_schema
 
+from clawr1.core.ids import id_problem
 from clawr1.core.json_depth import too_deep
 from clawr1.core.routing import routable_id
-from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, ID_MAX, NAME_MAX, StepIn
+from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, NAME_MAX, StepIn
 from clawr1.gateway.records import compact_json, digest_of, identity_bytes, packed_bytes
 from clawr1.schemas.codec import current_schema
 
@@ -72,6 +73,16 @@ def _text(value: Any, low: int, high: int) -> str:
 
 def _optional_text(value: Any, low: int, high: int) -> str | None:
     return None if value is None else _text(value, low, high)
+
+
+def _id(value: Any) -> str:
+    if type(value) is not str or id_problem(value) is not None:
+        raise _Decline
+    return value
+
+
+def _optional_id(value: Any) -> str | None:
+    return None if value is None else _id(value)
 
 
 def _integer(value: Any, low: int, high: int) -> int:
@@ -218,10 +229,10 @@ def _step(item: Any, source_name: str, received_at_ms: int) -> _Step:
     if type(item) is not dict or not item.keys() <= _STEP_FIELDS:
         raise _Decline
     get = item.get
-    step_id = _optional_text(get("step_id"), 1, ID_MAX)
-    trajectory_id = _text(get("trajectory_id"), 1, ID_MAX)
+    step_id = _optional_id(get("step_id"))
+    trajectory_id = _id(get("trajectory_id"))
     step_index = _integer(get("step_index"), 0, AVRO_INT_LIMIT)
-    group_id = _optional_text(get("prompt_group_id"), 1, ID_MAX)
+    group_id = _optional_id(get("prompt_group_id"))
     group_size = _optional_integer(get("prompt_group_size"), 1, AVRO_INT_LIMIT)
     prompt = _token_ids(get("prompt_token_ids", []))
     response = _token_ids(get("response_token_ids", []))

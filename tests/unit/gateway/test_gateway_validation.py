@@ -173,3 +173,18 @@ def test_other_events_take_any_payload() -> None:
                           EventIn, check_event, 10)
     assert event.timestamp_ms == 5
     assert fields(event_rejection({"kind": "", "trajectory_id": "t"})) == {"kind": "string_too_short"}
+
+
+@pytest.mark.parametrize(("model", "check", "body", "field"), [
+    (StepIn, check_step, {**STEP, "trajectory_id": "t\r\nX: 1"}, "trajectory_id"),
+    (StepIn, check_step, {**STEP, "step_id": "s\x00"}, "step_id"),
+    (StepIn, check_step, {**STEP, "prompt_group_id": "g\u2028"}, "prompt_group_id"),
+    (FeedbackIn, check_feedback, {"trajectory_id": "t\n", "reward": 1.0}, "trajectory_id"),
+    (EventIn, check_event, {"kind": "note", "trajectory_id": "t", "step_id": "s\x7f"}, "step_id"),
+])
+def test_ids_with_control_characters_are_refused_naming_the_field(model: type, check: Any, body: Any,
+                                                                   field: str) -> None:
+    """A CR/LF trajectory id was stored, then 404 in the dashboard: ids follow clawr1.core.ids everywhere."""
+    error = rejection(body, model, check)
+    assert error.status == 422 and fields(error) == {field: "value_error"}
+    assert "no control character" in error.errors[0].reason
