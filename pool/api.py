@@ -205,7 +205,8 @@ def _arrow_rows(body: bytes, owner: str) -> pa.Table:
     if table.num_rows > MAX_INSERT_ROWS:
         raise HTTPException(400, f"at most {MAX_INSERT_ROWS} rows per insert, got {table.num_rows}")
     if repeated := sorted(name for name, times in Counter(table.column_names).items() if times > 1):
-        raise HTTPException(400, f"the stream names the column {', '.join(map(repr, repeated))} more than once")
+        named = ", ".join(map(repr, repeated))
+        raise HTTPException(400, f"the stream names the column {named} more than once")
     if owner not in table.column_names:
         raise HTTPException(400, f"the rows need the column {owner!r}")
     return table
