@@ -51,8 +51,14 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
+from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
+
 REDACTED = "[REDACTED]"
 REDACTED_WITH_TOKEN_IDS = "secrets redacted from the text; the engine token ids still encode them"
+TOO_DEEP = f"[REDACTED: JSON nested deeper than {MAX_JSON_DEPTH} levels]"
+"""What a text holding JSON nested past ``MAX_JSON_DEPTH`` becomes: its fields cannot be read one by one,
+so its secret-named fields could not be found."""
+TOO_DEEP_NOTE = f"a text with JSON nested deeper than {MAX_JSON_DEPTH} levels was not kept: {TOO_DEEP}"
 
 SECRET_WORDS = frozenset({
     "password", "passwd", "passphrase", "passcode", "pwd", "pass", "otp", "totp", "secret", "credential",
@@ -369,7 +375,10 @@ def _redact_json(text: str, parsed: Any, clean: set[int] | None = None) -> str:
 
 def _redact_documents(text: str) -> str:
     """Every JSON object or array in ``text`` gets the field rule, the bytes around them the token rule
-    (a byte-order mark, trailing bytes, one document per line, JSON inside a log line)."""
+    (a byte-order mark, trailing bytes, one document per line, JSON inside a log line); ``TOO_DEEP``
+    where they nest past the limit."""
+    if too_deep(text):
+        return TOO_DEEP
     out: list[str] = []
     position = 0
     for start in _JSON_START.finditer(text):
@@ -377,7 +386,7 @@ def _redact_documents(text: str) -> str:
             continue
         try:
             parsed, end = _DECODER.raw_decode(text, start.start())
-        except (ValueError, RecursionError):
+        except ValueError:
             continue
         out += [redact_tokens(text[position:start.start()]), _redact_json(text[start.start():end], parsed)]
         position = end
@@ -393,11 +402,14 @@ def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
     other text the token rule; unchanged text is returned as it was. ``parsed``: the object or array
     ``json.loads`` gives for the text (white space and a byte-order mark around it aside), when the
     caller has read it already: an agent's request is its whole conversation, read once; ``clean``:
-    ``_needs_redaction``'s, for objects of ``parsed``."""
+    ``_needs_redaction``'s, for objects of ``parsed``. JSON nested past ``MAX_JSON_DEPTH`` cannot be
+    read field by field: such a text becomes ``TOO_DEEP``."""
     body = text.strip().lstrip("\ufeff")
     if body[:1] in ("{", "["):  # a JSON body is judged on its parsed strings (see _RecentVerdicts)
         if parsed is None:
-            with contextlib.suppress(ValueError, RecursionError):
+            if too_deep(body):
+                return TOO_DEEP
+            with contextlib.suppress(ValueError):
                 parsed = json.loads(body)
         if parsed is not None:
             cleaned = _redact_json(body, parsed, clean)
@@ -450,4 +462,6 @@ def redact_record(record: dict[str, Any],
     if redacted != record and (record.get("prompt_token_ids") or any(
             c.get("token_ids") for c in record.get("choices", []))):
         redacted["capture_notes"] = [*redacted.get("capture_notes", []), REDACTED_WITH_TOKEN_IDS]
+    if TOO_DEEP in seen.values():
+        redacted["capture_notes"] = [*redacted.get("capture_notes", []), TOO_DEEP_NOTE]
     return redacted

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from clawr1.core.json_depth import check_depth
 from clawr1.proxy.apis import openai_chat, openai_completions
 
 Json = dict[str, Any]
@@ -80,6 +81,7 @@ def inject_body(api_name: str, body: bytes) -> tuple[bytes, Injection] | None:
         spliced = b'{"return_token_ids":true,"logprobs":' + logprobs + separator + rest
         return spliced, Injection(token_ids=True, logprobs=True)
     try:
+        check_depth(body)
         parsed = json.loads(body)
     except ValueError:
         return None
@@ -216,7 +218,8 @@ def load(data: bytes) -> Any:
     """The values ``json.loads`` gives, read by orjson where it reads them exactly (a reply's thousands of
     token ids parse several times faster): text orjson refuses (NaN, lone surrogates, a byte-order mark)
     or may read as a float (a run of 19 or more digits: an integer past 64 bits) takes the standard
-    library. Raises ValueError."""
+    library. Raises ValueError, also for JSON nested deeper than ``MAX_JSON_DEPTH`` (no parse then)."""
+    check_depth(data)
     if _LONG_NUMBER not in data.translate(_DIGITS_AS_ZEROS):
         try:
             return orjson.loads(data)

@@ -305,3 +305,19 @@ def test_a_lone_surrogate_from_the_engine_still_loses_the_injected_members() -> 
     request = {"model": "m", "messages": [{"role": "user", "content": "cut \ud83d"}], "logprobs": False}
     injected = inject_body(openai_chat.NAME, json.dumps(request).encode())
     assert injected is not None and json.loads(injected[0])["messages"] == request["messages"]
+
+
+@pytest.mark.parametrize("depth", [201, 1_100, 50_000])
+def test_json_of_any_depth_reaches_the_agent_as_the_engine_sent_it(depth: int) -> None:
+    """Past the one nesting limit nothing is parsed (a RecursionError escaped the hooks past 1,024): the
+    agent gets the engine's bytes, the request goes upstream as the agent sent it."""
+    deep = ("[" * depth + "]" * depth).encode()
+    reply = b'{"choices": [], "prompt_token_ids": [1], "x": ' + deep + b"}"
+    assert strip_body(reply, ALL) is None
+    request = b'{"logprobs": true, "messages": ' + deep + b"}"
+    assert inject_body(openai_chat.NAME, request) is None
+    with pytest.raises(ValueError, match="nests deeper than 200 levels"):
+        load(reply)
+    rewriter = SseRewriter(lambda obj: strip_chunk(obj, ALL))
+    event = b"data: " + reply + b"\n\n"
+    assert rewriter.feed(event) + rewriter.flush() == event
