@@ -33,6 +33,7 @@ from clawr1.core.json_depth import too_deep
 from clawr1.core.routing import routable_id
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, NAME_MAX, StepIn
 from clawr1.gateway.records import compact_json, digest_of, identity_bytes, packed_bytes
+from clawr1.gateway.validation import message_problems
 from clawr1.schemas.codec import current_schema
 
 SCHEMA = "whitebox_step"
@@ -152,7 +153,7 @@ def _logprobs(value: Any) -> array | None:
 def _messages(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None
-    if type(value) is not list or any(type(m) is not dict for m in value):
+    if type(value) is not list or any(type(m) is not dict for m in value) or message_problems(value, ""):
         raise _Decline
     return value
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from clawr1.core.json_depth import JsonTooDeep, check_depth
+from clawr1.core.json_depth import MAX_JSON_DEPTH, JsonTooDeep, check_depth, too_deep
 from clawr1.gateway.errors import ApiError, FieldError, field_errors, field_path
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
 from clawr1.gateway.records import compact_json
@@ -89,6 +89,24 @@ def _json_problems(fields: dict[str, Any]) -> list[FieldError]:
     return problems
 
 
+def _deep_arguments(calls: Any, field: str) -> list[FieldError]:
+    """Tool-call arguments are JSON in a string, which the streams parse: held to the nesting limit of
+    every body (past it they raised RecursionError there, and the step was dead-lettered)."""
+    if not isinstance(calls, list):
+        return []
+    return [FieldError(field=f"{field}[{index}].function.arguments", type="too_deep",
+                       reason=f"nests deeper than {MAX_JSON_DEPTH} levels")
+            for index, call in enumerate(calls)
+            if isinstance(call, dict) and isinstance(function := call.get("function"), dict)
+            and isinstance(arguments := function.get("arguments"), str) and too_deep(arguments)]
+
+
+def message_problems(messages: Sequence[Any] | None, field: str) -> list[FieldError]:
+    """What the streams could not read in chat ``messages``: tool-call arguments nested too deep."""
+    return [problem for index, message in enumerate(messages or []) if isinstance(message, dict)
+            for problem in _deep_arguments(message.get("tool_calls"), f"{field}[{index}].tool_calls")]
+
+
 def check_step(step: StepIn) -> list[FieldError]:
     problems = []
     if step.response_logprobs is not None and len(step.response_logprobs) != len(step.response_token_ids):
@@ -105,7 +123,8 @@ def check_step(step: StepIn) -> list[FieldError]:
         problems.append(FieldError(
             field="response_token_ids", type="missing",
             reason="a step needs its response: give response_token_ids or response_text"))
-    return problems + _json_problems({"metadata": step.metadata, "prompt_messages": step.prompt_messages})
+    return problems + _json_problems({"metadata": step.metadata, "prompt_messages": step.prompt_messages}) \
+        + message_problems(step.prompt_messages, "prompt_messages")
 
 
 FEEDBACK_TARGETS = ("step_id", "response_id", "trajectory_id")
@@ -140,7 +159,8 @@ def check_event(event: EventIn) -> list[FieldError]:
     except ValidationError as exc:
         details = [{**e, "loc": ("payload", *e["loc"])} for e in exc.errors(include_url=False)]
         return field_errors(details)
-    problems = []
+    problems = message_problems(turn.prompt_messages, "payload.prompt_messages") + \
+        _deep_arguments(turn.tool_calls, "payload.tool_calls")
     if turn.response_text is None and not turn.tool_calls:
         problems.append(FieldError(field="payload.response_text", type="missing",
                                    reason="a turn needs the reply: give response_text or tool_calls"))

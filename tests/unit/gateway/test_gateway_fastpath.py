@@ -209,7 +209,9 @@ def test_the_orjson_parse_accepts_only_what_parse_json_packs_the_same(body: Any)
     {**PLAIN[1], "metadata": {"n": BIG}}, {**PLAIN[0], "reward": BIG}, {**PLAIN[0], "policy_version": BIG},
     {**PLAIN[1], "response_logprobs": [-float(BIG)] * 9}, {**PLAIN[0], "metadata": {"n": 1e16}},
     {**PLAIN[0], "reward": math.nan}, [PLAIN[0]] * 11, [], b"not json",
-    {**PLAIN[0], "trajectory_id": "t\r\n"}, {**PLAIN[0], "step_id": "s\x00"}])
+    {**PLAIN[0], "trajectory_id": "t\r\n"}, {**PLAIN[0], "step_id": "s\x00"},
+    {**PLAIN[0], "prompt_messages": [{"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": "[" * 201 + "]" * 201}}]}]}])
 def test_numbers_orjson_may_round_and_bodies_it_refuses_go_to_the_model_path(body: Any) -> None:
     raw = body if isinstance(body, bytes) else as_body(body)
     assert pack_body(raw, SOURCE, NOW, max_batch=10) is None

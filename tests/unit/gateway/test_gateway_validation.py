@@ -188,3 +188,21 @@ def test_ids_with_control_characters_are_refused_naming_the_field(model: type, c
     error = rejection(body, model, check)
     assert error.status == 422 and fields(error) == {field: "value_error"}
     assert "no control character" in error.errors[0].reason
+
+
+def test_tool_call_arguments_nest_no_deeper_than_any_body() -> None:
+    """Arguments are JSON in a string, parsed by the streams: 50,000 levels were accepted, then lost."""
+    deep = "[" * 50_000 + "]" * 50_000
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+             {"id": "d", "type": "function", "function": {"name": "f", "arguments": deep}}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": calls}]
+    step = rejection({**STEP, "prompt_messages": messages})
+    assert fields(step) == {"prompt_messages[1].tool_calls[1].function.arguments": "too_deep"}
+    assert "nests deeper than 200 levels" in step.errors[0].reason
+    turn = {"kind": "turn", "trajectory_id": "t",
+            "payload": {"prompt_messages": messages, "tool_calls": calls[1:]}}
+    assert fields(rejection(turn, EventIn, check_event)) == {
+        "payload.prompt_messages[1].tool_calls[1].function.arguments": "too_deep",
+        "payload.tool_calls[0].function.arguments": "too_deep"}
+    shallow = [{"role": "assistant", "tool_calls": calls[:1]}]
+    assert steps({**STEP, "prompt_messages": shallow})[0].prompt_messages == shallow
