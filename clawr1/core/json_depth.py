@@ -7,10 +7,10 @@ So one limit, ``MAX_JSON_DEPTH``, is checked on the *text* before anything parse
 refused with ``JsonTooDeep`` (a ``ValueError``, which every parser's caller already handles), and no
 input can reach a recursive parser or walker deep enough to raise ``RecursionError``.
 
-Cost: one ``translate`` pass keeps a text's quotes and brackets (~0.5 ms a MB); a text with at most
+Cost: one ``translate`` pass keeps a text's quotes and brackets (~0.4 ms a MB); at most
 ``MAX_JSON_DEPTH`` opening brackets among them cannot nest deeper. Only a text with more is measured:
-escaped quotes blanked, then the brackets outside strings summed in numpy. Linear, no Python loop
-over characters.
+escaped quotes blanked where it has any, the brackets outside strings summed in numpy. Linear, no
+Python loop over characters; ~0.1 ms for an 80 KB conversation full of code.
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def _unescaped(data: bytes) -> bytes:
     """``data`` with every byte a backslash escapes blanked (an escaped quote is no quote)."""
     codes = np.frombuffer(data, np.uint8)
     slashes = np.flatnonzero(codes == ord("\\"))
-    order = np.arange(len(slashes))
     starts = np.ones(len(slashes), bool)  # of runs of backslashes: the 1st, 3rd, ... of a run escapes
     starts[1:] = np.diff(slashes) != 1
-    escaping = slashes[(order - np.maximum.accumulate(np.where(starts, order, 0))) % 2 == 0]
+    offset = np.arange(len(slashes)) - np.flatnonzero(starts)[np.cumsum(starts) - 1]
+    escaping = slashes[(offset & 1) == 0]
     blanked = codes.copy()
     blanked[escaping[escaping + 1 < len(codes)] + 1] = ord(" ")
     return blanked.tobytes()
@@ -49,7 +49,7 @@ def _unescaped(data: bytes) -> bytes:
 
 def _depth(data: bytes, structure: bytes) -> int:
     """The depth of ``data`` given its quotes and brackets (``structure``)."""
-    if b"\\" in data:  # no backslash, no escape (a one-byte search)
+    if b"\\" in data and b'\\"' in data:  # only an escaped quote is no quote (a one-byte search first)
         structure = _unescaped(data).translate(None, _NOT_STRUCTURE)
     codes = np.frombuffer(structure, np.uint8)
     quotes = codes == ord('"')
@@ -68,6 +68,8 @@ def json_depth(text: str | bytes) -> int:
 
 def too_deep(text: str | bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether ``text`` nests deeper than ``limit``: one ``translate`` pass where it holds few brackets."""
+    if len(text) <= limit:  # (most tool-call arguments, ids, short texts: no pass at all)
+        return False
     data = _bytes(text)
     structure = data.translate(None, _NOT_STRUCTURE)
     return structure.count(b"[") + structure.count(b"{") > limit and _depth(data, structure) > limit
