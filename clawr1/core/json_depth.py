@@ -10,7 +10,8 @@ input can reach a recursive parser or walker deep enough to raise ``RecursionErr
 Cost: one ``translate`` pass keeps a text's quotes and brackets (~0.4 ms a MB); at most
 ``MAX_JSON_DEPTH`` opening brackets among them cannot nest deeper. Only a text with more is measured:
 escaped quotes blanked where it has any, the brackets outside strings summed in numpy. Linear, no
-Python loop over characters; ~0.1 ms for an 80 KB conversation full of code.
+Python loop over characters: ~0.6 ms for a 1.7 MB batch of steps (orjson reads it in ~9 ms), ~0.25 ms
+for an 80 KB conversation full of code, quotes and brackets (``json.loads``: ~0.2 ms).
 """
 
 from __future__ import annotations
