@@ -10,7 +10,10 @@ is written in its newest version when its page is read; a filter on what does no
 closed at the first page that brings them to the size cap, written under a temporary name and renamed;
 ``manifest.json`` then records the shard, the cursor past it and the counts. An interrupted export
 started again into the same folder continues from the manifest's cursor with the manifest's watermark,
-after removing any shard the manifest does not list: nothing twice, nothing missing.
+after removing any shard the manifest does not list: nothing twice, nothing missing. Every file is
+created new (exclusive, never through a symbolic link) and renamed into place: a link planted in the
+folder under a name the export uses (``.data-00000.jsonl.tmp`` to a victim file) is refused, never
+written through.
 
 Rows (``group_by="step"``): ids, positions, provenance, policy version, token ids with ``input_ids``
 (prompt then response), ``attention_mask`` and ``loss_mask`` (1 on response tokens), behaviour
@@ -88,13 +91,39 @@ class ExportManifest:
 
     def save(self, out: Path) -> None:
         temporary = out / f".{MANIFEST}.tmp"
-        temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        with open(_create(temporary), "wb") as file:
+            file.write((json.dumps(asdict(self), indent=2) + "\n").encode())
         os.replace(temporary, out / MANIFEST)
 
     @classmethod
     def load(cls, out: Path) -> ExportManifest | None:
         path = out / MANIFEST
         return cls(**json.loads(path.read_text())) if path.exists() else None
+
+
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _not_a_link(path: Path) -> None:
+    if path.is_symlink():
+        raise UsageError(f"{path} is a symbolic link: an export never writes through one (was it planted?); "
+                         "remove it or choose another folder")
+
+
+def _ours(name: str) -> bool:
+    """A name the export writes or reads in its folder: the manifest, shards and their temporaries."""
+    return name.startswith(("data-", ".data-", MANIFEST, f".{MANIFEST}"))
+
+
+def _create(path: Path) -> int:
+    """A new file at ``path``, open for writing: never through a link, never over another file. A regular
+    file left there (an interrupted export's temporary) is removed first; a link is refused."""
+    try:
+        return os.open(path, _NEW_FILE, 0o666)
+    except FileExistsError:
+        _not_a_link(path)
+        path.unlink()
+        return os.open(path, _NEW_FILE, 0o666)
 
 
 def _text(content: Any) -> str:
@@ -158,7 +187,7 @@ class _ShardWriter:
         self.path, self.fmt = path, fmt
         self.temporary = path.with_name(f".{path.name}.tmp")
         self.rows = 0
-        self._file = pa.OSFile(str(self.temporary), "wb")
+        self._file = open(_create(self.temporary), "wb")  # noqa: SIM115 - closed by close()
         self._parquet: pq.ParquetWriter | None = None
 
     def write(self, table: pa.Table) -> None:
@@ -248,6 +277,9 @@ def export_steps(
         raise UsageError("shard_bytes and page_rows must be >= 1")
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
+    for entry in folder.iterdir():
+        if _ours(entry.name):
+            _not_a_link(entry)
     query = _filter(filters, where, channel)
     described = {"where": where, "channel": channel, "preset": preset,
                  "preset_filters": None if filters is None else json.loads(filters.to_json()),

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi import Path as PathParam
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -36,6 +37,7 @@ from clawr1.dashboard.panels import Dashboard
 from clawr1.gateway.app import INGESTS, encode_items, gateway_state, publish
 from clawr1.gateway.auth import ANONYMOUS
 from clawr1.gateway.models import FeedbackIn
+from clawr1.gateway.validation import parse_json
 from clawr1.pool.store import PoolError, PoolStore
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -102,6 +104,15 @@ async def _read(fn: Callable[..., Any], *args: Any) -> Any:
         return await run_in_threadpool(fn, *args)
     except PoolError as exc:
         raise HTTPException(503, f"the pool could not answer: {exc}") from exc
+
+
+def _curation(raw: bytes) -> CurateRequest:
+    """The body read as every route of the API reads JSON (``parse_json``: its nesting limit, no lone
+    surrogate, no NaN), then checked: a lone surrogate in a filter reached the pool and was a 503."""
+    try:
+        return CurateRequest.model_validate(parse_json(raw))
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from exc
 
 
 def _found(value: Any, missing: str) -> JSONResponse:
@@ -193,12 +204,16 @@ def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None,
     @router.post(
         "/v1/dashboard/curate", status_code=202,
         summary="Label, grade, exclude or annotate rows or a whole filter, as audited feedback",
-        responses={415: {"description": "not application/json"}, 422: {"description": "invalid curation"},
+        responses={400: {"description": "not JSON as the API reads it"},
+                   415: {"description": "not application/json"}, 422: {"description": "invalid curation"},
                    503: {"description": "Kafka or the pool unavailable"}},
+        openapi_extra={"requestBody": {"required": True, "content": {
+            "application/json": {"schema": CurateRequest.model_json_schema()}}}},
     )
-    async def curate(request: Request, body: CurateRequest) -> JSONResponse:
+    async def curate(request: Request) -> JSONResponse:
         if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
             raise HTTPException(415, "send the curation as application/json")  # no cross-site form posts
+        body = _curation(await request.body())
         step_ids = body.step_ids
         if body.filters is not None:
             try:

@@ -20,6 +20,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from clawr1.consumer_sdk import PoolConsumer, StepBatch
+from clawr1.gateway.models import Id
 from clawr1.pool.store import PoolStore
 from clawr1.prefix_tree.packing import PackedTree, dense_mask, pack_tree
 from clawr1.prefix_tree.tree import StepTokens
@@ -38,8 +39,7 @@ class CurateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    step_ids: list[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
-        [], max_length=MAX_CURATED_STEPS)
+    step_ids: list[Id] = Field([], max_length=MAX_CURATED_STEPS)
     filters: dict[str, Any] | None = Field(None, description="the steps table's filters (a whole filter)")
     labels: list[Label] = Field([], max_length=16)
     quality: Literal["good", "ok", "bad"] | None = None

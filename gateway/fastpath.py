@@ -28,9 +28,12 @@ import numpy as np
 import orjson
 from pydantic_core import SchemaValidator, ValidationError, core_schema
 
+from clawr1.core.ids import id_problem
+from clawr1.core.json_depth import too_deep
 from clawr1.core.routing import routable_id
-from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, ID_MAX, NAME_MAX, StepIn
+from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, NAME_MAX, StepIn
 from clawr1.gateway.records import compact_json, digest_of, identity_bytes, packed_bytes
+from clawr1.gateway.validation import message_problems
 from clawr1.schemas.codec import current_schema
 
 SCHEMA = "whitebox_step"
@@ -71,6 +74,16 @@ def _text(value: Any, low: int, high: int) -> str:
 
 def _optional_text(value: Any, low: int, high: int) -> str | None:
     return None if value is None else _text(value, low, high)
+
+
+def _id(value: Any) -> str:
+    if type(value) is not str or id_problem(value) is not None:
+        raise _Decline
+    return value
+
+
+def _optional_id(value: Any) -> str | None:
+    return None if value is None else _id(value)
 
 
 def _integer(value: Any, low: int, high: int) -> int:
@@ -140,7 +153,7 @@ def _logprobs(value: Any) -> array | None:
 def _messages(value: Any) -> list[dict[str, Any]] | None:
     if value is None:
         return None
-    if type(value) is not list or any(type(m) is not dict for m in value):
+    if type(value) is not list or any(type(m) is not dict for m in value) or message_problems(value, ""):
         raise _Decline
     return value
 
@@ -187,7 +200,10 @@ def pack_body(raw: bytes, source_name: str, received_at_ms: int, max_batch: int)
     orjson reads an integer beyond 64 bits as a float, where ``parse_json`` keeps it an int. So the
     checks decline every number that may be such a float: token ids and integer fields must be ints in
     range, rewards and logprobs below 2**53 in magnitude, and the JSON kept for metadata and messages
-    must hold no exponent form."""
+    must hold no exponent form. A body nested deeper than ``MAX_JSON_DEPTH`` (orjson reads 1,024 levels)
+    is left to ``parse_json``, which refuses it."""
+    if too_deep(raw):
+        return None
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -214,10 +230,10 @@ def _step(item: Any, source_name: str, received_at_ms: int) -> _Step:
     if type(item) is not dict or not item.keys() <= _STEP_FIELDS:
         raise _Decline
     get = item.get
-    step_id = _optional_text(get("step_id"), 1, ID_MAX)
-    trajectory_id = _text(get("trajectory_id"), 1, ID_MAX)
+    step_id = _optional_id(get("step_id"))
+    trajectory_id = _id(get("trajectory_id"))
     step_index = _integer(get("step_index"), 0, AVRO_INT_LIMIT)
-    group_id = _optional_text(get("prompt_group_id"), 1, ID_MAX)
+    group_id = _optional_id(get("prompt_group_id"))
     group_size = _optional_integer(get("prompt_group_size"), 1, AVRO_INT_LIMIT)
     prompt = _token_ids(get("prompt_token_ids", []))
     response = _token_ids(get("response_token_ids", []))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -23,16 +24,25 @@ from pydantic import (
 from pydantic.config import JsonDict
 
 from clawr1.core.epoch import MAX_EPOCH_MS
+from clawr1.core.ids import ID_MAX, id_problem
 
 AVRO_INT_LIMIT = 2**31
 AVRO_LONG_LIMIT = 2**63
 
 # The limits as values too: the steps fast path (gateway/fastpath.py) checks the same ones without a model.
-ID_MAX = 256
+# Ids (ID_MAX, id_problem) follow clawr1.core.ids, the rule of every way in.
 NAME_MAX = 128
 CHANNEL_PATTERN = r"[A-Za-z0-9_.-]{1,64}"
 
-Id = Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX)]
+
+def _id(value: str) -> str:
+    problem = id_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+Id = Annotated[str, StringConstraints(min_length=1, max_length=ID_MAX), AfterValidator(_id)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=NAME_MAX)]
 Channel = Annotated[str, StringConstraints(pattern=f"^{CHANNEL_PATTERN}$")]
 

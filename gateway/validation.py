@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
+from clawr1.core.json_depth import MAX_JSON_DEPTH, JsonTooDeep, check_depth, too_deep
 from clawr1.gateway.errors import ApiError, FieldError, field_errors, field_path
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
 from clawr1.gateway.records import compact_json
@@ -22,18 +23,23 @@ Check = Callable[[Any], list[FieldError]]
 MAX_REPORTED_ERRORS = 50
 
 
-def load_json(raw: str | bytes) -> Any:
-    """JSON as every way in parses it: pydantic-core's parser, whose nesting limit (~200 levels) refuses a
-    deeper document with ``ValueError`` (Python's own went ~900 deep, then raised ``RecursionError``), and
-    no ``NaN``/``Infinity``. The compat port and the OTLP routes parse with this too."""
+def load_json(raw: str | bytes, what: str = "the JSON") -> Any:
+    """JSON as every way in parses it: nested at most ``MAX_JSON_DEPTH`` levels, measured on the text
+    before the parser sees it (``JsonTooDeep``, a ``ValueError``; Python's own parser went ~900 deep, then
+    raised ``RecursionError``), by pydantic-core's parser, no ``NaN``/``Infinity``. The compat port and
+    the OTLP routes parse with this too."""
+    check_depth(raw, what)
     return from_json(raw, allow_inf_nan=False)
 
 
 def parse_json(raw: bytes) -> Any:
+    """The body's JSON, nested at most ``MAX_JSON_DEPTH`` levels (the limit of every way in)."""
     if not raw.strip():
         raise ApiError(400, "malformed_json", "the request body is empty; send a JSON object or array")
     try:
-        return load_json(raw)
+        return load_json(raw, "the request body")
+    except JsonTooDeep as exc:
+        raise ApiError(400, "malformed_json", str(exc)) from exc
     except ValueError as exc:
         raise ApiError(400, "malformed_json", f"the request body is not valid JSON: {exc}") from exc
 
@@ -91,6 +97,24 @@ def _json_problems(fields: dict[str, Any]) -> list[FieldError]:
     return problems
 
 
+def _deep_arguments(calls: Any, field: str) -> list[FieldError]:
+    """Tool-call arguments are JSON in a string, which the streams parse: held to the nesting limit of
+    every body (past it they raised RecursionError there, and the step was dead-lettered)."""
+    if not isinstance(calls, list):
+        return []
+    return [FieldError(field=f"{field}[{index}].function.arguments", type="too_deep",
+                       reason=f"nests deeper than {MAX_JSON_DEPTH} levels")
+            for index, call in enumerate(calls)
+            if isinstance(call, dict) and isinstance(function := call.get("function"), dict)
+            and isinstance(arguments := function.get("arguments"), str) and too_deep(arguments)]
+
+
+def message_problems(messages: Sequence[Any] | None, field: str) -> list[FieldError]:
+    """What the streams could not read in chat ``messages``: tool-call arguments nested too deep."""
+    return [problem for index, message in enumerate(messages or []) if isinstance(message, dict)
+            for problem in _deep_arguments(message.get("tool_calls"), f"{field}[{index}].tool_calls")]
+
+
 def check_step(step: StepIn) -> list[FieldError]:
     problems = []
     if step.response_logprobs is not None and len(step.response_logprobs) != len(step.response_token_ids):
@@ -107,7 +131,8 @@ def check_step(step: StepIn) -> list[FieldError]:
         problems.append(FieldError(
             field="response_token_ids", type="missing",
             reason="a step needs its response: give response_token_ids or response_text"))
-    return problems + _json_problems({"metadata": step.metadata, "prompt_messages": step.prompt_messages})
+    return problems + _json_problems({"metadata": step.metadata, "prompt_messages": step.prompt_messages}) \
+        + message_problems(step.prompt_messages, "prompt_messages")
 
 
 FEEDBACK_TARGETS = ("step_id", "response_id", "trajectory_id")
@@ -142,7 +167,8 @@ def check_event(event: EventIn) -> list[FieldError]:
     except ValidationError as exc:
         details = [{**e, "loc": ("payload", *e["loc"])} for e in exc.errors(include_url=False)]
         return field_errors(details)
-    problems = []
+    problems = message_problems(turn.prompt_messages, "payload.prompt_messages") + \
+        _deep_arguments(turn.tool_calls, "payload.tool_calls")
     if turn.response_text is None and not turn.tool_calls:
         problems.append(FieldError(field="payload.response_text", type="missing",
                                    reason="a turn needs the reply: give response_text or tool_calls"))

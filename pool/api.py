@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -195,13 +196,17 @@ def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRoute
 
 
 def _arrow_rows(body: bytes, owner: str) -> pa.Table:
-    """The rows of an Arrow stream body; refused (400) when it is none, too long, or lacks the owner."""
+    """The rows of an Arrow stream body; refused (400) when it is none, too long, names a column twice
+    (which one would the owner check read?) or lacks the owner."""
     try:
         table = pa.ipc.open_stream(body).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise HTTPException(400, f"the body is not an Arrow IPC stream: {exc}") from exc
     if table.num_rows > MAX_INSERT_ROWS:
         raise HTTPException(400, f"at most {MAX_INSERT_ROWS} rows per insert, got {table.num_rows}")
+    if repeated := sorted(name for name, times in Counter(table.column_names).items() if times > 1):
+        named = ", ".join(map(repr, repeated))
+        raise HTTPException(400, f"the stream names the column {named} more than once")
     if owner not in table.column_names:
         raise HTTPException(400, f"the rows need the column {owner!r}")
     return table

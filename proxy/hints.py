@@ -11,6 +11,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from clawr1.core.ids import id_problem
+
 TRAJECTORY = "x-claw-trajectory-id"
 PROMPT_GROUP = "x-claw-prompt-group-id"
 PROMPT_GROUP_SIZE = "x-claw-prompt-group-size"
@@ -19,7 +21,6 @@ AGENT = "x-claw-agent"
 TERMINAL = "x-claw-terminal"
 CHANNEL = "x-claw-channel"
 HEADER_PREFIX = "x-claw-"
-_MAX_ID_CHARS = 256
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 _CHANNEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -43,11 +44,13 @@ class Hints:
 
 
 def _identifier(name: str, value: str | None) -> str | None:
+    """An id as every way in takes one (``clawr1.core.ids``)."""
     if value is None:
         return None
     value = value.strip()
-    if not value or len(value) > _MAX_ID_CHARS:
-        raise HintError(f"{name} must be 1 to {_MAX_ID_CHARS} characters, got {len(value)}")
+    problem = id_problem(value)
+    if problem is not None:
+        raise HintError(f"{name}: {problem}")
     return value
 
 

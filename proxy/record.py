@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
 from clawr1.core.routing import routable_id
 from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.apis import BY_NAME, Assembled
@@ -31,6 +32,10 @@ Headers = tuple[tuple[str, str], ...]
 TRUNCATED_NOTE = "stream truncated"
 # mitmproxy's error text when the agent's side of the connection closes first.
 CLIENT_DISCONNECTED = "Client disconnected."
+# Tool-call arguments nested past the one limit are kept cut, so that the step lands (_cut).
+ARGUMENTS_CUT = f"\u2026 [cut: nested deeper than {MAX_JSON_DEPTH} levels]"
+DEEP_ARGUMENTS_NOTE = (f"tool call arguments nested deeper than {MAX_JSON_DEPTH} levels: kept as their first "
+                       f"{MAX_JSON_DEPTH} characters")
 
 
 @dataclass(frozen=True)
@@ -93,9 +98,53 @@ def _decoded(call: CapturedCall, notes: list[str]) -> bytes:
 def _json_object(data: bytes) -> dict[str, Any] | None:
     try:
         value = whole(load(data), data)
-    except (ValueError, RecursionError):
+    except ValueError:  # also JSON nested past MAX_JSON_DEPTH: never parsed
         return None
     return value if isinstance(value, dict) else None
+
+
+def _unread(what: str, data: bytes) -> str:
+    """The capture note for a body ``_json_object`` did not read."""
+    return f"{what} nests deeper than {MAX_JSON_DEPTH} levels: not read" if too_deep(data) else \
+        f"{what} is not a JSON object"
+
+
+def _cut(arguments: str) -> str:
+    """Tool-call arguments nested past ``MAX_JSON_DEPTH``, as the record keeps them: their first
+    characters (that many cannot nest deeper) and a mark, so that no reader parses them deep."""
+    return arguments[:MAX_JSON_DEPTH] + ARGUMENTS_CUT
+
+
+def _bounded_call(call: Any) -> Any:
+    """An OpenAI-shaped tool call with arguments nested past the limit cut; any other as it is."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict):
+        return call
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str) or not too_deep(arguments):
+        return call
+    return {**call, "function": {**function, "arguments": _cut(arguments)}}
+
+
+def _bounded_calls(calls: list[Any], notes: list[str]) -> list[Any]:
+    """``calls`` with ``_bounded_call`` applied (the same list when none changed); noted once."""
+    bounded = [_bounded_call(call) for call in calls]
+    if all(new is old for new, old in zip(bounded, calls, strict=True)):
+        return calls
+    if DEEP_ARGUMENTS_NOTE not in notes:
+        notes.append(DEEP_ARGUMENTS_NOTE)
+    return bounded
+
+
+def _bounded_messages(messages: list[dict[str, Any]], notes: list[str]) -> list[dict[str, Any]]:
+    """``messages`` with the arguments of their tool calls bounded (``_bounded_calls``)."""
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, list) and (bounded := _bounded_calls(calls, notes)) is not calls:
+            message = {**message, "tool_calls": bounded}
+        out.append(message)
+    return out
 
 
 def _request_text(data: bytes) -> tuple[str, bool]:
@@ -125,7 +174,7 @@ def _assemble(call: CapturedCall, agent_body: bytes, notes: list[str]) -> tuple[
     parsed = _json_object(engine_body)
     if parsed is None:
         if engine_body:
-            notes.append("response body is not a JSON object")
+            notes.append(_unread("response body", engine_body))
         return Assembled(response={}), ""
     failed = call.status is None or call.status >= 400
     # A plain body is its own final response; one the proxy rewrote is valid JSON by construction.
@@ -182,12 +231,15 @@ def build_record(call: CapturedCall, proxy_instance: str,
     request = _json_object(call.request_body)
     request_text, text_exact = _request_text(call.request_body)
     if request is None:
-        notes.append("request body is not a JSON object")
+        notes.append(_unread("request body", call.request_body))
     chains = chains if call.api == RESPONSES_API else None
-    messages = (BY_NAME[call.api].request_messages(request or {}) if chains is None
-                else chains.prompt(request or {}, notes))
+    messages = _bounded_messages(BY_NAME[call.api].request_messages(request or {}) if chains is None
+                                 else chains.prompt(request or {}, notes), notes)
     agent_body = _decoded(call, notes)
     assembled, final_response = _assemble(call, agent_body, notes)
+    for choice in assembled.choices:  # the step lands with deep arguments cut, never dead-lettered
+        choice.tool_calls = _bounded_calls(choice.tool_calls, notes)
+        choice.reply_messages = _bounded_messages(choice.reply_messages, notes)
     if chains is not None and assembled.response_id and assembled.choices:
         chains.record(request or {}, assembled.response_id, assembled.choices[0].reply_messages)
     notes.extend(assembled.notes)

@@ -3,16 +3,19 @@
 The rule (docs/security.md), one list of secret *names* and one of secret *shapes*, applied the same
 way wherever a name meets a value:
 
-- **Secret names** (``is_secret_name``): a name whose words (``X-Api-Key``, ``apiKey``, ``api_key``
-  all read ``api key``) hold one of ``SECRET_WORDS`` (password, pwd, pass, passcode, otp, secret,
-  creds, cookie, sig, signature, jwt, auth, private, session, ...), ends in ``token``, ``key`` or
-  ``access``, or spells a credential without separators (``accesstoken``, ``clientsecret``); a few
-  ordinary names are not (``max_tokens``, ``token_ids``, ``prompt_cache_key``, ``stop_token``,
-  ``public_key``). It decides, identically, for **header** names, **query** and **form** parameters
-  (``&`` or ``;`` separated), **multipart** parts and **JSON** fields at any depth: a header or query
-  parameter so named is dropped, a form or multipart value or a JSON field's value is replaced by
-  ``[REDACTED]``, whatever its type (a string, a number, a list, an object; not ``true``/``null``),
-  except a JSON schema's ``properties`` (a tool's ``{"password": {"type": "string"}}`` stays).
+- **Secret names** (``is_secret_name``): a name whose words (case, camelCase, separators and digits
+  aside: ``X-Api-Key``, ``apiKey``, ``API_KEY2`` all read ``api key``; plurals as their singular) hold
+  one of ``SECRET_WORDS`` (password, pwd, pass, passcode, otp, secret, creds, cookie, sig, signature,
+  jwt, auth, authz, private, session, sid, csrf, ...), ends in ``token``, ``key`` or ``access`` (or is
+  ``tokens`` alone), or spells a credential without separators (``accesstoken``, ``clientsecret``,
+  ``jsessionid``, ``csrfmiddlewaretoken``); a few ordinary names are not (``max_tokens``,
+  ``token_ids``, ``prompt_cache_key``, ``stop_token``, ``public_key``). It decides, identically, for
+  **header** names, **query** and **form** parameters (``&`` or ``;`` separated), **multipart** parts
+  and **JSON** fields at any depth: a header or query parameter so named is dropped, a form or
+  multipart value or a JSON field's value is replaced by ``[REDACTED]``, whatever its type (a string,
+  a number, a list, an object; not ``true``/``null``), except a property of a JSON schema of an object
+  (a tool's ``{"type": "object", "properties": {"password": {"type": "string"}}}`` stays; a
+  ``properties`` anywhere else exempts nothing) and the completions API's ``logprobs.tokens``.
   OAuth's ``code`` is secret in URLs only: elsewhere ``code`` is a tool's input.
 - **Secret shapes** (``SECRET_TOKEN``: OpenAI/Anthropic ``sk-``, Hugging Face ``hf_``, GitHub
   ``ghp_``/``gho_``/``github_pat_``, GitLab ``glpat-``, Slack ``xox?-``, AWS ``AKIA``, Google ``AIza``,
@@ -48,20 +51,33 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
 
+from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
+
 REDACTED = "[REDACTED]"
 REDACTED_WITH_TOKEN_IDS = "secrets redacted from the text; the engine token ids still encode them"
+TOO_DEEP = f"[REDACTED: JSON nested deeper than {MAX_JSON_DEPTH} levels]"
+"""What a text holding JSON nested past ``MAX_JSON_DEPTH`` becomes: its fields cannot be read one by one,
+so its secret-named fields could not be found."""
+TOO_DEEP_NOTE = f"a text with JSON nested deeper than {MAX_JSON_DEPTH} levels was not kept: {TOO_DEEP}"
 
 SECRET_WORDS = frozenset({
-    "password", "passwd", "passphrase", "passcode", "pwd", "pass", "otp", "totp", "secret", "secrets",
-    "credential", "credentials", "creds", "cookie", "cookies", "sig", "signature", "jwt", "apikey", "auth",
-    "authorization", "authentication", "bearer", "private", "session", "csrf", "xsrf",
+    "password", "passwd", "passphrase", "passcode", "pwd", "pass", "otp", "totp", "secret", "credential",
+    "creds", "cookie", "sig", "signature", "jwt", "apikey", "auth", "authz", "authn", "authorization",
+    "authentication", "bearer", "private", "session", "sid", "csrf", "xsrf",
 })
-"""A name holding one of these words is secret (``X-Pwd``, ``new_password``, ``x-session-id``)."""
+"""A name holding one of these words, or its plural, is secret (``X-Pwd``, ``new_password``,
+``x-session-id``, ``passcodes``, ``X-Authz``, ``sid``)."""
 SECRET_LAST_WORDS = frozenset({"token", "key", "access"})
-"""... and so is one ending in one of these (``api_key``, ``refresh_token``, ``X-Access``)."""
-_SECRET_SQUASHED = ("password", "passwd", "secret", "apikey", "accesstoken", "authtoken", "accesskey",
-                    "privatekey", "credential", "cookie", "signature", "bearer", "authorization")
-"""... or spelling a credential without separators (``clientsecret``, ``AWSACCESSKEYID``)."""
+"""... and so is one ending in one of these (``api_key``, ``refresh_token``, ``X-Access``); ``tokens``
+ends a secret name only alone (``X-Tokens``): ``max_tokens``, ``x-ratelimit-remaining-tokens`` count
+a model's tokens."""
+_SECRET_SQUASHED = ("password", "passwd", "secret", "apikey", "accesstoken", "authtoken", "refreshtoken",
+                    "apitoken", "accesskey", "privatekey", "credential", "cookie", "signature", "bearer",
+                    "authorization", "sessionid", "sessid", "csrf", "xsrf")
+"""... or spelling a credential without separators (``clientsecret``, ``AWSACCESSKEYID``, ``jsessionid``,
+``PHPSESSID``, ``csrfmiddlewaretoken``)."""
+_PLURAL = SECRET_WORDS | {"token"}
+"""Words whose plural reads as they do (``keys`` stays a list of names, ``key`` alone is secret)."""
 NOT_SECRET = frozenset({
     "stop_token", "eos_token", "bos_token", "pad_token", "unk_token", "sep_token", "cls_token", "mask_token",
     "prompt_cache_key", "cache_key", "public_key", "idempotency_key", "partition_key", "sort_key",
@@ -97,7 +113,8 @@ SECRET_TOKEN = re.compile(
 # A run of URL characters holding a percent escape: decoded, it may spell a token (sk%2Dproj%2D...).
 _ENCODED_RUN = re.compile(r"[A-Za-z0-9._~+%-]*%[0-9A-Fa-f]{2}[A-Za-z0-9._~+%-]*")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
-_SEPARATORS = re.compile(r"[-.\s]+")
+# Separators, and digits (``pwd2``, ``password_1``): a name's words are its runs of letters.
+_NOT_LETTERS = re.compile(r"[^a-z]+")
 # Lower-cased substrings every SECRET_TOKEN alternative contains, and the percent escape that may hide
 # one; none present means no match.
 _TOKEN_ANCHORS = ("sk-", "rk-", "sk_", "rk_", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
@@ -109,7 +126,7 @@ _MULTIPART_PART = re.compile(
 _JSON_START = re.compile(r"[{\[]")
 # Lower-cased substrings every secret name contains (a token in a name has a _TOKEN_ANCHORS one).
 _NAME_ANCHORS = ("pass", "pwd", "otp", "secret", "cred", "cookie", "sig", "jwt", "key", "auth", "bearer",
-                 "private", "session", "csrf", "xsrf", "token", "access", "amz")
+                 "private", "session", "sid", "csrf", "xsrf", "token", "access", "amz")
 _DECODER = json.JSONDecoder()
 
 
@@ -166,19 +183,25 @@ def _might_name_a_secret(lowered: str) -> bool:
     return any(map(lowered.__contains__, _NAME_ANCHORS))
 
 
+def _singular(word: str) -> str:
+    return word[:-1] if word.endswith("s") and word[:-1] in _PLURAL else word
+
+
 @functools.lru_cache(maxsize=8192)
 def is_secret_name(name: str) -> bool:
-    """The one rule for names of headers, query, form and multipart parameters and JSON fields."""
-    normal = _SEPARATORS.sub("_", _CAMEL.sub("_", name)).lower().strip("_")
-    normal = normal.removeprefix("x_")
-    if normal in NOT_SECRET:
+    """The one rule for names of headers, query, form and multipart parameters and JSON fields. A name
+    is read as its words whatever its spelling: case, camelCase, separators and digits aside
+    (``X-Api-Key``, ``apiKey``, ``API_KEY2`` all read ``api key``), plurals as their singular."""
+    words = [word for word in _NOT_LETTERS.split(_CAMEL.sub("_", name).lower()) if word]
+    if len(words) > 1 and words[0] == "x":
+        words = words[1:]
+    if not words or "_".join(words) in NOT_SECRET:
         return False
-    if normal.startswith("amz_") or SECRET_TOKEN.search(name):
+    if words[0] == "amz" or SECRET_TOKEN.search(name):
         return True
-    words = [word for word in normal.split("_") if word]
-    if not words:
-        return False
-    if words[-1] in SECRET_LAST_WORDS or any(word in SECRET_WORDS for word in words):
+    counted = len(words) > 1 and words[-1] == "tokens"  # max_tokens: a number of the model's tokens
+    words = [_singular(word) for word in words]
+    if (words[-1] in SECRET_LAST_WORDS and not counted) or any(word in SECRET_WORDS for word in words):
         return True
     squashed = "".join(words)
     return any(part in squashed for part in _SECRET_SQUASHED)
@@ -279,11 +302,31 @@ def _redact_multipart(text: str) -> str:
     return _MULTIPART_PART.sub(part, text)
 
 
+_SCHEMA_PROPERTIES = "properties"
+"""A JSON schema's ``properties``: the parent of names that are a tool's parameters, not values."""
+_NOT_SECRET_UNDER = frozenset({("logprobs", "tokens")})
+"""(parent, name) pairs that read secret but hold none: the completions API's logprobs list its text
+pieces as ``tokens``."""
+
+
+def _properties_parent(holder: dict[str, Any]) -> str:
+    """The parent the value of ``holder``'s ``properties`` is judged under: a schema's properties only
+    where ``holder`` is a JSON schema of an object (``"type": "object"``); elsewhere
+    (``{"properties": {"password": "S"}}``) its fields are judged as any others. Callers test the key
+    first, sparing a call for every other key of a conversation."""
+    kind = holder.get("type")
+    return _SCHEMA_PROPERTIES if kind == "object" or (isinstance(kind, list) and "object" in kind) else ""
+
+
 def _is_hidden(key: str, item: Any, parent: str | None) -> bool:
     """Whether a field's value is replaced: a secret name over anything but ``true``/``false``/``null``/
-    empty, outside a JSON schema's ``properties``."""
-    return is_secret_name(key) and not (parent == "properties" or item is None or isinstance(item, bool)
-                                        or item in ("", [], {}))
+    empty, except a schema's property (an object: ``{"password": {"type": "string"}}``)."""
+    return is_secret_name(key) and not (
+        (parent == _SCHEMA_PROPERTIES and isinstance(item, dict)) or (parent, key) in _NOT_SECRET_UNDER
+        or item is None or isinstance(item, bool) or item in ("", [], {}))
+
+
+_PARENTS_THAT_MATTER = frozenset({_SCHEMA_PROPERTIES} | {parent for parent, _ in _NOT_SECRET_UNDER})
 
 
 def _redact_value(value: Any, parent: str | None = None) -> Any:
@@ -292,7 +335,8 @@ def _redact_value(value: Any, parent: str | None = None) -> Any:
     if isinstance(value, list | tuple):
         return [_redact_value(item, parent) for item in value]
     if isinstance(value, dict):
-        return {redact_tokens(key): REDACTED if _is_hidden(key, item, parent) else _redact_value(item, key)
+        return {redact_tokens(key): REDACTED if _is_hidden(key, item, parent)
+                else _redact_value(item, key if key != _SCHEMA_PROPERTIES else _properties_parent(value))
                 for key, item in value.items()}
     return value
 
@@ -300,17 +344,18 @@ def _redact_value(value: Any, parent: str | None = None) -> Any:
 def _needs_redaction(value: Any, parent: str | None = None, clean: set[int] | None = None) -> bool:
     """Whether ``_redact_value`` could change anything in ``value``: a string or key that might hold a
     token, or a secret-named field. Judged on the parsed strings, escapes decoded. ``clean``: the ids of
-    objects found to need nothing (outside a schema's ``properties``, the one place a parent matters),
+    objects found to need nothing (under no parent that matters: a schema's ``properties``, a logprobs),
     to which this adds those it finds: a request's prompt messages are the request's own objects. Its
     caller keeps every object it names alive, so no id there is reused."""
     if isinstance(value, str):
         return might_hold_token(value)
     if isinstance(value, dict):
-        remember = clean if parent != "properties" else None
+        remember = clean if parent not in _PARENTS_THAT_MATTER else None
         if remember is not None and id(value) in remember:
             return False
         for key, item in value.items():  # loops, not any(): a conversation has thousands of fields
-            if might_hold_token(key) or _is_hidden(key, item, parent) or _needs_redaction(item, key, clean):
+            if might_hold_token(key) or _is_hidden(key, item, parent) or _needs_redaction(
+                    item, key if key != _SCHEMA_PROPERTIES else _properties_parent(value), clean):
                 return True
         if remember is not None:
             remember.add(id(value))
@@ -330,7 +375,10 @@ def _redact_json(text: str, parsed: Any, clean: set[int] | None = None) -> str:
 
 def _redact_documents(text: str) -> str:
     """Every JSON object or array in ``text`` gets the field rule, the bytes around them the token rule
-    (a byte-order mark, trailing bytes, one document per line, JSON inside a log line)."""
+    (a byte-order mark, trailing bytes, one document per line, JSON inside a log line); ``TOO_DEEP``
+    where they nest past the limit."""
+    if too_deep(text):
+        return TOO_DEEP
     out: list[str] = []
     position = 0
     for start in _JSON_START.finditer(text):
@@ -338,7 +386,7 @@ def _redact_documents(text: str) -> str:
             continue
         try:
             parsed, end = _DECODER.raw_decode(text, start.start())
-        except (ValueError, RecursionError):
+        except ValueError:
             continue
         out += [redact_tokens(text[position:start.start()]), _redact_json(text[start.start():end], parsed)]
         position = end
@@ -354,11 +402,14 @@ def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
     other text the token rule; unchanged text is returned as it was. ``parsed``: the object or array
     ``json.loads`` gives for the text (white space and a byte-order mark around it aside), when the
     caller has read it already: an agent's request is its whole conversation, read once; ``clean``:
-    ``_needs_redaction``'s, for objects of ``parsed``."""
+    ``_needs_redaction``'s, for objects of ``parsed``. JSON nested past ``MAX_JSON_DEPTH`` cannot be
+    read field by field: such a text becomes ``TOO_DEEP``."""
     body = text.strip().lstrip("\ufeff")
     if body[:1] in ("{", "["):  # a JSON body is judged on its parsed strings (see _RecentVerdicts)
         if parsed is None:
-            with contextlib.suppress(ValueError, RecursionError):
+            if too_deep(body):
+                return TOO_DEEP
+            with contextlib.suppress(ValueError):
                 parsed = json.loads(body)
         if parsed is not None:
             cleaned = _redact_json(body, parsed, clean)
@@ -411,4 +462,6 @@ def redact_record(record: dict[str, Any],
     if redacted != record and (record.get("prompt_token_ids") or any(
             c.get("token_ids") for c in record.get("choices", []))):
         redacted["capture_notes"] = [*redacted.get("capture_notes", []), REDACTED_WITH_TOKEN_IDS]
+    if TOO_DEEP in seen.values():
+        redacted["capture_notes"] = [*redacted.get("capture_notes", []), TOO_DEEP_NOTE]
     return redacted

@@ -16,6 +16,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from clawr1.core.json_depth import check_depth
+
 _EMPTY = hashlib.sha256(b"clawr1.core.conversation").hexdigest()
 # Content parts and whole messages (Responses-API items) that carry reasoning an agent may drop.
 _REASONING_PARTS = frozenset({"thinking", "redacted_thinking", "reasoning"})
@@ -50,9 +52,11 @@ def _canonical_part(part: Any) -> Any:
 
 
 def canonical_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as parsed JSON when they parse: key order and spacing carry no meaning."""
+    """Tool-call arguments as parsed JSON when they parse: key order and spacing carry no meaning.
+    Arguments nested deeper than ``MAX_JSON_DEPTH`` stay the text they are (never a ``RecursionError``)."""
     if isinstance(arguments, str):
         try:
+            check_depth(arguments)
             return json.loads(arguments)
         except ValueError:
             return arguments

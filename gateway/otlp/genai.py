@@ -31,6 +31,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Status
 
 from clawr1.core.epoch import MAX_EPOCH_MS, is_epoch_ms
+from clawr1.core.json_depth import JsonTooDeep
 from clawr1.gateway.otlp.wire import MAX_JSON_VALUES, OtlpError, json_values_within
 from clawr1.gateway.validation import load_json
 
@@ -76,10 +77,10 @@ def _structured(value: Any, where: str) -> Any:
     if not json_values_within(value, MAX_JSON_VALUES):
         raise _refused(f"{where} holds more than {MAX_JSON_VALUES} JSON values")
     try:
-        return load_json(value)
-    except ValueError as exc:
-        if "recursion limit" in str(exc):
-            raise _refused(f"{where} nests deeper than the API accepts (~200 levels)") from exc
+        return load_json(value, where)
+    except JsonTooDeep as exc:
+        raise _refused(str(exc)) from exc
+    except ValueError:
         return value
 
 

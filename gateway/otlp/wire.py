@@ -217,7 +217,7 @@ def decode(message: type[M], body: bytes, encoding: Encoding, record: Descriptor
             if not json_values_within(body.decode("utf-8", "replace"), MAX_JSON_VALUES):
                 raise OtlpError(413, "payload_too_large", f"the body holds more than {MAX_JSON_VALUES} JSON "
                                 "values; export smaller batches")
-            document = load_json(body)  # as the API parses JSON: nesting ~200 levels at most
+            document = load_json(body, "the OTLP/JSON body")  # as the API parses JSON: 200 levels at most
             if not isinstance(document, dict):
                 raise OtlpError(400, "malformed_body", "an OTLP/JSON body is one JSON object")
             json_format.ParseDict(_hex_ids_to_base64(document), parsed, ignore_unknown_fields=True)

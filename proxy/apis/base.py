@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from clawr1.core.json_depth import check_depth
 from clawr1.proxy.sse import SseEvent
 
 Json = dict[str, Any]
@@ -99,7 +100,8 @@ def whole(value: Any, read_from: str | bytes) -> Any:
 
 
 def loads_whole(text: str) -> Any:
-    """``json.loads`` for a record (``whole``)."""
+    """``json.loads`` for a record (``whole``); ``JsonTooDeep`` (a ValueError) past ``MAX_JSON_DEPTH``."""
+    check_depth(text)
     return whole(json.loads(text), text)
 
 

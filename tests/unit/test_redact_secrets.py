@@ -342,7 +342,8 @@ def test_bodies_are_redacted_whatever_their_framing() -> None:
     multipart = ('--b\r\nContent-Disposition: form-data; name="api_key"\r\n\r\nS5\r\n'
                  '--b\r\nContent-Disposition: form-data; name="q"\r\n\r\nkept\r\n--b--\r\n')
     assert "S5" not in redact_text(multipart) and "kept" in redact_text(multipart)
-    tools = json.dumps({"tools": [{"parameters": {"properties": {"password": {"type": "string"}}}}]})
+    tools = json.dumps({"tools": [{"parameters": {"type": "object",
+                                                  "properties": {"password": {"type": "string"}}}}]})
     assert redact_text(tools) is tools
 
 
@@ -353,3 +354,58 @@ def test_headers_and_query_parameters_of_issue_25() -> None:
     assert redact_headers(headers) == {"host": "api.example:8443", "x-request-id": "req-1"}
     url = "https://h/v1/sk%2Dproj%2D" + "Ab1" * 10 + "/x?a=1;key=S8&pwd=S9&passcode=1&otp=2&private=3&b=2"
     assert redact_url(url) == f"https://h/v1/{REDACTED}/x?a=1&b=2"
+
+
+# -- names read as words: case, separators, digits and plurals aside ------------------------------------
+
+MISSED_NAMES = ["sessionid", "jsessionid", "SESSID", "PHPSESSID", "csrfmiddlewaretoken", "tokens",
+                "passcodes", "authz", "sid", "passwords", "api_keys", "refresh_tokens", "Password2",
+                "api-key-1"]
+MISSED_HEADERS = ["X-Sessionid", "X-Authz", "X-Tokens", "X-Passcodes", "X-Sid", "X-CSRFToken"]
+MISSED_QUERY = ["pwd2", "authz", "sessionid", "tokens", "sid"]
+
+
+@pytest.mark.parametrize("name", MISSED_NAMES + MISSED_HEADERS + MISSED_QUERY)
+def test_secret_names_in_any_spelling(name: str) -> None:
+    assert is_secret_field(name)
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "max_new_tokens", "prompt_tokens", "cached_tokens",
+                                  "cache_read_input_tokens", "x-ratelimit-limit-tokens",
+                                  "prompt_tokens_details", "possession", "considerations", "sides", "keys",
+                                  "sha256", "v2"])
+def test_counts_of_tokens_and_look_alikes_are_not_secret(name: str) -> None:
+    assert not is_secret_field(name)
+
+
+def test_the_names_the_proxy_missed_are_redacted_in_every_placement() -> None:
+    document = {name: f"S-{name}" for name in MISSED_NAMES}
+    redacted = json.loads(redact_text(json.dumps(document)))
+    assert redacted == dict.fromkeys(MISSED_NAMES, REDACTED)
+    form = "&".join(f"{name}=F-{name}" for name in MISSED_NAMES) + "&q=kept"
+    assert redact_text(form) == "&".join(f"{name}={REDACTED}" for name in MISSED_NAMES) + "&q=kept"
+    headers = [(name, "H-opaque") for name in MISSED_HEADERS] + [("X-Request-Id", "r1")]
+    assert redact_headers(headers) == {"x-request-id": "r1"}
+    url = "https://h/v1/x?" + "&".join(f"{name}=Q-{name}" for name in MISSED_QUERY) + "&alt=sse"
+    assert redact_url(url) == "https://h/v1/x?alt=sse"
+
+
+def test_properties_are_a_schemas_only_in_a_schema_of_an_object() -> None:
+    tool = {"type": "object", "properties": {"password": {"type": "string"}, "auth": {
+        "type": "object", "properties": {"token": {"type": "string", "description": "kept"}}}}}
+    schema = json.dumps({"tools": [{"type": "function", "function": {"name": "login", "parameters": tool}}]})
+    assert redact_text(schema) is schema
+    not_a_schema = {"metadata": {"properties": {"password": "S1", "sessionid": "S2", "token": ["S3"]}},
+                    "profile": {"type": "user", "properties": {"api_key": {"value": "S4"}}},
+                    "typed": {"type": "object", "properties": {"password": "S5"}}}
+    assert json.loads(redact_text(json.dumps(not_a_schema))) == {
+        "metadata": {"properties": {"password": REDACTED, "sessionid": REDACTED, "token": REDACTED}},
+        "profile": {"type": "user", "properties": {"api_key": REDACTED}},
+        "typed": {"type": "object", "properties": {"password": REDACTED}}}
+
+
+def test_the_completions_logprobs_keep_their_tokens() -> None:
+    logprobs = {"tokens": ["h", "i"], "token_logprobs": [-1, -2]}
+    reply = json.dumps({"choices": [{"text": "hi", "logprobs": logprobs}],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 2}})
+    assert redact_text(reply) is reply

@@ -6,8 +6,12 @@ import json
 from urllib.parse import quote
 
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from clawr1.dashboard.api import dashboard_router
+from clawr1.gateway.errors import install_error_handlers
+from clawr1.pool.store import PoolStore
 from tests.integration.dashboard.conftest import MESSAGES, SECOND, T0
 
 NEWEST_FIRST = ["svc/turn-0", "c1", "c0", "b1", "b0", "a2", "a1", "a0"]
@@ -145,3 +149,24 @@ def test_an_unknown_step_is_a_404_naming_it(client: TestClient) -> None:
     response = client.get("/v1/dashboard/steps/nope")
     assert response.status_code == 404
     assert "nope" in response.text
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize("body", [
+    b'{"filters": {"trajectory_id": "a\\ud800"}, "exclude": true}',  # a lone surrogate reached the pool: 503
+    b'{"filters": {"trajectory_id": "a"}, "note": "\\udc00"}',
+    b'{"filters": {"trajectory_id": "a"}, "exclude": true, "x": ' + b"[" * 300 + b"]" * 300 + b"}",
+])
+def test_a_curation_the_api_cannot_read_is_a_400_naming_why(pool_store: PoolStore, body: bytes) -> None:
+    """The curate route reads JSON as every route of the API does, before the pool or Kafka sees it."""
+    app = FastAPI()
+    install_error_handlers(app)
+    app.include_router(dashboard_router(pool_store))
+    with TestClient(app) as client:
+        reply = client.post("/v1/dashboard/curate", content=body, headers=JSON)
+    assert reply.status_code == 400, reply.text
+    answer = reply.json()
+    assert answer["error"] == "malformed_json"
+    assert any(why in answer["message"] for why in ("hex escape", "surrogate", "deeper than 200 levels"))

@@ -170,6 +170,19 @@ def test_insert_takes_an_arrow_stream(client: TestClient, pool_store: PoolStore)
     assert refused.status_code == 403
 
 
+def test_an_arrow_stream_naming_a_column_twice_is_a_400(client: TestClient, pool_store: PoolStore) -> None:
+    """Two ``group_name`` columns were a 500 (the owner check could not pick one)."""
+    arrow = {"Content-Type": "application/vnd.apache.arrow.stream"}
+    for repeated in ("group_name", "epoch"):
+        columns = {"group_name": ["trainer"], "epoch": [""], "floor_ms": pa.array([1], pa.int64()),
+                   "set_at_ns": pa.array([1], pa.int64())}
+        table = pa.Table.from_arrays([*columns.values(), pa.array(["other"])], [*columns, repeated])
+        reply = client.post("/v1/pool/insert/consumer_positions", content=arrow_body(table), headers=arrow)
+        assert reply.status_code == 400, reply.text
+        assert f"{repeated!r} more than once" in reply.json()["detail"]
+    assert pool_store.query("SELECT count() AS n FROM consumer_positions") == [{"n": 0}]
+
+
 @pytest.fixture
 def api_url(pool_store: PoolStore) -> Iterator[str]:
     """The router served over real HTTP (tests/support/asgi.py), for the CLI's API path."""

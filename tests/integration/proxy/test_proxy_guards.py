@@ -173,3 +173,35 @@ def test_the_explicit_proxy_reaches_no_port_of_this_machine_but_its_upstreams(
     assert proxy_status(proxy, connect).startswith(b"HTTP/1.1 200")
     reply = httpx.get(f"{standin.url}/v1/models", proxy=proxy.explicit_url, trust_env=False, timeout=10)
     assert reply.status_code == 200, reply.text
+
+
+def test_secret_names_in_any_spelling_and_deep_arguments_through_the_live_proxy(
+        proxy: EmbeddedProxy, events: TopicReader) -> None:
+    """Names the proxy missed (sessionid, SESSID, csrfmiddlewaretoken, tokens, passcodes, authz, sid,
+    X-Sessionid, pwd2, ...) never reach Kafka; a history holding 50,000-deep tool-call arguments is
+    answered 200 and recorded with them cut and noted (it was dead-lettered)."""
+    marker = uuid.uuid4().hex
+    secret = f"Opaque{marker[:6]}Secret"
+    names = ["sessionid", "jsessionid", "SESSID", "csrfmiddlewaretoken", "tokens", "passcodes", "authz",
+             "sid"]
+    headers = {name: secret for name in ("X-Sessionid", "X-Authz", "X-Tokens", "X-Passcodes")}
+    deep = "[" * 50_000 + "]" * 50_000
+    history = [{"role": "user", "content": f"({marker}) go"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "t1", "type": "function", "function": {"name": "f", "arguments": deep}}]},
+               {"role": "tool", "tool_call_id": "t1", "content": "done"}]
+    document = {"model": DEFAULT_MODEL, "messages": history, "metadata": dict.fromkeys(names, secret),
+                "properties": {"password": secret}}
+    reply = httpx.post(f"{proxy.reverse_url}/v1/chat/completions?pwd2={secret}&authz={secret}",
+                       json=document, headers=headers, timeout=30)
+    assert reply.status_code == 200, reply.text
+    form = "&".join(f"{name}={secret}" for name in names) + f"&marker={marker}"
+    httpx.post(f"{proxy.reverse_url}/v1/chat/completions", content=form.encode(), timeout=30,
+               headers={"Content-Type": "application/x-www-form-urlencoded"})
+    found = events.wait_for(marked(marker), count=2)
+    assert len(found) == 2
+    for event in found:
+        assert secret.encode() not in event.value, event.record
+    [recorded] = [e for e in found if f"({marker}) go" in e.record["messages_json"]]
+    assert any("nested deeper than 200 levels" in note for note in recorded.record["capture_notes"])
+    assert deep not in recorded.record["messages_json"]

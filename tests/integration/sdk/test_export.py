@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from clawr1.consumer_sdk import PoolConsumer, export_dataset
+from clawr1.consumer_sdk.errors import UsageError
 from tests.integration.sdk.conftest import Pool, step
 
 
@@ -40,3 +43,36 @@ def test_export_writes_the_snapshot_at_the_watermark_in_shards(pool: Pool, api_u
     with PoolConsumer(api_url, "export-check", ready=None) as consumer:
         grouped = consumer.export(tmp_path / "trajectories", group_by="trajectory", format="jsonl")
     assert grouped.rows == 6
+
+
+def test_export_never_writes_through_a_planted_link(pool: Pool, tmp_path: Path) -> None:
+    """Links planted in ``--out`` under the temporaries' names made the export overwrite their targets."""
+    pool.write(*(step(f"s{i}", trajectory_id=f"t{i}") for i in range(3)))
+    victim = tmp_path / "victim"
+    for planted in (".data-00000.jsonl.tmp", ".manifest.json.tmp", "manifest.json", "data-00000.jsonl"):
+        victim.write_text("precious")
+        out = tmp_path / planted.strip(".")
+        out.mkdir()
+        (out / planted).symlink_to(victim)
+        with pytest.raises(UsageError, match="symbolic link"):
+            export_dataset(pool.direct_source, out, format="jsonl")
+        assert victim.read_text() == "precious", planted
+
+    def plant_the_next(_manifest: object) -> None:  # after the export looked at its folder
+        (tmp_path / "late" / ".data-00001.jsonl.tmp").symlink_to(victim)
+
+    with pytest.raises(UsageError, match="symbolic link"):
+        export_dataset(pool.direct_source, tmp_path / "late", format="jsonl", shard_bytes=1, page_rows=1,
+                       on_shard=plant_the_next)
+    assert victim.read_text() == "precious"
+
+
+def test_a_temporary_left_by_an_interrupted_export_is_replaced(pool: Pool, tmp_path: Path) -> None:
+    pool.write(step("s0", trajectory_id="t0"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".data-00000.jsonl.tmp").write_text("half a shard")
+    (out / ".manifest.json.tmp").write_text("{")
+    manifest = export_dataset(pool.direct_source, out, format="jsonl")
+    assert manifest.complete and manifest.rows == 1
+    assert sorted(p.name for p in out.iterdir()) == ["data-00000.jsonl", "manifest.json"]

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clawr1.core.conversation import conversation_key, prefix_digests
+from clawr1.core.conversation import canonical_arguments, conversation_key, prefix_digests
 
 TASK = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 TURNS = [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
@@ -38,3 +38,12 @@ def test_key_is_the_prefix_digest_at_the_first_user_turn(head: list[dict[str, An
     assert conversation_key(conversation) == expected
     if users and users[0] < len(head):
         assert conversation_key(head) == expected  # every continuation keeps the key
+
+
+def test_arguments_of_any_depth_are_compared_without_recursion() -> None:
+    """50,000-deep arguments raised RecursionError wherever a reply was linked: they stay text."""
+    deep = "[" * 50_000 + "]" * 50_000
+    assert canonical_arguments(deep) == deep
+    call = {"role": "assistant", "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": deep}}]}
+    assert len(prefix_digests([{"role": "user", "content": "hi"}, call])) == 2
+    assert canonical_arguments('{"q": [1]}') == {"q": [1]}

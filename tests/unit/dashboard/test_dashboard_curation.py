@@ -30,6 +30,8 @@ def test_a_curation_is_one_labelled_feedback_per_label_and_the_note_once() -> No
     {"step_ids": ["a"], "filters": {}, "labels": ["x"]},  # two targets
     {"step_ids": ["a"], "exclude": False},  # labels only add: an exclusion cannot be withdrawn
     {"step_ids": ["a"], "labels": ["has space"]},
+    {"step_ids": ["a\r\nb"], "exclude": True},  # ids as every way in takes them (was a 500 writing feedback)
+    {"step_ids": ["a" * 257], "exclude": True},
 ])
 def test_invalid_curations_are_refused(body: dict[str, object]) -> None:
     with pytest.raises(ValidationError):

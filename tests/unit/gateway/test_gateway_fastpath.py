@@ -13,6 +13,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from clawr1.core.json_depth import MAX_JSON_DEPTH
+from clawr1.gateway.errors import ApiError
 from clawr1.gateway.fastpath import fits_schema, pack_body, pack_steps
 from clawr1.gateway.models import StepIn
 from clawr1.gateway.records import step_record
@@ -206,10 +208,33 @@ def test_the_orjson_parse_accepts_only_what_parse_json_packs_the_same(body: Any)
 @pytest.mark.parametrize("body", [
     {**PLAIN[1], "metadata": {"n": BIG}}, {**PLAIN[0], "reward": BIG}, {**PLAIN[0], "policy_version": BIG},
     {**PLAIN[1], "response_logprobs": [-float(BIG)] * 9}, {**PLAIN[0], "metadata": {"n": 1e16}},
-    {**PLAIN[0], "reward": math.nan}, [PLAIN[0]] * 11, [], b"not json"])
+    {**PLAIN[0], "reward": math.nan}, [PLAIN[0]] * 11, [], b"not json",
+    {**PLAIN[0], "trajectory_id": "t\r\n"}, {**PLAIN[0], "step_id": "s\x00"},
+    {**PLAIN[0], "prompt_messages": [{"role": "assistant", "tool_calls": [
+        {"function": {"name": "f", "arguments": "[" * 201 + "]" * 201}}]}]}])
 def test_numbers_orjson_may_round_and_bodies_it_refuses_go_to_the_model_path(body: Any) -> None:
     raw = body if isinstance(body, bytes) else as_body(body)
     assert pack_body(raw, SOURCE, NOW, max_batch=10) is None
+
+
+def nested(depth: int) -> Any:
+    """An object ``depth`` levels deep (``{}`` is one), objects and lists in turn."""
+    value: Any = {} if depth % 2 else []
+    for level in range(depth - 1, 0, -1):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
+def test_metadata_nests_as_deep_as_on_the_model_path_and_no_deeper() -> None:
+    """orjson reads 1,024 levels: the fast path packed 300-deep metadata the API's limit refuses."""
+    at_limit = {**PLAIN[0], "metadata": nested(MAX_JSON_DEPTH - 1)}  # the body is one more level
+    assert pack_body(as_body(at_limit), SOURCE, NOW, max_batch=10) is not None
+    for depth in (MAX_JSON_DEPTH, 300, 600):
+        raw = as_body({**PLAIN[0], "metadata": nested(depth)})
+        assert pack_body(raw, SOURCE, NOW, max_batch=10) is None, depth
+        with pytest.raises(ApiError) as refused:
+            parse_json(raw)
+        assert refused.value.status == 400 and "nests deeper than 200 levels" in refused.value.message
 
 
 def test_the_bench_body_takes_the_orjson_parse() -> None:

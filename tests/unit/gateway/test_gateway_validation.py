@@ -183,3 +183,36 @@ def test_an_event_time_the_pool_cannot_store_is_refused() -> None:
     [event] = parse_items(json.dumps({"kind": "tool_result", "trajectory_id": "t",
                                       "timestamp_ms": MAX_EPOCH_MS - 1}).encode(), EventIn, check_event, 10)
     assert is_epoch_ms(event.timestamp_ms or 0)
+
+
+@pytest.mark.parametrize(("model", "check", "body", "field"), [
+    (StepIn, check_step, {**STEP, "trajectory_id": "t\r\nX: 1"}, "trajectory_id"),
+    (StepIn, check_step, {**STEP, "step_id": "s\x00"}, "step_id"),
+    (StepIn, check_step, {**STEP, "prompt_group_id": "g\u2028"}, "prompt_group_id"),
+    (FeedbackIn, check_feedback, {"trajectory_id": "t\n", "reward": 1.0}, "trajectory_id"),
+    (EventIn, check_event, {"kind": "note", "trajectory_id": "t", "step_id": "s\x7f"}, "step_id"),
+])
+def test_ids_with_control_characters_are_refused_naming_the_field(model: type, check: Any, body: Any,
+                                                                   field: str) -> None:
+    """A CR/LF trajectory id was stored, then 404 in the dashboard: ids follow clawr1.core.ids everywhere."""
+    error = rejection(body, model, check)
+    assert error.status == 422 and fields(error) == {field: "value_error"}
+    assert "no control character" in error.errors[0].reason
+
+
+def test_tool_call_arguments_nest_no_deeper_than_any_body() -> None:
+    """Arguments are JSON in a string, parsed by the streams: 50,000 levels were accepted, then lost."""
+    deep = "[" * 50_000 + "]" * 50_000
+    calls = [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+             {"id": "d", "type": "function", "function": {"name": "f", "arguments": deep}}]
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": calls}]
+    step = rejection({**STEP, "prompt_messages": messages})
+    assert fields(step) == {"prompt_messages[1].tool_calls[1].function.arguments": "too_deep"}
+    assert "nests deeper than 200 levels" in step.errors[0].reason
+    turn = {"kind": "turn", "trajectory_id": "t",
+            "payload": {"prompt_messages": messages, "tool_calls": calls[1:]}}
+    assert fields(rejection(turn, EventIn, check_event)) == {
+        "payload.prompt_messages[1].tool_calls[1].function.arguments": "too_deep",
+        "payload.tool_calls[0].function.arguments": "too_deep"}
+    shallow = [{"role": "assistant", "tool_calls": calls[:1]}]
+    assert steps({**STEP, "prompt_messages": shallow})[0].prompt_messages == shallow

@@ -30,7 +30,9 @@ def test_all_hints_are_read() -> None:
         ("X-Claw-Prompt-Group-Size", "0", "X-Claw-Prompt-Group-Size must be an integer >= 1"),
         ("X-Claw-Policy-Version", "-1", "X-Claw-Policy-Version must be an integer >= 0"),
         ("X-Claw-Terminal", "maybe", "X-Claw-Terminal must be true or false"),
-        ("X-Claw-Trajectory-Id", "  ", "X-Claw-Trajectory-Id must be 1 to 256 characters"),
+        ("X-Claw-Trajectory-Id", "  ", "X-Claw-Trajectory-Id: an id has 1 to 256 characters"),
+        ("X-Claw-Trajectory-Id", "t\x01x", "X-Claw-Trajectory-Id: an id holds no control character"),
+        ("X-Claw-Agent", "a\x85b", "X-Claw-Agent: an id holds no control character"),
     ],
 )
 def test_malformed_hints_name_the_header(header: str, value: str, reason: str) -> None:

@@ -7,13 +7,23 @@ import json
 from dataclasses import replace
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
 from clawr1.core.routing import id_tag, key_hash
 from clawr1.proxy.hints import Hints
-from clawr1.proxy.record import CapturedCall, build_record, envelope_of, spooled
+from clawr1.proxy.record import (
+    ARGUMENTS_CUT,
+    DEEP_ARGUMENTS_NOTE,
+    CapturedCall,
+    build_record,
+    envelope_of,
+    spooled,
+)
+from clawr1.proxy.redact import TOO_DEEP, TOO_DEEP_NOTE
 from clawr1.proxy.token_ids import Injection
 from clawr1.schemas.codec import codec_for
 from clawr1.streams.normalize import step_status
 from clawr1.streams.turns import turn_from_llm_call
+from tests.unit.streams.test_streams_processor import Harness
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 SECRET = "sk-proj-supersecret0123456789"
@@ -282,3 +292,49 @@ def test_a_request_body_is_stored_as_the_text_json_reads_and_redacted_once_read(
     not_json = b'{"model": "m", "note": "\xff"'
     _, record = build_record(replace(plain, request_body=not_json), "proxy-a")
     assert record["request_body"] == not_json.decode("utf-8", "replace")
+
+
+def _chat_call(flow_id: str, messages: list[dict], reply: dict,
+               request_body: bytes | None = None) -> CapturedCall:
+    response = {"id": f"c-{flow_id}", "model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+                "choices": [{"index": 0, "finish_reason": "tool_calls", "message": reply}]}
+    body = json.dumps({"model": "m", "messages": messages}).encode() if request_body is None else request_body
+    return replace(CALL, flow_id=flow_id, streamed=False, request_body=body, engine_body=None, injection=None,
+                   response_headers=(("content-type", "application/json"),),
+                   response_body=json.dumps(response).encode())
+
+
+def test_a_tool_call_with_arguments_of_any_depth_lands_as_a_flagged_step() -> None:
+    """50,000-deep arguments were answered 200, then dead-lettered by the streams (RecursionError): the
+    record keeps them cut past the limit and says so, the step and its continuation land and link."""
+    deep = "[" * 50_000 + "]" * 50_000
+    reply = {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "f", "arguments": deep}}]}
+    first = _chat_call("deep-1", MESSAGES, reply)
+    echoed = [*MESSAGES, reply, {"role": "tool", "tool_call_id": "t1", "content": "done"}]
+    second = _chat_call("deep-2", echoed, {"role": "assistant", "content": "ok"})
+    harness = Harness(codec_for())
+    for call in (first, second):
+        key, record = build_record(call, "p")
+        assert DEEP_ARGUMENTS_NOTE in record["capture_notes"]
+        for field in ("messages_json", *(c[name] for c in record["choices"]
+                                         for name in ("tool_calls_json", "reply_messages_json"))):
+            assert deep not in field and not too_deep(field)
+        harness.llm(codec_for().decode(codec_for().encode("raw_llm_call", record))[1], key)
+        harness.checkpoint()
+    steps = sorted(harness.steps.values(), key=lambda s: s["step_index"])
+    assert len(steps) == 2 and steps[1]["parent_step_id"] == steps[0]["step_id"]
+    (call,) = json.loads(steps[0]["tool_calls_json"])
+    assert call["function"]["arguments"] == deep[:MAX_JSON_DEPTH] + ARGUMENTS_CUT
+    assert not any(p.topic for p in harness.published if "dead" in p.topic)
+
+
+def test_a_body_nested_past_the_limit_is_noted_and_not_kept() -> None:
+    """Such a body cannot be read field by field, so neither can its secret-named fields be found."""
+    deep = b'{"messages": [{"role": "user", "content": "hi", "password": "S3cret"}], "x": ' + \
+        b"[" * 300 + b"]" * 300 + b"}"
+    _, record = build_record(_chat_call("deep-body", MESSAGES, {"role": "assistant", "content": "ok"}, deep),
+                             "p")
+    assert "request body nests deeper than 200 levels: not read" in record["capture_notes"]
+    assert record["request_body"] == TOO_DEEP and TOO_DEEP_NOTE in record["capture_notes"]
+    assert b"S3cret" not in codec_for().encode("raw_llm_call", record)

@@ -88,7 +88,8 @@ def test_a_value_read_once_is_redacted_as_its_text_would_be() -> None:
         {"model": "m", "messages": [{"role": "user", "content": "plain"}, shared_secret]},
         {"model": "m", "messages": [{"role": "user", "content": "key sk-proj-" + "a1b2c3d4" * 4}]},
         # ... and secret-named wherever else the same object appears (judged once per parent kind)
-        {"model": "m", "tools": [{"type": "function", "function": {"parameters": {"properties": schema}}}],
+        {"model": "m", "tools": [{"type": "function",
+                                  "function": {"parameters": {"type": "object", "properties": schema}}}],
          "messages": [schema]},
     ]
     for request in requests:

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from clawr1.core.json_depth import MAX_JSON_DEPTH, JsonTooDeep
 from clawr1.proxy.apis import openai_chat
 from clawr1.proxy.redact import redact_record
 from clawr1.proxy.stream import SseRewriter
@@ -305,3 +306,36 @@ def test_a_lone_surrogate_from_the_engine_still_loses_the_injected_members() -> 
     request = {"model": "m", "messages": [{"role": "user", "content": "cut \ud83d"}], "logprobs": False}
     injected = inject_body(openai_chat.NAME, json.dumps(request).encode())
     assert injected is not None and json.loads(injected[0])["messages"] == request["messages"]
+
+
+@pytest.mark.parametrize("depth", [201, 1_100, 50_000])
+def test_json_of_any_depth_reaches_the_agent_as_the_engine_sent_it(depth: int) -> None:
+    """Past the one nesting limit nothing is parsed (a RecursionError escaped the hooks past 1,024): the
+    agent gets the engine's bytes, the request goes upstream as the agent sent it."""
+    deep = ("[" * depth + "]" * depth).encode()
+    reply = b'{"choices": [], "prompt_token_ids": [1], "x": ' + deep + b"}"
+    assert strip_body(reply, ALL) is None
+    request = b'{"logprobs": true, "messages": ' + deep + b"}"
+    assert inject_body(openai_chat.NAME, request) is None
+    with pytest.raises(ValueError, match="nests deeper than 200 levels"):
+        load(reply)
+    rewriter = SseRewriter(lambda obj: strip_chunk(obj, ALL))
+    event = b"data: " + reply + b"\n\n"
+    assert rewriter.feed(event) + rewriter.flush() == event
+
+
+@pytest.mark.parametrize("wrap", ["[{}]", '{{"a": {}}}'])
+def test_load_reads_up_to_the_limit_and_no_further(wrap: str) -> None:
+    """``load`` checks what orjson read against the one limit through orjson's own writing limit."""
+    def nested(depth: int) -> bytes:
+        text = "1"
+        for _ in range(depth):
+            text = wrap.format(text)
+        return text.encode()
+
+    assert load(nested(MAX_JSON_DEPTH)) == json.loads(nested(MAX_JSON_DEPTH))
+    for depth in (MAX_JSON_DEPTH + 1, 254, 255, 1_024, 1_025):
+        with pytest.raises(JsonTooDeep):
+            load(nested(depth))
+    with pytest.raises(JsonTooDeep):  # the standard library's path (a NaN): measured on the text
+        load(b'{"x": NaN, "y": ' + nested(MAX_JSON_DEPTH) + b"}")
