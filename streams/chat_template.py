@@ -19,6 +19,8 @@ from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
+from clawr1.core.json_depth import check_depth
+
 # The special tokens Hugging Face passes to a template (its ``special_tokens_map``).
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                       "mask_token")
@@ -97,8 +99,9 @@ def _tool_call(call: Any) -> Any:
     if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
         return call
     try:
+        check_depth(function["arguments"], "tool call arguments")  # every way in bounds them; a backstop
         arguments = json.loads(function["arguments"])
-    except ValueError:
+    except ValueError:  # JsonTooDeep included: kept as the string the wire had
         return call
     return {**call, "function": {**function, "arguments": arguments}}
 

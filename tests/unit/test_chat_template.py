@@ -271,3 +271,11 @@ def test_refusals_and_broken_templates_fail_with_the_reason(tmp_path: Path) -> N
     (broken / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{% for m in messages %}"}))
     with pytest.raises(ValueError, match="does not compile"):
         Retokenizer.load(str(broken))
+
+
+def test_tool_call_arguments_nested_too_deep_stay_the_string_they_came_as() -> None:
+    """A backstop behind every way in: no arguments string makes the template's parse recurse."""
+    deep = "[" * 50_000 + "]" * 50_000
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": deep}}
+    [rendered] = template_messages([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    assert rendered["tool_calls"][0]["function"]["arguments"] == deep
