@@ -183,7 +183,8 @@ def ensure_topics(
 def align_topic_configs(admin: AdminClient, names: Iterable[str], policy: TopicPolicy,
                         timeout: float = 30.0) -> dict[str, dict[str, str]]:
     """Alter each existing topic whose configs differ from its role's; returns what changed, by topic.
-    A cluster that refuses (no permission to alter configs) leaves them as they are, with a warning."""
+    A cluster that refuses (no permission to alter configs) or does not answer within ``timeout`` leaves
+    them as they are, with a warning: the role starts all the same."""
     wanted = {name: config for name in dict.fromkeys(names) if (config := topic_config(name, policy))}
     if not wanted:
         return {}
@@ -207,8 +208,8 @@ def align_topic_configs(admin: AdminClient, names: Iterable[str], policy: TopicP
                 future.result(timeout)
             log.info("topic configs set: %s", changes)
         return changes
-    except KafkaException as exc:
-        log.warning("could not set the topic configs of %s (%s); Kafka keeps them as they are",
+    except (KafkaException, TimeoutError) as exc:  # no answer in time: the next start tries again
+        log.warning("could not set the topic configs of %s (%r); Kafka keeps them as they are",
                     sorted(wanted), exc)
         return {}
 

@@ -3,10 +3,20 @@ it, how it compresses it, and segments that close often enough for retention and
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from typing import Any
+
 import pytest
 
 from clawr1.core import topics
-from clawr1.core.kafka_io import COMPRESSION, HOUR_MS, SEGMENT_MS, TopicPolicy, topic_config
+from clawr1.core.kafka_io import (
+    COMPRESSION,
+    HOUR_MS,
+    SEGMENT_MS,
+    TopicPolicy,
+    align_topic_configs,
+    topic_config,
+)
 from clawr1.core.registry import SettingsError
 from clawr1.streams import quix_compat
 from clawr1.streams.config import StreamTopics
@@ -67,3 +77,14 @@ def test_the_policy_reads_hours_from_the_settings() -> None:
                                                      dead_letters_ms=720 * HOUR_MS)
     with pytest.raises(SettingsError, match="CLAWR1_KAFKA_INPUT_RETENTION_H"):
         TopicPolicy.from_env({"CLAWR1_KAFKA_INPUT_RETENTION_H": "0"})
+
+
+class _SlowAdmin:
+    """An admin client whose describe never answers in time (a loaded cluster)."""
+
+    def describe_configs(self, resources: list[Any], request_timeout: float) -> dict[Any, Future[Any]]:
+        return {resource: Future() for resource in resources}
+
+
+def test_a_cluster_that_does_not_answer_in_time_leaves_the_configs_and_the_role_starts() -> None:
+    assert align_topic_configs(_SlowAdmin(), ["clawr1.raw.llm"], POLICY, timeout=0.05) == {}  # type: ignore[arg-type]
