@@ -1,7 +1,7 @@
 """Gateway throughput and latency against Kafka's own producer, measured in the same run.
 
 Baseline: confluent-kafka producing one Avro step per message (same producer settings as the
-gateway's: idempotent, acks=all, lz4, linger 5 ms; same keys, same topic layout), as fast as the
+gateway's: idempotent, acks=all, zstd, linger 5 ms; same keys, same topic layout), as fast as the
 broker acknowledges them. Gateway: steps accepted (202, i.e. acknowledged by the broker) per second
 over HTTP on loopback, 1, 10, 100 and 500 steps per request, with p50/p99 request latency and the
 gateway process's CPU per step, sent by plain httpx keep-alive connections with an Idempotency-Key

@@ -35,10 +35,13 @@ Each phase prints a JSON line as it ends; all of them: bench/results/bench_strea
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import random
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -254,30 +257,52 @@ def whitebox_steps(tag: str, n: int, length: int) -> list[dict[str, Any]]:
             for i in range(n)]
 
 
+class TokenText:
+    """Token ids as a model's text has them: Zipf-distributed over a 152k vocabulary (exponent 1.1), the
+    frequent tokens with the small ids (as BPE vocabularies roughly order them); logprobs of sampled
+    tokens, float32 values (as engines send them) mostly near 0."""
+
+    def __init__(self, seed: int = 11, vocabulary: int = 152_000) -> None:
+        self._random = random.Random(seed)
+        self._ranks = range(vocabulary)
+        self._weights = list(itertools.accumulate(1 / (k + 1) ** 1.1 for k in self._ranks))
+
+    def ids(self, n: int) -> list[int]:
+        return self._random.choices(self._ranks, cum_weights=self._weights, k=n)
+
+    def logprobs(self, n: int) -> list[float]:
+        return [struct.unpack("f", struct.pack("f", -self._random.expovariate(3.0)))[0] for _ in range(n)]
+
+
 def rollout_steps(tag: str, groups: int, rollouts: int = 8, turns: int = 8, task: int = 1024,
-                  response: int = 128, tool: int = 128, first: int = 0) -> list[dict[str, Any]]:
+                  response: int = 128, tool: int = 128, first: int = 0, *,
+                  text: TokenText | None = None) -> list[dict[str, Any]]:
     """GRPO rollouts as a rollout worker posts them: ``groups`` prompt groups of ``rollouts`` each, every
     rollout ``turns`` steps whose prompt is the group's task (``task`` tokens) followed by each earlier
     turn's response and tool output (prompts grow turn by turn), a reward on the last turn; trajectory
-    after trajectory, as rollouts finish. Groups are numbered from ``first`` (their tokens differ)."""
+    after trajectory, as rollouts finish. Groups are numbered from ``first`` (their tokens differ). Token
+    ids are arithmetic runs (cheap, distinct between turns), or with ``text`` drawn as a model's are, with
+    varied logprobs (what compression sees)."""
     steps = []
     for g in range(first, first + groups):
         group = f"{tag}-g{g}"
-        context = [(g * 7919 + k) % 32_000 for k in range(task)]
+        context = text.ids(task) if text else [(g * 7919 + k) % 32_000 for k in range(task)]
         for r in range(rollouts):
             prompt = list(context)
             for t in range(turns):
                 seed = (g * rollouts + r) * turns + t
-                reply = [(seed * 17 + k) % 32_000 for k in range(response)]
+                reply = text.ids(response) if text else [(seed * 17 + k) % 32_000 for k in range(response)]
                 last = t == turns - 1
                 trajectory = f"{group}-r{r}"
                 steps.append({"step_id": routable_id(trajectory, f"{trajectory}-{t}".encode()),
                               "trajectory_id": trajectory, "step_index": t, "prompt_group_id": group,
                               "prompt_group_size": rollouts, "prompt_token_ids": list(prompt),
-                              "response_token_ids": reply, "response_logprobs": [-0.5] * response,
+                              "response_token_ids": reply,
+                              "response_logprobs": text.logprobs(response) if text else [-0.5] * response,
                               "reward": 1.0 if last else None, "terminal": last, "received_at_ms": 1,
                               "agent": "bench"})
-                prompt += reply + [(seed * 13 + k) % 32_000 for k in range(tool)]
+                output = text.ids(tool) if text else [(seed * 13 + k) % 32_000 for k in range(tool)]
+                prompt += reply + output
     return steps
 
 
@@ -300,10 +325,11 @@ def messages_written(bootstrap: str, suffix: str, app_id: str) -> dict[str, int]
     return settled_message_counts(bootstrap, label)
 
 
-def produce_steps(bootstrap: str, topic: str, records: list[dict[str, Any]], envelope: int) -> int:
+def produce_steps(bootstrap: str, topic: str, records: list[dict[str, Any]], envelope: int,
+                  **producer_overrides: Any) -> int:
     """White-box steps one message each, or (``envelope`` > 1) as the gateway posts a batch of that many:
     one envelope per partition per batch. Returns the messages produced."""
-    producer = make_producer(bootstrap)
+    producer = make_producer(bootstrap, **producer_overrides)
     produced = 0
     for start in range(0, len(records), max(1, envelope)):
         batch = records[start:start + max(1, envelope)]

@@ -34,7 +34,7 @@ from quixstreams.sinks import BaseSink
 from quixstreams.state.rocksdb import RocksDBOptions
 
 from clawr1.core import topics
-from clawr1.core.kafka_io import make_admin, make_producer
+from clawr1.core.kafka_io import COMPRESSION, make_admin, make_producer
 from clawr1.core.metrics import (
     STREAM_CHECKPOINT_SECONDS,
     STREAM_DEAD_LETTERS,
@@ -126,7 +126,7 @@ def kafka_overrides(config: StreamConfig, client_id: str) -> tuple[dict[str, Any
         "partitioner": "murmur2_random",  # Java's: where the gateway and the proxy put a key
         "transaction.timeout.ms": config.transaction_timeout_ms,
         "linger.ms": config.linger_ms,
-        "compression.type": "lz4",
+        "compression.type": COMPRESSION,
         "message.max.bytes": 16 * 1024 * 1024,
     }
     if config.instance_id:

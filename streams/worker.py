@@ -24,8 +24,9 @@ def run_worker(settings: Settings, ready: Callable[[], None] | None = None,
     """Block until SIGINT/SIGTERM (clean stop, 0) or a fatal error (raised).
 
     Creates every topic the worker reads and writes first, all with one partition count: the worker
-    keeps one state store per partition for all its inputs; then its state changelog, compacted, with
-    that count (``quix_compat.changelog_topic`` says why it is not left to Quix).
+    keeps one state store per partition for all its inputs; then its state changelog with that count
+    (compacted, as its role's configs say: ``kafka_io.topic_config``; ``quix_compat.changelog_topic`` says
+    why it is not left to Quix).
     """
     config = config or StreamConfig.from_settings(settings)
     served = ensure_topics(config.bootstrap, config.topics.all_names(), config.partitions,
@@ -34,8 +35,7 @@ def run_worker(settings: Settings, ready: Callable[[], None] | None = None,
     if len(set(counts.values())) != 1:
         raise SystemExit(f"the worker's input topics must have one partition count, found {counts}")
     ensure_topics(config.bootstrap, [quix_compat.changelog_topic(config.app_id, config.topics.work)],
-                  counts[config.topics.work], replication=config.replication,
-                  config={"cleanup.policy": "compact"})
+                  counts[config.topics.work], replication=config.replication)
     config.data_dir.mkdir(parents=True, exist_ok=True)
     StreamsApp(config, counts[config.topics.work]).run(ready)
     return 0

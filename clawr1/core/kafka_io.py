@@ -3,13 +3,15 @@
 Producers are idempotent with acks=all and hash keys with murmur2 (Java's partitioner), so a key
 lands on the partition Java's partitioner would choose (``clawr1.core.routing.partition_of``).
 
-Also the one place that creates topics (``ensure_topics``), says what a produce error means
-(``classify``) and applies the one policy for fatal producer errors (``RebuildingProducer``).
+Also the one place that creates topics and sets how long Kafka keeps them (``ensure_topics``,
+``topic_config``), says what a produce error means (``classify``) and applies the one policy for fatal
+producer errors (``RebuildingProducer``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -17,11 +19,24 @@ from functools import partial
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
+from clawr1.core import registry, topics
 from clawr1.core.topics import ALL_TOPICS
 
 log = logging.getLogger("clawr1.kafka")
+
+# What every producer compresses with, and every topic of the stack keeps on disk (the broker recompresses
+# a batch that arrives otherwise, from anyone else's producer). Measured against lz4 and none on step
+# envelopes: docs/scale.md, "Kafka's disk".
+COMPRESSION = "zstd"
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
@@ -31,7 +46,7 @@ def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
         "acks": "all",
         "partitioner": "murmur2_random",
         "linger.ms": 5,
-        "compression.type": "lz4",
+        "compression.type": COMPRESSION,
         "message.max.bytes": 16 * 1024 * 1024,
     }
     config.update(overrides)
@@ -75,24 +90,73 @@ def consumed_at(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+HOUR_MS = 3_600_000
+# Retention deletes closed segments only, and Kafka closes one after 7 days (or 256 MB here): segments
+# close every hour (sooner for a shorter retention), so data lives its retention plus an hour at most
+# (plus the broker's retention check, every 5 minutes). The changelog's are closed as often, so compaction
+# reaches new records within the hour.
+SEGMENT_MS = HOUR_MS
+# A deleted key's tombstone stays this long in a compacted changelog: a worker restoring a partition reads
+# it through in far less.
+TOMBSTONE_MS = HOUR_MS
+
+
+@dataclass(frozen=True)
+class TopicPolicy:
+    """How long Kafka keeps each role's topics, in ms (-1: forever); ``from_env`` reads the
+    ``CLAWR1_KAFKA_*_RETENTION_H`` settings, which every role that creates topics applies alike."""
+
+    input_ms: int
+    output_ms: int
+    dead_letters_ms: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TopicPolicy:
+        def ms(option: registry.Option[float]) -> int:
+            hours = option.read(env)
+            return -1 if hours == -1 else round(hours * HOUR_MS)
+
+        return cls(ms(registry.KAFKA_INPUT_RETENTION_H), ms(registry.KAFKA_OUTPUT_RETENTION_H),
+                   ms(registry.KAFKA_DLQ_RETENTION_H))
+
+
+def topic_config(name: str, policy: TopicPolicy) -> dict[str, str]:
+    """The configs topic ``name`` gets from its role (``topics.role_of``); none for a topic the stack
+    does not own. The changelog is compacted (Quix's requirement): it keeps each live key of the worker's
+    state; the others are deleted by age."""
+    role = topics.role_of(name)
+    if role is None:
+        return {}
+    if role == topics.CHANGELOG:
+        return {"cleanup.policy": "compact", "compression.type": COMPRESSION, "segment.ms": str(SEGMENT_MS),
+                "delete.retention.ms": str(TOMBSTONE_MS)}
+    retention = {topics.INPUT: policy.input_ms, topics.OUTPUT: policy.output_ms,
+                 topics.DEAD_LETTERS: policy.dead_letters_ms}[role]
+    segment = SEGMENT_MS if retention == -1 else max(1, min(SEGMENT_MS, retention))
+    return {"cleanup.policy": "delete", "compression.type": COMPRESSION, "retention.ms": str(retention),
+            "segment.ms": str(segment)}
+
+
 # NewTopic's "the broker's default.replication.factor" (and the topic then follows min.insync.replicas).
 CLUSTER_DEFAULT = -1
 
 
 def ensure_topics(
     bootstrap: str, names: Iterable[str] | None = None, partitions: int = 4, timeout: float = 30.0, *,
-    replication: int = CLUSTER_DEFAULT, config: Mapping[str, str] | None = None,
+    replication: int = CLUSTER_DEFAULT, policy: TopicPolicy | None = None,
 ) -> dict[str, int]:
-    """Create missing topics (with ``config``, e.g. ``{"cleanup.policy": "compact"}``, for each) and
-    return once the broker serves every one, with each one's partition count as the broker has it;
-    existing topics are left as they are. Raises KafkaException when the broker is unreachable,
-    RuntimeError when it refuses a topic.
+    """Create missing topics and return once the broker serves every one, with each one's partition
+    count as the broker has it. Every topic of the stack gets its role's configs (``topic_config``, from
+    ``policy``, by default the settings in the environment), at creation and, for one that exists with
+    others (a stack upgraded, a setting changed), by altering it; its partitions are left as they are.
+    Raises KafkaException when the broker is unreachable, RuntimeError when it refuses a topic.
 
     Replication is the cluster's by default: its ``default.replication.factor`` and
     ``min.insync.replicas``, which the project's brokers set from their node count
     (``broker/launcher.py`` ``replication_for``: 1 copy alone, 3 copies with 2 in sync from 3 nodes on).
     So every caller creates its topics as the cluster it runs on wants them, without knowing its size,
     and a cluster one broker short refuses a topic it cannot replicate instead of making a weaker one."""
+    policy = policy or TopicPolicy.from_env(os.environ)
     admin = make_admin(bootstrap)
     wanted = list(names) if names is not None else [t.name for t in ALL_TOPICS]
     deadline = time.monotonic() + timeout
@@ -100,7 +164,7 @@ def ensure_topics(
     pending = [n for n in dict.fromkeys(wanted) if n not in existing]
     while pending:
         new = [NewTopic(n, num_partitions=partitions, replication_factor=replication,
-                        config=dict(config or {})) for n in pending]
+                        config=topic_config(n, policy)) for n in pending]
         refused = {name: exc for name, future in admin.create_topics(new, operation_timeout=timeout).items()
                    if (exc := _creation_error(future, timeout)) is not None}
         for name, exc in refused.items():
@@ -110,7 +174,44 @@ def ensure_topics(
         if pending:
             log.info("retrying the creation of %s: %s", pending, next(iter(refused.values())))
             time.sleep(0.5)
-    return wait_until_served(admin, wanted, max(1.0, deadline - time.monotonic()))
+    counts = wait_until_served(admin, wanted, max(1.0, deadline - time.monotonic()))
+    align_topic_configs(admin, [n for n in wanted if n in existing], policy,
+                        max(1.0, deadline - time.monotonic()))
+    return counts
+
+
+def align_topic_configs(admin: AdminClient, names: Iterable[str], policy: TopicPolicy,
+                        timeout: float = 30.0) -> dict[str, dict[str, str]]:
+    """Alter each existing topic whose configs differ from its role's; returns what changed, by topic.
+    A cluster that refuses (no permission to alter configs) or does not answer within ``timeout`` leaves
+    them as they are, with a warning: the role starts all the same."""
+    wanted = {name: config for name in dict.fromkeys(names) if (config := topic_config(name, policy))}
+    if not wanted:
+        return {}
+    try:
+        described = admin.describe_configs([ConfigResource(ResourceType.TOPIC, n) for n in wanted],
+                                           request_timeout=timeout)
+        changes = {}
+        for resource, future in described.items():
+            current = future.result(timeout)
+            diff = {key: value for key, value in wanted[resource.name].items()
+                    if key not in current or current[key].value != value}
+            if diff:
+                changes[resource.name] = diff
+        if changes:
+            altered = admin.incremental_alter_configs(
+                [ConfigResource(ResourceType.TOPIC, name, incremental_configs=[
+                    ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                    for key, value in diff.items()]) for name, diff in changes.items()],
+                request_timeout=timeout)
+            for future in altered.values():
+                future.result(timeout)
+            log.info("topic configs set: %s", changes)
+        return changes
+    except (KafkaException, TimeoutError) as exc:  # no answer in time: the next start tries again
+        log.warning("could not set the topic configs of %s (%r); Kafka keeps them as they are",
+                    sorted(wanted), exc)
+        return {}
 
 
 # A cluster still forming or electing its controller answers a creation with these; asked again a moment

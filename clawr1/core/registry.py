@@ -241,6 +241,27 @@ SCHEMA_REGISTRY_CERT_FILE = option("SCHEMA_REGISTRY_CERT_FILE", str, "",
 SCHEMA_REGISTRY_KEY_FILE = option("SCHEMA_REGISTRY_KEY_FILE", str, "",
                                   "private key (PEM) of `CLAWR1_SCHEMA_REGISTRY_CERT_FILE`", _KAFKA_ROLES)
 
+# -- how long Kafka keeps each role's topics (every role that creates topics applies them) ------------
+
+
+def _hours(value: float) -> str | None:
+    return None if value > 0 or value == -1 else f"must be positive hours or -1 (kept forever), got {value}"
+
+
+_TOPIC_ROLES = ("up", *_KAFKA_ROLES)
+KAFKA_INPUT_RETENTION_H = option("KAFKA_INPUT_RETENTION_H", float, 6.0,
+                                 "hours Kafka keeps the worker's inputs (the raw topics, its internal work "
+                                 "topic): it reads them within seconds, the rest is a margin for a worker "
+                                 "that is down or behind; a backlog older than this is lost "
+                                 "([scale](scale.md)); `-1` = forever", _TOPIC_ROLES, check=_hours)
+KAFKA_OUTPUT_RETENTION_H = option("KAFKA_OUTPUT_RETENTION_H", float, 12.0,
+                                  "hours Kafka keeps `clawr1.steps` and `clawr1.prefix_nodes`: what a sink "
+                                  "or rewarder that is down or behind still reads, or a pool rebuilt by "
+                                  "replay; `-1` = forever", _TOPIC_ROLES, check=_hours)
+KAFKA_DLQ_RETENTION_H = option("KAFKA_DLQ_RETENTION_H", float, 168.0,
+                               "hours Kafka keeps `clawr1.dlq` (the pool keeps its copy in `dead_letters`); "
+                               "`-1` = forever", _TOPIC_ROLES, check=_hours)
+
 # -- api: gateway, idempotency store, compat protocol, analyst SQL -----------------------------------
 
 GATEWAY_MAX_IN_FLIGHT = option("GATEWAY_MAX_IN_FLIGHT", int, 20_000,

@@ -4,11 +4,26 @@ Keys are chosen so that what must be joined is co-partitioned: every topic that 
 trajectories is keyed by trajectory id (or by the conversation root a trajectory grows from), and
 every producer hashes keys with Java's murmur2 (``clawr1.core.routing``), so any role can tell where a
 key lands.
+
+Each topic has a role, which decides how long Kafka keeps it (``clawr1.core.kafka_io.topic_config``):
+``input`` topics are read by the worker (and the sink) within seconds of their writing, ``output``
+topics by the sink and the rewarder, ``dead letters`` by people, and the worker's ``changelog`` is its
+state, compacted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+INPUT = "input"
+OUTPUT = "output"
+DEAD_LETTERS = "dead letters"
+CHANGELOG = "changelog"
+
+# The worker's messages to its own partitions (clawr1.streams.messages): read within seconds, an input.
+INTERNAL_PREFIX = "clawr1.internal."
+# How Quix names a state store's changelog (clawr1.streams.quix_compat.changelog_topic).
+CHANGELOG_PREFIX = "changelog__"
 
 
 @dataclass(frozen=True)
@@ -17,6 +32,7 @@ class Topic:
     schema: str
     key: str
     doc: str
+    role: str = INPUT
 
 
 RAW_LLM = Topic(
@@ -40,18 +56,31 @@ STEPS = Topic(
     "step",
     "step_id",
     "curated, normalized step versions; the newest version of a step wins",
+    OUTPUT,
 )
 PREFIX_NODES = Topic(
     "clawr1.prefix_nodes",
     "prefix_node",
     "scope_id",
     "prefix-tree nodes of each merge scope (prompt group or trajectory)",
+    OUTPUT,
 )
 DLQ = Topic(
     "clawr1.dlq",
     "dead_letter",
     "source topic",
     "events that could not be decoded or validated, with the reason and the original bytes",
+    DEAD_LETTERS,
 )
 
 ALL_TOPICS: tuple[Topic, ...] = (RAW_LLM, RAW_STEPS, RAW_EVENTS, RAW_FEEDBACK, STEPS, PREFIX_NODES, DLQ)
+
+
+def role_of(name: str) -> str | None:
+    """The role of one of the stack's topics, also under a suffix (``CLAWR1_TOPIC_SUFFIX``: tests,
+    side-by-side stacks); None for a topic of anyone else, which Kafka's defaults govern."""
+    if name.startswith(CHANGELOG_PREFIX):
+        return CHANGELOG
+    if name.startswith(INTERNAL_PREFIX):
+        return INPUT
+    return next((t.role for t in ALL_TOPICS if name.startswith(t.name)), None)
