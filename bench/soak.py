@@ -32,7 +32,7 @@ agent calls), freshness per phase (of the steps accepted in it) and, with ``--ov
 bench/results/soak_stack.log.
 
     .venv/bin/python -m bench.soak --minutes N --rate R [--after-minutes M] [--agents 4]
-        [--overload K] [--state-ttl S] [--env CLAWR1_NAME=VALUE ...] [--interval 15]
+        [--overload K] [--state-ttl S] [--env CLAWR1_<NAME>=VALUE ...] [--interval 15]
 """
 
 from __future__ import annotations
@@ -565,7 +565,7 @@ def main() -> int:
                         help="minutes at 2x the measured capacity after the soak (0: skip)")
     parser.add_argument("--capacity-minutes", type=float, default=1.0, help="the capacity phase's length")
     parser.add_argument("--state-ttl", type=float, default=None, help=f"seconds, passed as {STATE_TTL}")
-    parser.add_argument("--env", action="append", default=[], metavar="CLAWR1_NAME=VALUE",
+    parser.add_argument("--env", action="append", default=[], metavar="CLAWR1_<NAME>=VALUE",
                         help="a setting for the stack (repeatable)")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--interval", type=float, default=15.0, help="seconds between samples")
