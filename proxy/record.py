@@ -63,6 +63,9 @@ class CapturedCall:
     client_connection: str = ""
     # What the hooks noticed (token-id provenance, a refused injection and its retry).
     notes: tuple[str, ...] = ()
+    # The engine that served the call (the reverse port's router) and the policy version it serves.
+    engine: str | None = None
+    engine_version: int | None = None
 
 
 def event_id(proxy_instance: str, flow_id: str, home: str) -> str:
@@ -243,7 +246,8 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "trajectory_id": hint,
         "prompt_group_id": _hint_id(call.hints.prompt_group_id),
         "prompt_group_size": call.hints.prompt_group_size,
-        "policy_version": call.hints.policy_version,
+        # The engine's version (set when it was resumed after a weight update) wins over the agent's word.
+        "policy_version": call.hints.policy_version if call.engine_version is None else call.engine_version,
         "agent": _hint_id(call.hints.agent),
         "terminal": call.hints.terminal,
         "channel": call.hints.channel,
@@ -253,6 +257,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "capture_notes": notes,
         "client_connection": call.client_connection,
         "source_name": call.hints.source_name,
+        "engine": call.engine,
     }
     # What was read as JSON already is not read again to be redacted: a request is the conversation so far.
     parsed: dict[str, dict[str, Any] | list[Any]] = {}

@@ -31,6 +31,7 @@ from clawr1.core.topics import RAW_LLM
 from clawr1.proxy import mitm_compat
 from clawr1.proxy.addons import build_addons
 from clawr1.proxy.addons.destinations import DestinationGuard
+from clawr1.proxy.addons.engines import EngineRouter
 from clawr1.proxy.config import ProxyConfig, ProxyStartError, ca_cert_path, proxy_config
 from clawr1.proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
 from clawr1.proxy.record import CapturedCall
@@ -77,11 +78,14 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         ssl_verify_upstream_trusted_ca=config.upstream_ca,
     )
     token_ids = TokenIdPolicy.parse(config.token_id_hosts) if config.capture_token_ids else None
-    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret)
+    router = EngineRouter(list(config.engines), config.keys) if config.engines else None
+    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret, router)
     master = mitm_compat.capture_master(opts, [DestinationGuard(config.destinations)],
                                         [*ours, _Readiness(readiness)])
-    # Addon options exist only once their addon is loaded.
-    opts.update(proxyauth=config.proxyauth)
+    # Addon options exist only once their addon is loaded. With several engines the reverse port opens
+    # an engine connection only once a call has picked its engine, not eagerly to the first one.
+    opts.update(proxyauth=config.proxyauth,
+                connection_strategy="lazy" if len(config.engines) > 1 else "eager")
     return master
 
 

@@ -1,0 +1,235 @@
+"""Spreads the reverse port's calls over ``CLAWR1_UPSTREAM``'s engines (``clawr1.proxy.engines`` decides)
+and answers the engine routes (``/v1/engines``, ``/v1/engines/drain``, ``/v1/engines/resume``) itself.
+
+- ``request``: the call's rollout key (trajectory hint, else the conversation root) picks the engine; the
+  request's host, port and scheme are rewritten to it (mitmproxy's reverse mode has one fixed upstream).
+- ``server_connect``: before mitmproxy opens a connection to an engine, one TCP connect tries it; an engine
+  that refuses is taken out and the call goes to another engine on that same connection attempt, so the
+  agent sees no error and one call is captured.
+- ``responseheaders``/``response``/``error``: the call leaves the engine's in-flight count; an engine that
+  failed a call before its first response byte is taken out. A call that fails mid-stream is not replayed.
+- every ``PROBE_S``, engines taken out are tried (TCP connect) and put back when they accept.
+
+The state is per proxy process: with ``CLAWR1_PROXY_PROCESSES`` > 1 each process keeps its own, and the
+engine routes answer for the process that takes the call (docs/proxy.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from mitmproxy import http
+from mitmproxy.proxy.mode_specs import ReverseMode
+from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+
+from clawr1.core.conversation import conversation_key
+from clawr1.gateway.auth import KeyRing
+from clawr1.proxy.addons.state import call_state
+from clawr1.proxy.apis import BY_NAME
+from clawr1.proxy.engines import Engine, EngineTable
+
+logger = logging.getLogger("clawr1.proxy")
+ENGINE_KEY = "clawr1.engine"
+ROUTES = "/v1/engines"
+OPERATE = "operate"
+PROBE_S = 2.0
+CONNECT_TIMEOUT_S = 2.0
+DRAIN_TIMEOUT_S = 60.0
+_DRAIN_POLL_S = 0.05
+
+
+@dataclass
+class _Placed:
+    """The engine a flow was sent to, and whether it has left the engine's in-flight count."""
+
+    engine: Engine
+    key: str
+    answered: bool = False
+    done: bool = False
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    parts = urlsplit(url)
+    assert parts.hostname is not None
+    return parts.scheme, parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
+
+
+def _reverse(flow_or_client: Any) -> bool:
+    return isinstance(flow_or_client.proxy_mode, ReverseMode)
+
+
+def _json(status: int, body: Any) -> http.Response:
+    return http.Response.make(status, json.dumps(body), {"content-type": "application/json"})
+
+
+def rollout_key(flow: http.HTTPFlow) -> str:
+    """The trajectory hint when the agent gave one, else the conversation root of the request's
+    messages (what the linker keys a trajectory by); ``""`` for calls that are not LLM calls."""
+    state = call_state(flow)
+    if state is None:
+        return ""
+    if state.hints.trajectory_id:
+        return f"t:{state.hints.trajectory_id}"
+    try:
+        body = json.loads(state.request_body or b"{}")
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    return f"c:{conversation_key(BY_NAME[state.api.name].request_messages(body))}"
+
+
+class EngineRouter:
+    def __init__(self, urls: list[str], keys: KeyRing | None = None) -> None:
+        self.table = EngineTable(urls)
+        self._keys = keys or KeyRing()
+        self._origins = {url: _origin(url) for url in urls}
+        self._by_address = {(host, port): url for url, (_, host, port) in self._origins.items()}
+        # The flow each client connection is sending (HTTP/1: one at a time), for ``server_connect``.
+        self._sending: dict[str, http.HTTPFlow] = {}
+        self._probing: asyncio.Task[None] | None = None
+
+    def running(self) -> None:
+        self._probing = asyncio.get_running_loop().create_task(self._probe_forever(), name="engine probes")
+
+    async def done(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probing
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None or not _reverse(flow.client_conn):
+            return
+        if flow.request.path.split("?")[0].rstrip("/").startswith(ROUTES):
+            flow.response = await self._admin(flow)
+            return
+        # One engine: nothing to choose, so the request is not parsed for its rollout.
+        key = rollout_key(flow) if len(self.table.engines) > 1 else ""
+        engine = self.table.pick(key, time.monotonic())
+        if engine is None:
+            flow.response = _json(503, {"error": {"type": "no_engine", "message": "clawr1 proxy: no engine "
+                                                  "is serving (all drained or unreachable)"}})
+            return
+        self._send(flow, _Placed(engine, key))
+
+    def _send(self, flow: http.HTTPFlow, placed: _Placed) -> None:
+        self.table.start(placed.engine)
+        flow.metadata[ENGINE_KEY] = placed
+        state = call_state(flow)
+        if state is not None:
+            state.engine, state.engine_version = placed.engine.url, placed.engine.policy_version
+        scheme, host, port = self._origins[placed.engine.url]
+        flow.request.scheme, flow.request.host, flow.request.port = scheme, host, port
+        self._sending[flow.client_conn.id] = flow
+
+    async def server_connect(self, data: ServerConnectionHookData) -> None:
+        if not _reverse(data.client) or data.server.address is None or len(self.table.engines) == 1:
+            return
+        flow = self._sending.get(data.client.id)
+        placed: _Placed | None = flow.metadata.get(ENGINE_KEY) if flow is not None else None
+        tried: set[str] = set()
+        while placed is not None and flow is not None and not await self._accepts(placed.engine.url):
+            logger.warning("engine %s refused a connection: taken out until a probe finds it up",
+                           placed.engine.url)
+            self.table.mark_out(placed.engine.url)
+            tried.add(placed.engine.url)
+            self._finish(placed, answered=False)
+            engine = self.table.pick(placed.key, time.monotonic(), avoid=frozenset(tried))
+            if engine is None:
+                return  # mitmproxy's own connect fails too: the agent gets its 502
+            placed = _Placed(engine, placed.key)
+            self._send(flow, placed)
+            _, host, port = self._origins[engine.url]
+            data.server.address = (host, port)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        placed: _Placed | None = flow.metadata.get(ENGINE_KEY)
+        if placed is not None:
+            placed.answered = True
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        placed: _Placed | None = flow.metadata.get(ENGINE_KEY)
+        if placed is not None:
+            self._finish(placed, answered=True)
+            self._sending.pop(flow.client_conn.id, None)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        placed: _Placed | None = flow.metadata.get(ENGINE_KEY)
+        if placed is None:
+            return
+        if not placed.answered and flow.response is None and self.table.mark_out(placed.engine.url):
+            logger.warning("engine %s failed a call before answering (%s): taken out until a probe finds "
+                           "it up", placed.engine.url, flow.error.msg if flow.error else "unknown error")
+        self._finish(placed, answered=placed.answered)
+        self._sending.pop(flow.client_conn.id, None)
+
+    def _finish(self, placed: _Placed, answered: bool) -> None:
+        if not placed.done:
+            placed.done = True
+            self.table.finish(placed.engine, answered)
+
+    async def _accepts(self, url: str) -> bool:
+        _, host, port = self._origins[url]
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
+        except (TimeoutError, OSError):
+            return False
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+
+    async def _probe_forever(self) -> None:
+        while True:
+            await asyncio.sleep(PROBE_S)
+            for engine in list(self.table.engines.values()):
+                if engine.state == "out" and self.table.probed(engine.url, await self._accepts(engine.url)):
+                    logger.warning("engine %s accepts connections again: serving", engine.url)
+
+    async def _admin(self, flow: http.HTTPFlow) -> http.Response:
+        """The engine routes; an ``operate`` key when the stack has keys (``Authorization: Bearer``)."""
+        if self._keys.enabled:
+            bearer = flow.request.headers.get("authorization", "")
+            key = self._keys.identify(bearer[7:].strip()) if bearer.lower().startswith("bearer ") else None
+            if key is None:
+                return _json(401, {"detail": "the engine routes need an API key (Authorization: Bearer)"})
+            if OPERATE not in key.kinds:
+                return _json(403, {"detail": f"key {key.name!r} lacks the kind {OPERATE!r}"})
+        path = flow.request.path.split("?")[0].rstrip("/")
+        method = flow.request.method
+        if path == ROUTES and method == "GET":
+            return _json(200, {"engines": self.table.describe()})
+        if path not in (f"{ROUTES}/drain", f"{ROUTES}/resume"):
+            return _json(404, {"detail": f"no route {method} {path}"})
+        if method != "POST":
+            return _json(405, {"detail": f"{path} takes POST"})
+        try:
+            body = json.loads(flow.request.get_content(strict=False) or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("engine"), str):
+            return _json(400, {"detail": 'the body must be a JSON object {"engine": "<URL>", ...}'})
+        url = body["engine"].rstrip("/")
+        if self.table.get(url) is None:
+            return _json(404, {"detail": f"{url!r} is not one of the engines: {sorted(self.table.engines)}"})
+        if path.endswith("/resume"):
+            version = body.get("policy_version")
+            if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
+                return _json(400, {"detail": "policy_version must be an integer"})
+            return _json(200, self.table.resume(url, version).describe())
+        timeout = body.get("timeout_s", DRAIN_TIMEOUT_S)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+            return _json(400, {"detail": "timeout_s must be a number of seconds, at least 0"})
+        engine = self.table.drain(url)
+        deadline = time.monotonic() + timeout
+        while engine.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(_DRAIN_POLL_S)
+        return _json(200, {**engine.describe(), "drained": engine.in_flight == 0})
