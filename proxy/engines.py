@@ -6,7 +6,9 @@
   the rollouts it held.
 - Bounded load: a rollout is placed, and a call sent, only where the engine stays within ``LOAD_FACTOR``
   times the mean (of rollouts held, of calls in flight); otherwise the next engine on the ring takes it.
-  A rollout whose engine is full for a moment spills that one call and keeps its engine.
+  An engine may always have one call in flight per rollout it holds; past that and the bound (a rollout
+  with many calls at once, e.g. GRPO siblings sharing their prompt), the call spills to the next engine
+  and the rollout keeps its engine.
 - States: ``serving``; ``draining`` (an operator's drain: no new calls, in-flight ones finish) until
   ``resume`` puts it back at a policy version; ``out`` (it refused a connection) until a probe finds it
   up again. A call is never sent to an engine that is not serving.
@@ -119,7 +121,9 @@ class EngineTable:
             if engine in serving:
                 self._rollouts.move_to_end(key)
                 self._rollouts[key] = (engine.url, now)
-                if engine.in_flight < flight_bound:
+                # One call in flight per rollout held is never too many (the rollouts are spread already):
+                # only a rollout with many calls at once (siblings sharing a prompt) spills past the bound.
+                if engine.in_flight < max(flight_bound, engine.rollouts):
                     return engine
                 # Full for now: this call spills, the rollout keeps its engine.
                 return self._first_within(key, serving, flight_bound, None)

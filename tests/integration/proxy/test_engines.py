@@ -1,0 +1,178 @@
+"""Three stand-in engines behind the reverse port: calls spread, rollouts keep their engine, a killed
+engine's calls go on elsewhere, and drain then resume puts an engine back at a policy version."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from clawr1.core.settings import Settings
+from clawr1.demo.standin_engine import DEFAULT_MODEL, StandinEngine
+from tests.integration.proxy.helpers import (
+    EmbeddedProxy,
+    LoopThread,
+    Standin,
+    TopicReader,
+    marked,
+    start_standin,
+)
+from tests.support.ports import free_port
+from tests.support.waiting import wait_until
+
+AGENTS = 8
+TURNS = 4
+
+
+@dataclass
+class Fleet:
+    engines: list[Standin]
+    proxy: EmbeddedProxy
+
+    @property
+    def urls(self) -> list[str]:
+        return [engine.url for engine in self.engines]
+
+    def table(self) -> dict[str, dict[str, object]]:
+        reply = httpx.get(f"{self.proxy.reverse_url}/v1/engines")
+        assert reply.status_code == 200, reply.text
+        return {row["engine"]: row for row in reply.json()["engines"]}
+
+
+@pytest.fixture(scope="module")
+def fleet(servers_loop: LoopThread, tmp_path_factory: pytest.TempPathFactory, kafka_bootstrap: str,
+          capture_topic: str) -> Iterator[Fleet]:
+    engines = [start_standin(servers_loop) for _ in range(3)]
+    settings = Settings(data_dir=tmp_path_factory.mktemp("engines-proxy"), kafka_bootstrap=kafka_bootstrap,
+                        proxy_port=0, reverse_port=free_port(), upstream=",".join(e.url for e in engines))
+    try:
+        with EmbeddedProxy(settings, capture_topic) as proxy:
+            yield Fleet(engines, proxy)
+    finally:
+        for engine in engines:
+            servers_loop.run(engine.engine.stop())
+
+
+def _rollout(base_url: str, marker: str, agent: int, turns: int = TURNS) -> int:
+    """One agent's rollout, each turn continuing the conversation; returns the calls that failed."""
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="sk-test")
+    messages: list[Any] = [{"role": "system", "content": "You are terse."},
+                           {"role": "user", "content": f"Task {marker} agent {agent}: count"}]
+    failed = 0
+    for turn in range(turns):
+        try:
+            if turn % 2:
+                stream = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages,
+                                                        stream=True)
+                text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+            else:
+                reply = client.chat.completions.create(model=DEFAULT_MODEL, messages=messages)
+                text = reply.choices[0].message.content or ""
+        except openai.APIError:
+            failed += 1
+            continue
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"and {turn}?"}]
+    return failed
+
+
+def _run_agents(fleet: Fleet, marker: str, agents: int = AGENTS) -> int:
+    with ThreadPoolExecutor(agents) as pool:
+        return sum(pool.map(lambda a: _rollout(fleet.proxy.reverse_url, marker, a), range(agents)))
+
+
+def _engines_by_rollout(events: TopicReader, marker: str, count: int) -> dict[str, list[str]]:
+    records = [e.record for e in events.wait_for(marked(marker), count=count)]
+    by_rollout: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        assert record["engine"] is not None and record["error"] is None
+        by_rollout[record["conversation_key"]].append(record["engine"])
+    return by_rollout
+
+
+def test_calls_spread_over_the_engines_and_each_rollout_keeps_its_engine(fleet: Fleet,
+                                                                        events: TopicReader) -> None:
+    marker = uuid.uuid4().hex
+    assert _run_agents(fleet, marker) == 0
+    by_rollout = _engines_by_rollout(events, marker, AGENTS * TURNS)
+    assert len(by_rollout) == AGENTS and sum(map(len, by_rollout.values())) == AGENTS * TURNS
+    calls = Counter(engine for engines in by_rollout.values() for engine in engines)
+    assert set(calls) == set(fleet.urls)
+    assert all(calls[url] >= 0.15 * AGENTS * TURNS for url in fleet.urls), calls
+    kept = sum(len(set(engines)) == 1 for engines in by_rollout.values())
+    assert kept >= 0.95 * AGENTS, by_rollout
+
+
+def test_drain_then_resume_at_a_policy_version(fleet: Fleet, events: TopicReader) -> None:
+    drained = fleet.urls[1]
+    reply = httpx.post(f"{fleet.proxy.reverse_url}/v1/engines/drain", json={"engine": drained}, timeout=70)
+    assert reply.status_code == 200 and reply.json()["drained"] and reply.json()["state"] == "draining"
+    marker = uuid.uuid4().hex
+    assert _run_agents(fleet, marker) == 0
+    assert drained not in {e for engines in _engines_by_rollout(events, marker, AGENTS * TURNS).values()
+                           for e in engines}
+
+    reply = httpx.post(f"{fleet.proxy.reverse_url}/v1/engines/resume",
+                       json={"engine": drained, "policy_version": 7})
+    assert reply.status_code == 200 and reply.json()["state"] == "serving"
+    assert fleet.table()[drained]["policy_version"] == 7
+    marker = uuid.uuid4().hex
+    assert _run_agents(fleet, marker) == 0
+    records = [e.record for e in events.wait_for(marked(marker), count=AGENTS * TURNS)]
+    served = [r for r in records if r["engine"] == drained]
+    assert served and all(r["policy_version"] == 7 for r in served)
+    assert all(r["policy_version"] is None for r in records if r["engine"] != drained)
+
+
+def test_bad_engine_requests_are_refused_with_the_reason(fleet: Fleet) -> None:
+    base = fleet.proxy.reverse_url
+    unknown = httpx.post(f"{base}/v1/engines/drain", json={"engine": "http://nowhere:1"})
+    assert unknown.status_code == 404 and "not one of the engines" in unknown.json()["detail"]
+    assert httpx.post(f"{base}/v1/engines/resume", content=b"[").status_code == 400
+    version = httpx.post(f"{base}/v1/engines/resume", json={"engine": fleet.urls[0], "policy_version": "x"})
+    assert version.status_code == 400 and "policy_version" in version.json()["detail"]
+
+
+def test_a_killed_engine_is_taken_out_and_put_back_once_it_listens_again(
+        fleet: Fleet, events: TopicReader, servers_loop: LoopThread) -> None:
+    killed = fleet.engines[2]
+    port = int(killed.url.rsplit(":", 1)[1])
+    servers_loop.run(killed.engine.stop())
+    marker = uuid.uuid4().hex
+    failed = _run_agents(fleet, marker)
+    assert failed <= 2
+    answered = AGENTS * TURNS - failed
+    by_rollout = _engines_by_rollout(events, marker, answered)
+    assert killed.url not in {e for engines in by_rollout.values() for e in engines}
+    assert len(events.events(marked(marker))) == answered  # each answered call captured once
+    assert fleet.table()[killed.url]["state"] == "out"
+
+    restarted = StandinEngine()
+    assert servers_loop.run(restarted.start("127.0.0.1", port)) == port
+    fleet.engines[2] = Standin(restarted, killed.url)
+    wait_until(lambda: fleet.table()[killed.url]["state"] == "serving", 30,
+               message="the restarted engine probed back in")
+
+
+def test_the_engine_routes_take_an_operate_key_when_the_stack_has_keys(
+        servers_loop: LoopThread, tmp_path: Path, kafka_bootstrap: str, capture_topic: str) -> None:
+    engine = start_standin(servers_loop)
+    settings = Settings(data_dir=tmp_path, kafka_bootstrap=kafka_bootstrap, proxy_port=0,
+                        reverse_port=free_port(), upstream=engine.url,
+                        api_keys="ops:k-ops:operate,agent:k-agent:steps")
+    try:
+        with EmbeddedProxy(settings, capture_topic) as proxy:
+            url = f"{proxy.reverse_url}/v1/engines"
+            assert httpx.get(url).status_code == 401
+            assert httpx.get(url, headers={"Authorization": "Bearer k-agent"}).status_code == 403
+            listed = httpx.get(url, headers={"Authorization": "Bearer k-ops"})
+            assert listed.status_code == 200 and listed.json()["engines"][0]["engine"] == engine.url
+    finally:
+        servers_loop.run(engine.engine.stop())
