@@ -76,8 +76,11 @@ class EngineTable:
         return [engine for engine in self.engines.values() if engine.state == "serving"]
 
     def _bound(self, total: int, serving: int) -> int:
-        """The most any serving engine may hold once one more is added."""
-        return math.ceil(self._factor * (total + 1) / serving)
+        """The most any serving engine may hold once one more is added: ``LOAD_FACTOR`` times the mean,
+        rounded down (rounded up, 8 rollouts over 3 engines could split 4/3/1), but never below the
+        mean rounded up (so the bound always leaves room)."""
+        mean = (total + 1) / serving
+        return max(math.ceil(mean), math.floor(self._factor * mean))
 
     def _walk(self, key: str) -> list[Engine]:
         """Every engine once, in ring order from the key's point."""

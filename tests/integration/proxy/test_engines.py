@@ -3,6 +3,7 @@ engine's calls go on elsewhere, and drain then resume puts an engine back at a p
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ import httpx
 import openai
 import pytest
 
+from clawr1.cli import main
+from clawr1.consumer_sdk import EngineControl, PoolRequestError
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL, StandinEngine
 from tests.integration.proxy.helpers import (
@@ -110,19 +113,22 @@ def test_calls_spread_over_the_engines_and_each_rollout_keeps_its_engine(fleet: 
     assert kept >= 0.95 * AGENTS, by_rollout
 
 
-def test_drain_then_resume_at_a_policy_version(fleet: Fleet, events: TopicReader) -> None:
+def test_drain_then_resume_at_a_policy_version(fleet: Fleet, events: TopicReader,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
     drained = fleet.urls[1]
-    reply = httpx.post(f"{fleet.proxy.reverse_url}/v1/engines/drain", json={"engine": drained}, timeout=70)
-    assert reply.status_code == 200 and reply.json()["drained"] and reply.json()["state"] == "draining"
+    with EngineControl(fleet.proxy.reverse_url) as control:
+        answer = control.drain(drained)
+    assert answer["drained"] and answer["state"] == "draining" and answer["in_flight"] == 0
     marker = uuid.uuid4().hex
     assert _run_agents(fleet, marker) == 0
     assert drained not in {e for engines in _engines_by_rollout(events, marker, AGENTS * TURNS).values()
                            for e in engines}
 
-    reply = httpx.post(f"{fleet.proxy.reverse_url}/v1/engines/resume",
-                       json={"engine": drained, "policy_version": 7})
-    assert reply.status_code == 200 and reply.json()["state"] == "serving"
-    assert fleet.table()[drained]["policy_version"] == 7
+    assert main(["resume", drained, "--policy-version", "7", "--proxy", fleet.proxy.reverse_url]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "serving"
+    assert main(["engines", "--proxy", fleet.proxy.reverse_url]) == 0
+    listed = {row["engine"]: row for row in json.loads(capsys.readouterr().out)}
+    assert listed[drained]["policy_version"] == 7 and listed[drained]["state"] == "serving"
     marker = uuid.uuid4().hex
     assert _run_agents(fleet, marker) == 0
     records = [e.record for e in events.wait_for(marked(marker), count=AGENTS * TURNS)]
@@ -172,7 +178,10 @@ def test_the_engine_routes_take_an_operate_key_when_the_stack_has_keys(
             url = f"{proxy.reverse_url}/v1/engines"
             assert httpx.get(url).status_code == 401
             assert httpx.get(url, headers={"Authorization": "Bearer k-agent"}).status_code == 403
-            listed = httpx.get(url, headers={"Authorization": "Bearer k-ops"})
-            assert listed.status_code == 200 and listed.json()["engines"][0]["engine"] == engine.url
+            with (EngineControl(proxy.reverse_url, api_key="k-agent") as control,
+                  pytest.raises(PoolRequestError, match="lacks the kind 'operate'")):
+                control.list()
+            with EngineControl(proxy.reverse_url, api_key="k-ops") as control:
+                assert [row["engine"] for row in control.list()] == [engine.url]
     finally:
         servers_loop.run(engine.engine.stop())

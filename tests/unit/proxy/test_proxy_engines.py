@@ -44,6 +44,16 @@ def test_eight_rollouts_of_four_turns_spread_and_keep_their_engine(concurrent: b
     assert {e.served for e in table.engines.values()} <= {8, 12, 16} and sum(calls.values()) == 32
 
 
+def test_any_eight_rollouts_split_three_three_two() -> None:
+    """Whatever the rollouts hash to: the bound (1.25x the mean, rounded down) leaves no 4/3/1 split."""
+    rng = random.Random(11)
+    for _ in range(200):
+        table = EngineTable(URLS)
+        for rollout in range(8):
+            table.pick(f"{rng.random()}-{rollout}", 0.0)
+        assert sorted(e.rollouts for e in table.engines.values()) == [2, 3, 3]
+
+
 def test_no_engine_takes_more_than_the_bound_of_calls_in_flight() -> None:
     table = EngineTable(URLS)
     rng = random.Random(7)
