@@ -34,6 +34,7 @@ from clawr1.gateway.auth import KeyRing
 from clawr1.proxy.addons.state import call_state
 from clawr1.proxy.apis import BY_NAME
 from clawr1.proxy.engines import Engine, EngineTable
+from clawr1.proxy.record import CLIENT_DISCONNECTED
 
 logger = logging.getLogger("clawr1.proxy")
 ENGINE_KEY = "clawr1.engine"
@@ -149,6 +150,8 @@ class EngineRouter:
             self._send(flow, placed)
             _, host, port = self._origins[engine.url]
             data.server.address = (host, port)
+            if data.server.sni is not None:
+                data.server.sni = host
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         placed: _Placed | None = flow.metadata.get(ENGINE_KEY)
@@ -165,7 +168,10 @@ class EngineRouter:
         placed: _Placed | None = flow.metadata.get(ENGINE_KEY)
         if placed is None:
             return
-        if not placed.answered and flow.response is None and self.table.mark_out(placed.engine.url):
+        # An agent that hangs up before the answer says nothing about the engine.
+        failed = not placed.answered and flow.response is None and (
+            flow.error is None or flow.error.msg != CLIENT_DISCONNECTED)
+        if failed and self.table.mark_out(placed.engine.url):
             logger.warning("engine %s failed a call before answering (%s): taken out until a probe finds "
                            "it up", placed.engine.url, flow.error.msg if flow.error else "unknown error")
         self._finish(placed, answered=placed.answered)
