@@ -163,6 +163,7 @@ def test_a_killed_engine_is_taken_out_and_put_back_once_it_listens_again(
     restarted = StandinEngine()
     assert servers_loop.run(restarted.start("127.0.0.1", port)) == port
     fleet.engines[2] = Standin(restarted, killed.url)
+    assert httpx.get(f"{killed.url}/health").status_code == 200
     wait_until(lambda: fleet.table()[killed.url]["state"] == "serving", 30,
                message="the restarted engine probed back in")
 
