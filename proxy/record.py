@@ -173,6 +173,19 @@ def _left_after_the_end(call: CapturedCall, assembled: Assembled) -> bool:
             and bool(assembled.choices))
 
 
+def _policy_version(call: CapturedCall, assembled: Assembled) -> int | None:
+    """The version the engine reported in its response (SGLang's ``metadata.weight_version``, when it is
+    an integer: SGLang's own default is ``"default"``), else the one it was resumed at after a weight
+    update (``clawr1.proxy.engines``), else the agent's ``X-Claw-Policy-Version``."""
+    metadata = assembled.response.get("metadata")
+    reported = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    if isinstance(reported, str) and reported.isascii() and reported.isdigit():
+        reported = int(reported)
+    if isinstance(reported, int) and not isinstance(reported, bool) and 0 <= reported < 2**63:
+        return reported
+    return call.hints.policy_version if call.engine_version is None else call.engine_version
+
+
 def _hint_id(value: str | None) -> str | None:
     return None if value is None else redact_id(value)
 
@@ -246,8 +259,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "trajectory_id": hint,
         "prompt_group_id": _hint_id(call.hints.prompt_group_id),
         "prompt_group_size": call.hints.prompt_group_size,
-        # The engine's version (set when it was resumed after a weight update) wins over the agent's word.
-        "policy_version": call.hints.policy_version if call.engine_version is None else call.engine_version,
+        "policy_version": _policy_version(call, assembled),
         "agent": _hint_id(call.hints.agent),
         "terminal": call.hints.terminal,
         "channel": call.hints.channel,
