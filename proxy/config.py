@@ -77,6 +77,8 @@ class ProxyConfig:
     # The reverse port's engines (``CLAWR1_UPSTREAM``), and the keys its engine routes check.
     engines: tuple[str, ...] = ()
     keys: KeyRing = field(default_factory=KeyRing, repr=False)
+    # Where the proxy's processes share the engine table (``clawr1.proxy.engine_files``).
+    engines_dir: Path | None = None
 
 
 def confdir(settings: Settings) -> Path:
@@ -167,6 +169,7 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         batch_calls=settings.role_setting(PROXY_BATCH_CALLS),
         engines=tuple(engines),
         keys=_keys(settings),
+        engines_dir=(settings.data_dir / "proxy-engines").resolve(),
     )
 
 

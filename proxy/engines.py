@@ -188,3 +188,23 @@ class EngineTable:
 
     def describe(self) -> list[dict[str, Any]]:
         return [engine.describe() for engine in self.engines.values()]
+
+    def control(self) -> dict[str, dict[str, Any]]:
+        """What an operator set (drained or not, policy version), for the proxy's other processes."""
+        return {url: {"draining": e.state == "draining", "policy_version": e.policy_version}
+                for url, e in self.engines.items()}
+
+    def apply(self, control: dict[str, dict[str, Any]]) -> None:
+        """Take what an operator set through another process (``control``); engines this process found
+        out stay out until its own probe finds them up."""
+        for url, wanted in control.items():
+            engine = self.engines.get(url)
+            if engine is None:
+                continue
+            if wanted.get("draining"):
+                engine.state = "draining"
+            elif engine.state == "draining":
+                engine.state = "serving"
+            version = wanted.get("policy_version")
+            if isinstance(version, int):
+                engine.policy_version = version

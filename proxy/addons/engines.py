@@ -10,8 +10,9 @@ and answers the engine routes (``/v1/engines``, ``/v1/engines/drain``, ``/v1/eng
   failed a call before its first response byte is taken out. A call that fails mid-stream is not replayed.
 - every ``PROBE_S``, engines taken out are tried (TCP connect) and put back when they accept.
 
-The state is per proxy process: with ``CLAWR1_PROXY_PROCESSES`` > 1 each process keeps its own, and the
-engine routes answer for the process that takes the call (docs/proxy.md).
+Each proxy process keeps its own table; what an operator sets (drain, resume at a version) reaches the
+others, and the next start, through ``clawr1.proxy.engine_files``; the engine routes answer with the
+counts of every process (docs/proxy.md).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from clawr1.core.conversation import conversation_key
 from clawr1.gateway.auth import KeyRing
 from clawr1.proxy.addons.state import call_state
 from clawr1.proxy.apis import BY_NAME
+from clawr1.proxy.engine_files import EngineFiles, combined, remaining
 from clawr1.proxy.engines import Engine, EngineTable
 from clawr1.proxy.record import CLIENT_DISCONNECTED
 
@@ -41,6 +43,9 @@ ENGINE_KEY = "clawr1.engine"
 ROUTES = "/v1/engines"
 OPERATE = "operate"
 PROBE_S = 2.0
+# How often each of several proxy processes takes the operator's settings and shares its counts.
+SHARE_S = 0.2
+RESUME_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 2.0
 DRAIN_TIMEOUT_S = 60.0
 _DRAIN_POLL_S = 0.05
@@ -88,23 +93,35 @@ def rollout_key(flow: http.HTTPFlow) -> str:
 
 
 class EngineRouter:
-    def __init__(self, urls: list[str], keys: KeyRing | None = None) -> None:
+    """``files``: where the proxy's processes share what an operator set and their counts (None: this
+    process alone, nothing kept past it)."""
+
+    def __init__(self, urls: list[str], keys: KeyRing | None = None,
+                 files: EngineFiles | None = None) -> None:
         self.table = EngineTable(urls)
         self._keys = keys or KeyRing()
+        self._files = files
         self._origins = {url: _origin(url) for url in urls}
-        self._by_address = {(host, port): url for url, (_, host, port) in self._origins.items()}
         # The flow each client connection is sending (HTTP/1: one at a time), for ``server_connect``.
         self._sending: dict[str, http.HTTPFlow] = {}
-        self._probing: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        # The control revision this process has taken (``EngineFiles``).
+        self._revision = 0
 
-    def running(self) -> None:
-        self._probing = asyncio.get_running_loop().create_task(self._probe_forever(), name="engine probes")
+    async def running(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._files is not None:
+            await self._take_control()
+        self._tasks.append(loop.create_task(self._probe_forever(), name="engine probes"))
+        if self._files is not None and self._files.processes > 1:
+            self._tasks.append(loop.create_task(self._share_forever(), name="engine table sharing"))
 
     async def done(self) -> None:
-        if self._probing is not None:
-            self._probing.cancel()
+        for task in self._tasks:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._probing
+                await task
+        self._tasks.clear()
 
     async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or not _reverse(flow.client_conn):
@@ -193,6 +210,50 @@ class EngineRouter:
             await writer.wait_closed()
         return True
 
+    async def _take_control(self) -> None:
+        """Apply what an operator set through another process (or before a restart), if newer."""
+        assert self._files is not None
+        revision, control = await asyncio.to_thread(self._files.read_control)
+        if revision > self._revision:
+            self.table.apply(control)
+            self._revision = revision
+
+    async def _share_forever(self) -> None:
+        assert self._files is not None
+        while True:
+            await self._take_control()
+            await asyncio.to_thread(self._files.write_status, self._revision, self.table.describe())
+            await asyncio.sleep(SHARE_S)
+
+    async def _others(self) -> dict[int, tuple[int, dict[str, dict[str, Any]]]]:
+        if self._files is None or self._files.processes == 1:
+            return {}
+        return await asyncio.to_thread(self._files.others)
+
+    async def _publish(self) -> int:
+        """Record what an operator just set here for the other processes (and the next start)."""
+        if self._files is None:
+            return 0
+        self._revision = await asyncio.to_thread(self._files.write_control, self.table.control())
+        if self._files.processes > 1:
+            await asyncio.to_thread(self._files.write_status, self._revision, self.table.describe())
+        return self._revision
+
+    async def _wait(self, url: str, revision: int, timeout: float, calls_done: bool) -> tuple[int, int]:
+        """Until every process has taken ``revision`` (and, with ``calls_done``, no call is in flight on
+        ``url``) or ``timeout``: the calls still in flight and the processes that have not taken it."""
+        deadline = time.monotonic() + timeout
+        processes = self._files.processes if self._files is not None else 1
+        while True:
+            left, waiting = remaining(url, self.table.engines[url].in_flight, revision, processes,
+                                      await self._others())
+            if (waiting == 0 and (left == 0 or not calls_done)) or time.monotonic() >= deadline:
+                return left, waiting
+            await asyncio.sleep(_DRAIN_POLL_S)
+
+    async def _rows(self) -> list[dict[str, Any]]:
+        return combined(self.table.describe(), await self._others())
+
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(PROBE_S)
@@ -212,7 +273,7 @@ class EngineRouter:
         path = flow.request.path.split("?")[0].rstrip("/")
         method = flow.request.method
         if path == ROUTES and method == "GET":
-            return _json(200, {"engines": self.table.describe()})
+            return _json(200, {"engines": await self._rows()})
         if path not in (f"{ROUTES}/drain", f"{ROUTES}/resume"):
             return _json(404, {"detail": f"no route {method} {path}"})
         if method != "POST":
@@ -230,12 +291,18 @@ class EngineRouter:
             version = body.get("policy_version")
             if version is not None and (not isinstance(version, int) or isinstance(version, bool)):
                 return _json(400, {"detail": "policy_version must be an integer"})
-            return _json(200, self.table.resume(url, version).describe())
+            self.table.resume(url, version)
+            # Answered once every process serves it at that version, so no later step has the old one.
+            _, waiting = await self._wait(url, await self._publish(), RESUME_TIMEOUT_S, calls_done=False)
+            return _json(200, {**self._row(await self._rows(), url), "processes_waiting": waiting})
         timeout = body.get("timeout_s", DRAIN_TIMEOUT_S)
         if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
             return _json(400, {"detail": "timeout_s must be a number of seconds, at least 0"})
-        engine = self.table.drain(url)
-        deadline = time.monotonic() + timeout
-        while engine.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(_DRAIN_POLL_S)
-        return _json(200, {**engine.describe(), "drained": engine.in_flight == 0})
+        self.table.drain(url)
+        left, waiting = await self._wait(url, await self._publish(), timeout, calls_done=True)
+        row = {**self._row(await self._rows(), url), "in_flight": left, "processes_waiting": waiting}
+        return _json(200, {**row, "drained": left == 0 and waiting == 0})
+
+    @staticmethod
+    def _row(rows: list[dict[str, Any]], url: str) -> dict[str, Any]:
+        return next(row for row in rows if row["engine"] == url)

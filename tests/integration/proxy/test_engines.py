@@ -20,9 +20,11 @@ from clawr1.cli import main
 from clawr1.consumer_sdk import EngineControl, PoolRequestError
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL, StandinEngine
+from clawr1.proxy.config import PROCESSES_ENV
 from tests.integration.proxy.helpers import (
     EmbeddedProxy,
     LoopThread,
+    ProxyProcess,
     Standin,
     TopicReader,
     marked,
@@ -86,9 +88,11 @@ def _rollout(base_url: str, marker: str, agent: int, turns: int = TURNS) -> int:
     return failed
 
 
-def _run_agents(fleet: Fleet, marker: str, agents: int = AGENTS) -> int:
+def _run_agents(fleet: Fleet | str, marker: str, agents: int = AGENTS) -> int:
+    """``agents`` rollouts at once through a reverse port (a fleet's, or at a URL); the failed calls."""
+    url = fleet if isinstance(fleet, str) else fleet.proxy.reverse_url
     with ThreadPoolExecutor(agents) as pool:
-        return sum(pool.map(lambda a: _rollout(fleet.proxy.reverse_url, marker, a), range(agents)))
+        return sum(pool.map(lambda a: _rollout(url, marker, a), range(agents)))
 
 
 def _engines_by_rollout(events: TopicReader, marker: str, count: int) -> dict[str, list[str]]:
@@ -186,3 +190,34 @@ def test_the_engine_routes_take_an_operate_key_when_the_stack_has_keys(
                 assert [row["engine"] for row in control.list()] == [engine.url]
     finally:
         servers_loop.run(engine.engine.stop())
+
+
+def test_drain_and_resume_reach_every_proxy_process(servers_loop: LoopThread, tmp_path: Path,
+                                                    kafka_bootstrap: str, capture_topic: str,
+                                                    events: TopicReader) -> None:
+    engines = [start_standin(servers_loop) for _ in range(3)]
+    drained = engines[1].url
+    settings = Settings(data_dir=tmp_path, kafka_bootstrap=kafka_bootstrap, proxy_port=0,
+                        reverse_port=free_port(), upstream=",".join(e.url for e in engines),
+                        extra={PROCESSES_ENV: "2"})
+    url = f"http://127.0.0.1:{settings.reverse_port}"
+    try:
+        with ProxyProcess(settings, capture_topic), EngineControl(url) as control:
+            answer = control.drain(drained)
+            assert answer["drained"] and answer["processes_waiting"] == 0
+            marker = uuid.uuid4().hex
+            assert _run_agents(url, marker) == 0
+            records = [e.record for e in events.wait_for(marked(marker), count=AGENTS * TURNS)]
+            assert drained not in {r["engine"] for r in records}
+            assert len({r["client_connection"] for r in records}) > 1
+
+            assert control.resume(drained, policy_version=7)["processes_waiting"] == 0
+            marker = uuid.uuid4().hex
+            assert _run_agents(url, marker) == 0
+            records = [e.record for e in events.wait_for(marked(marker), count=AGENTS * TURNS)]
+            assert {r["policy_version"] for r in records if r["engine"] == drained} == {7}
+            wait_until(lambda: sum(int(row["served"]) for row in control.list()) == 2 * AGENTS * TURNS, 10,
+                       message="the served counts of both processes added up")
+    finally:
+        for engine in engines:
+            servers_loop.run(engine.engine.stop())
