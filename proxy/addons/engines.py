@@ -153,6 +153,8 @@ class EngineRouter:
             return
         flow = self._sending.get(data.client.id)
         placed: _Placed | None = flow.metadata.get(ENGINE_KEY) if flow is not None else None
+        if placed is None or self._origins[placed.engine.url][1:] != tuple(data.server.address):
+            return  # not the connection of the call this client is sending
         tried: set[str] = set()
         while placed is not None and flow is not None and not await self._accepts(placed.engine.url):
             logger.warning("engine %s refused a connection: taken out until a probe finds it up",
