@@ -30,6 +30,7 @@ from tests.integration.proxy.helpers import (
     marked,
     start_standin,
 )
+from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
@@ -199,8 +200,9 @@ def test_drain_and_resume_reach_every_proxy_process(servers_loop: LoopThread, tm
     drained = engines[1].url
     settings = Settings(data_dir=tmp_path, kafka_bootstrap=kafka_bootstrap, proxy_port=0,
                         reverse_port=free_port(), upstream=",".join(e.url for e in engines),
-                        extra={PROCESSES_ENV: "2"})
+                        proxy_metrics_port=free_port(), extra={PROCESSES_ENV: "2"})
     url = f"http://127.0.0.1:{settings.reverse_port}"
+    metrics = f"http://127.0.0.1:{settings.proxy_metrics_port}/metrics"
     try:
         with ProxyProcess(settings, capture_topic), EngineControl(url) as control:
             answer = control.drain(drained)
@@ -218,6 +220,10 @@ def test_drain_and_resume_reach_every_proxy_process(servers_loop: LoopThread, tm
             assert {r["policy_version"] for r in records if r["engine"] == drained} == {7}
             wait_until(lambda: sum(int(row["served"]) for row in control.list()) == 2 * AGENTS * TURNS, 10,
                        message="the served counts of both processes added up")
+            served = {row["engine"]: row["served"] for row in control.list()}
+            scraped = scrape(metrics)
+            assert {e: total(scraped, "clawr1_proxy_engine_calls_total", engine=e) for e in served} == served
+            assert total(scraped, "clawr1_proxy_engine_policy_version", engine=drained) == 7
     finally:
         for engine in engines:
             servers_loop.run(engine.engine.stop())
