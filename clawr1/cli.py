@@ -127,6 +127,25 @@ def _build_parser() -> argparse.ArgumentParser:
     config.add_argument("--markdown", action="store_true",
                         help="print the table of every CLAWR1_* variable (docs/settings.md) instead")
 
+    for name, text in (
+        ("engines", "the capture proxy's engines: state, calls in flight, calls served, policy version"),
+        ("drain", "stop new calls to an engine (before its weight update); returns once its calls are done"),
+        ("resume", "put a drained engine back, serving the policy version given"),
+    ):
+        control = sub.add_parser(name, help=text)
+        _common(control)
+        control.add_argument("--proxy", help="the proxy's reverse-port URL (default: the stack's)")
+        control.add_argument("--api-key", dest="api_key",
+                             help="an operate key when the stack has keys (default: $CLAWR1_API_KEY)")
+        if name != "engines":
+            control.add_argument("engine", help="the engine's URL, as CLAWR1_UPSTREAM lists it")
+        if name == "drain":
+            control.add_argument("--timeout-s", dest="timeout_s", type=float, default=60.0,
+                                 help="answer after this long even with calls still in flight")
+        if name == "resume":
+            control.add_argument("--policy-version", dest="policy_version", type=int,
+                                 help="the policy version the engine now serves (its later steps carry it)")
+
     engine = sub.add_parser("standin-engine", help="a local stand-in for an LLM serving engine (demo, tests)")
     engine.add_argument("--host", default="127.0.0.1")
     engine.add_argument("--port", type=int, default=8091)
@@ -181,6 +200,34 @@ def _or_exit(command: str, start: Callable[[], None]) -> int:
         print(f"clawr1 {command}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _cmd_engines(settings: Settings, args: argparse.Namespace) -> int:
+    """``clawr1 engines|drain|resume``: the proxy's engine routes; prints the answer as JSON."""
+    import json
+
+    from clawr1.compat.relay import RelayUnavailable, proxy_authorization, proxy_target
+    from clawr1.consumer_sdk import ConsumerError, EngineControl
+
+    url = args.proxy or proxy_target(settings)[0]
+    if url is None:
+        print(f"clawr1 {args.command}: give --proxy URL, or set CLAWR1_REVERSE_PORT and CLAWR1_UPSTREAM",
+              file=sys.stderr)
+        return 2
+    try:
+        authorization = proxy_authorization(settings.proxy_auth)
+        with EngineControl(url, args.api_key, authorization) as control:
+            if args.command == "engines":
+                answer: object = control.list()
+            elif args.command == "drain":
+                answer = control.drain(args.engine, args.timeout_s)
+            else:
+                answer = control.resume(args.engine, args.policy_version)
+    except (RelayUnavailable, ConsumerError) as exc:
+        print(f"clawr1 {args.command}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2))
+    return 0 if args.command != "drain" or isinstance(answer, dict) and answer.get("drained") else 1
 
 
 def _cmd_kafka(settings: Settings) -> int:
@@ -387,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
                             stack_bootstrap(data_dir, settings.bootstrap_servers))
     if args.command == "kafka":
         return _cmd_kafka(settings)
+    if args.command in ("engines", "drain", "resume"):
+        return _cmd_engines(settings, args)
     if args.command == "up":
         from clawr1.stack import run_stack
 

@@ -32,9 +32,6 @@ def proxy_target(settings: Settings) -> tuple[str | None, str]:
     if not settings.reverse_port or not settings.upstream:
         return None, ("agent calls on the compat port go through the capture proxy's reverse port: set "
                       "CLAWR1_UPSTREAM (--upstream) and CLAWR1_REVERSE_PORT (--reverse-port)")
-    if len([u for u in settings.upstream.split(",") if u.strip()]) > 1:
-        return None, ("the capture proxy's reverse port takes one upstream; CLAWR1_UPSTREAM lists several "
-                      "(only /generate round-robins over them)")
     host = settings.proxy_host
     host = "127.0.0.1" if host in _WILDCARD_HOSTS else host
     host = f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -13,6 +13,7 @@ Needs only numpy, pyarrow, httpx and clickhouse-connect; torch is optional (``St
 
 from clawr1.consumer_sdk.batch import PaddedBatch, Step, StepBatch
 from clawr1.consumer_sdk.consumer import PoolConsumer
+from clawr1.consumer_sdk.engines import EngineControl
 from clawr1.consumer_sdk.errors import (
     ConsumerClosed,
     ConsumerError,
@@ -34,6 +35,7 @@ __all__ = [
     "ConsumerClosed",
     "ConsumerError",
     "DataError",
+    "EngineControl",
     "ExportManifest",
     "Filters",
     "InvalidFilter",

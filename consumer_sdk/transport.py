@@ -138,7 +138,7 @@ class ApiTransport:
         if response.is_success:
             return response
         raise PoolRequestError(
-            f"the pool API refused {path} with HTTP {response.status_code}: {_reason(response)}",
+            f"the pool API refused {path} with HTTP {response.status_code}: {reason_of(response)}",
             status=response.status_code,
         )
 
@@ -172,7 +172,7 @@ class ApiTransport:
         self._http.close()
 
 
-def _reason(response: httpx.Response) -> str:
+def reason_of(response: httpx.Response) -> str:
     """The error text of the gateway's error body (``message``) or FastAPI's (``detail``)."""
     try:
         body = response.json()

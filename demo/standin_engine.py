@@ -399,6 +399,8 @@ class StandinEngine:
             Route("/v1/responses", self._responses, methods=["POST"]),
             Route("/v1/messages", self._messages, methods=["POST"]),
             Route("/v1/models", self._models, methods=["GET"]),
+            # What vLLM and SGLang answer for liveness, and routers (sglang-router) check workers with.
+            Route("/health", self._health, methods=["GET"]),
         ], exception_handlers={HTTPException: _http_error}, lifespan=lifespan)
         app.router.redirect_slashes = False  # a path with a trailing slash is unknown, not redirected
         return app
@@ -801,6 +803,9 @@ class StandinEngine:
         self._receive(request, b"")
         return _json_response(json.dumps({"object": "list", "data": [
             {"id": self.model, "object": "model", "created": CREATED, "owned_by": "clawr1-standin"}]}))
+
+    async def _health(self, _request: Request) -> Response:
+        return Response(status_code=200)
 
 
 def _ssl_context(certfile: str | None, keyfile: str | None) -> ssl.SSLContext | None:

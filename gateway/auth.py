@@ -7,7 +7,9 @@
 - ``read``: analyst SQL and the dashboard's data;
 - ``consume``: the consumer SDK: SQL plus writing its own groups' commits and positions and its own
   presets (``owns_group``: ``<key name>`` or ``<key name>:...``);
-- ``curate``: the dashboard's curation writes (labels, exclusions, notes as feedback).
+- ``curate``: the dashboard's curation writes (labels, exclusions, notes as feedback);
+- ``operate``: the capture proxy's engine routes (``/v1/engines``, drain and resume around a weight
+  update), served on its reverse port (``clawr1.proxy.addons.engines``), not by the API.
 
 An entry without kinds gets the ingest kinds only: reading or moving the pool is always granted by
 name. ``ROUTE_KINDS`` is the route x kind matrix; a mounted route missing from it is refused to
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INGEST_KINDS = frozenset({"steps", "feedback", "events"})
-KINDS = INGEST_KINDS | {"read", "consume", "curate"}
+KINDS = INGEST_KINDS | {"read", "consume", "curate", "operate"}
 ANONYMOUS = "anonymous"
 
 ROUTE_KINDS: dict[str, frozenset[str]] = {

@@ -115,7 +115,8 @@ _STEP_COLUMNS = f"""
     link_status LowCardinality(String) DEFAULT 'linked',
     link_candidate_step_id Nullable(String),
     prompt_group_inferred UInt8 DEFAULT 0,
-    prompt_group_closes_at_ms Nullable(DateTime64(3, 'UTC'))"""
+    prompt_group_closes_at_ms Nullable(DateTime64(3, 'UTC')),
+    engine LowCardinality(Nullable(String))"""
 
 STEP_FIELDS: tuple[str, ...] = tuple(
     line.strip().split(" ", 1)[0] for line in _STEP_COLUMNS.strip().splitlines()
@@ -472,6 +473,14 @@ CREATE TABLE IF NOT EXISTS {PRUNE_KEYS} (
 ) ENGINE = MergeTree
 ORDER BY (prune_id, kind, trajectory_id, id)
 TTL added_at + INTERVAL 1 DAY;
+"""),
+    # Pools made before step.v4 (the engine that served a captured step): add its column and recreate the
+    # view that shows it. The delivery log's columns are fixed (DELIVERY_FIELDS): read it from ``steps``.
+    ("0015_step_engine", f"""
+ALTER TABLE step_versions ADD COLUMN IF NOT EXISTS engine LowCardinality(Nullable(String));
+CREATE OR REPLACE VIEW steps AS
+SELECT {', '.join(STEP_FIELDS)}, ingested_at
+FROM step_versions FINAL;
 """),
 ]
 

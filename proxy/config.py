@@ -9,7 +9,6 @@ It refuses to be an open proxy: a non-loopback address needs proxy auth.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from clawr1.core.registry import (
 )
 from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
+from clawr1.gateway.auth import ApiKeyError, KeyRing, parse_api_keys
 from clawr1.proxy import mitm_compat
 from clawr1.proxy.destinations import (
     DestinationError,
@@ -37,7 +37,6 @@ from clawr1.proxy.destinations import (
     url_endpoint,
 )
 
-logger = logging.getLogger("clawr1.proxy")
 CA_BASENAME = "mitmproxy"
 CA_KEY_SIZE = 2048
 # The variables' names, for tests that set them in ``Settings.extra``.
@@ -80,6 +79,11 @@ class ProxyConfig:
     # Backpressure: captures stay spooled while the worker's group is this far behind (0: never).
     max_lag_s: float = MAX_LAG_S.default
     streams_group: str = STREAMS_APP_ID.default
+    # The reverse port's engines (``CLAWR1_UPSTREAM``), and the keys its engine routes check.
+    engines: tuple[str, ...] = ()
+    keys: KeyRing = field(default_factory=KeyRing, repr=False)
+    # Where the proxy's processes share the engine table (``clawr1.proxy.engine_files``).
+    engines_dir: Path | None = None
 
 
 def confdir(settings: Settings) -> Path:
@@ -114,14 +118,9 @@ def _upstream_origin(upstream: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def reverse_upstream(settings: Settings) -> str:
-    """The reverse port's one origin: ``CLAWR1_UPSTREAM``'s first engine when it lists several (the
-    compat port's ``/generate`` round-robins over all of them; agent calls go to the first)."""
-    engines = [part.strip() for part in settings.upstream.split(",") if part.strip()]
-    if len(engines) > 1:
-        logger.info("CLAWR1_UPSTREAM lists %d engines: the reverse port relays to the first, %s",
-                    len(engines), engines[0])
-    return engines[0] if engines else ""
+def upstream_engines(settings: Settings) -> list[str]:
+    """``CLAWR1_UPSTREAM``'s engines, comma-separated, each as written (checked by ``_upstream_origin``)."""
+    return [part.strip().rstrip("/") for part in settings.upstream.split(",") if part.strip()]
 
 
 def proxy_config(settings: Settings) -> ProxyConfig:
@@ -130,11 +129,14 @@ def proxy_config(settings: Settings) -> ProxyConfig:
     modes: list[str] = []
     if settings.proxy_port:
         modes.append(f"regular@{host}:{settings.proxy_port}")
-    upstream = reverse_upstream(settings) if settings.reverse_port else ""
+    # The reverse mode's origin is the first engine; with several, the engine router
+    # (``clawr1.proxy.addons.engines``) sends each call to the engine it picks.
+    engines = [_upstream_origin(e) for e in upstream_engines(settings)] if settings.reverse_port else []
+    upstream = engines[0] if engines else ""
     if settings.reverse_port:
         if not upstream:
             raise ProxyStartError("reverse_port is set but upstream is not: set CLAWR1_UPSTREAM (--upstream)")
-        modes.append(f"reverse:{_upstream_origin(upstream)}@{host}:{settings.reverse_port}")
+        modes.append(f"reverse:{upstream}@{host}:{settings.reverse_port}")
     if not modes:
         raise ProxyStartError("neither proxy_port nor reverse_port is set: nothing to listen on")
     auth = settings.proxy_auth or None
@@ -158,7 +160,7 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         upstream_ca=settings.role_setting(UPSTREAM_CA_FILE) or None,
         upstream_insecure=settings.role_setting(UPSTREAM_INSECURE),
         capture_token_ids=settings.capture_token_ids,
-        token_id_hosts=settings.token_id_hosts or _upstream_address(upstream),
+        token_id_hosts=settings.token_id_hosts or ",".join(_upstream_address(e) for e in engines),
         bootstrap=settings.bootstrap_servers,
         partitions=settings.topic_partitions,
         registry_url=settings.schema_registry_url,
@@ -172,7 +174,18 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         batch_calls=settings.role_setting(PROXY_BATCH_CALLS),
         max_lag_s=settings.role_setting(MAX_LAG_S),
         streams_group=settings.role_setting(STREAMS_APP_ID),
+        engines=tuple(engines),
+        keys=_keys(settings),
+        engines_dir=(settings.data_dir / "proxy-engines").resolve(),
     )
+
+
+def _keys(settings: Settings) -> KeyRing:
+    """The stack's API keys: the engine routes take an ``operate`` key when there are keys."""
+    try:
+        return parse_api_keys(settings.api_keys)
+    except ApiKeyError as exc:
+        raise ProxyStartError(str(exc)) from exc
 
 
 def proxy_destinations(settings: Settings) -> Destinations:
@@ -188,9 +201,7 @@ def proxy_destinations(settings: Settings) -> Destinations:
 
 
 def _upstream_address(upstream: str) -> str:
-    """``host:port`` of the reverse-mode upstream (the default token-id host), empty without one."""
-    if not upstream:
-        return ""
+    """``host:port`` of a reverse-mode engine (the default token-id hosts)."""
     parts = urlsplit(upstream)
     return f"{parts.hostname}:{parts.port or (443 if parts.scheme == 'https' else 80)}"
 

@@ -145,6 +145,8 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
     from clawr1.core.metrics import (
         PROXY_CALLS_CAPTURED,
         PROXY_CALLS_FAILED,
+        PROXY_ENGINE_CALLS,
+        PROXY_ENGINE_POLICY_VERSION,
         PROXY_SPOOL_DEPTH,
         MetricsPortError,
         serve_metrics,
@@ -170,6 +172,10 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
 
     def count(call: CapturedCall) -> None:
         PROXY_CALLS_CAPTURED.labels(api=call.api).inc()
+        if call.engine is not None:
+            PROXY_ENGINE_CALLS.labels(engine=call.engine).inc()
+            if call.engine_version is not None:
+                PROXY_ENGINE_POLICY_VERSION.labels(engine=call.engine).set(call.engine_version)
         if call.error is not None:
             PROXY_CALLS_FAILED.labels(api=call.api, reason="upstream_error").inc()
         elif call.status is not None and call.status >= 400:

@@ -68,6 +68,9 @@ class CapturedCall:
     client_connection: str = ""
     # What the hooks noticed (token-id provenance, a refused injection and its retry).
     notes: tuple[str, ...] = ()
+    # The engine that served the call (the reverse port's router) and the policy version it serves.
+    engine: str | None = None
+    engine_version: int | None = None
 
 
 def event_id(proxy_instance: str, flow_id: str, home: str) -> str:
@@ -219,6 +222,19 @@ def _left_after_the_end(call: CapturedCall, assembled: Assembled) -> bool:
             and bool(assembled.choices))
 
 
+def _policy_version(call: CapturedCall, assembled: Assembled) -> int | None:
+    """The version the engine reported in its response (SGLang's ``metadata.weight_version``, when it is
+    an integer: SGLang's own default is ``"default"``), else the one it was resumed at after a weight
+    update (``clawr1.proxy.engines``), else the agent's ``X-Claw-Policy-Version``."""
+    metadata = assembled.response.get("metadata")
+    reported = metadata.get("weight_version") if isinstance(metadata, dict) else None
+    if isinstance(reported, str) and reported.isascii() and reported.isdigit():
+        reported = int(reported)
+    if isinstance(reported, int) and not isinstance(reported, bool) and 0 <= reported < 2**63:
+        return reported
+    return call.hints.policy_version if call.engine_version is None else call.engine_version
+
+
 def _hint_id(value: str | None) -> str | None:
     return None if value is None else redact_id(value)
 
@@ -295,7 +311,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "trajectory_id": hint,
         "prompt_group_id": _hint_id(call.hints.prompt_group_id),
         "prompt_group_size": call.hints.prompt_group_size,
-        "policy_version": call.hints.policy_version,
+        "policy_version": _policy_version(call, assembled),
         "agent": _hint_id(call.hints.agent),
         "terminal": call.hints.terminal,
         "channel": call.hints.channel,
@@ -305,6 +321,7 @@ def build_record(call: CapturedCall, proxy_instance: str,
         "capture_notes": notes,
         "client_connection": call.client_connection,
         "source_name": call.hints.source_name,
+        "engine": call.engine,
     }
     # What was read as JSON already is not read again to be redacted: a request is the conversation so far.
     parsed: dict[str, dict[str, Any] | list[Any]] = {}

@@ -31,8 +31,10 @@ from clawr1.core.topics import RAW_LLM
 from clawr1.proxy import mitm_compat
 from clawr1.proxy.addons import build_addons
 from clawr1.proxy.addons.destinations import DestinationGuard
+from clawr1.proxy.addons.engines import EngineRouter
 from clawr1.proxy.config import ProxyConfig, ProxyStartError, ca_cert_path, proxy_config
 from clawr1.proxy.emitter_process import SPAWN, CallSender, EmitterConfig, EmitterProcess, EmitterStartError
+from clawr1.proxy.engine_files import EngineFiles
 from clawr1.proxy.record import CapturedCall
 from clawr1.proxy.token_ids import TokenIdPolicy
 
@@ -68,8 +70,12 @@ class _Readiness:
             self._result.set_result(failures)
 
 
+def _engine_files(config: ProxyConfig, process: int) -> EngineFiles | None:
+    return None if config.engines_dir is None else EngineFiles(config.engines_dir, process, config.processes)
+
+
 def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
-                 readiness: asyncio.Future[list[str]]) -> Master:
+                 readiness: asyncio.Future[list[str]], process: int) -> Master:
     opts = options.Options(
         mode=list(config.modes),
         confdir=str(config.confdir),
@@ -77,11 +83,15 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
         ssl_verify_upstream_trusted_ca=config.upstream_ca,
     )
     token_ids = TokenIdPolicy.parse(config.token_id_hosts) if config.capture_token_ids else None
-    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret)
+    router = EngineRouter(list(config.engines), config.keys, _engine_files(config, process)) \
+        if config.engines else None
+    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret, router)
     master = mitm_compat.capture_master(opts, [DestinationGuard(config.destinations)],
                                         [*ours, _Readiness(readiness)])
-    # Addon options exist only once their addon is loaded.
-    opts.update(proxyauth=config.proxyauth)
+    # Addon options exist only once their addon is loaded. With several engines the reverse port opens
+    # an engine connection only once a call has picked its engine, not eagerly to the first one.
+    opts.update(proxyauth=config.proxyauth,
+                connection_strategy="lazy" if len(config.engines) > 1 else "eager")
     return master
 
 
@@ -113,6 +123,8 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
         raise ProxyStartError(f"{exc} (data dir {settings.data_dir})") from exc
     sender = CallSender(emitter.writers[0])
     fronts: list[BaseProcess] = []
+    if config.engines and (files := _engine_files(config, 0)) is not None:
+        await asyncio.to_thread(files.clear_processes)
     alive_writer: Connection | None = None
     try:
         if processes > 1:
@@ -148,7 +160,7 @@ def _start_fronts(settings: Settings, writers: list[Connection], alive: Connecti
     try:
         for index, writer in enumerate(writers, start=1):
             status, status_writer = SPAWN.Pipe(duplex=False)
-            front = SPAWN.Process(target=_front_main, args=(settings, writer, status_writer, alive),
+            front = SPAWN.Process(target=_front_main, args=(settings, index, writer, status_writer, alive),
                                   name=f"clawr1-proxy-{index}")
             front.start()
             fronts.append(front)
@@ -167,7 +179,8 @@ def _start_fronts(settings: Settings, writers: list[Connection], alive: Connecti
     return fronts
 
 
-def _front_main(settings: Settings, writer: Connection, status: Connection, alive: Connection) -> None:
+def _front_main(settings: Settings, index: int, writer: Connection, status: Connection,
+                alive: Connection) -> None:
     """One more proxy process: the same modes on the same ports, its calls sent to the emitter; it
     stops with the first process (``alive`` ends)."""
     config = proxy_config(settings)
@@ -177,7 +190,7 @@ def _front_main(settings: Settings, writer: Connection, status: Connection, aliv
 
     async def main() -> None:
         stop = stop_loop_on_signals()
-        await _run_master(config, sender.submit, lambda: status.send(None), stop, [alive.fileno()])
+        await _run_master(config, sender.submit, lambda: status.send(None), stop, [alive.fileno()], index)
 
     try:
         asyncio.run(main())
@@ -190,12 +203,13 @@ def _front_main(settings: Settings, writer: Connection, status: Connection, aliv
 
 
 async def _run_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
-                      ready: Callable[[], None] | None, stop: asyncio.Event, watch: list[int]) -> None:
+                      ready: Callable[[], None] | None, stop: asyncio.Event, watch: list[int],
+                      process: int = 0) -> None:
     """Serve until ``stop``; raises ProxyFailedError when a process in ``watch`` (sentinels) ends."""
     loop = asyncio.get_running_loop()
     readiness: asyncio.Future[list[str]] = loop.create_future()
     try:
-        master = _make_master(config, submit, readiness)
+        master = _make_master(config, submit, readiness, process)
     except OptionsError as exc:
         raise ProxyStartError(f"mitmproxy refused the configuration: {exc}") from exc
     died = asyncio.Event()

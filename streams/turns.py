@@ -88,6 +88,7 @@ class Turn:
     metadata: dict[str, Any] = field(default_factory=dict)
     channel: str = "train"  # train | val
     connection: str = ""  # the proxy's id of the agent's client connection (a linking hint), "" unknown
+    engine: str | None = None  # the engine the reverse port sent the call to
 
     @property
     def failed(self) -> bool:
@@ -257,6 +258,7 @@ def turn_from_llm_call(record: dict[str, Any]) -> Turn:
         metadata=_capture_metadata(record, body),
         channel=record["channel"],
         connection=record["client_connection"],
+        engine=record.get("engine"),
     )
 
 

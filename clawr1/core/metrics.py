@@ -37,6 +37,10 @@ PROXY_CALLS_FAILED = Counter(
     "(no record could be built from it)", ["api", "reason"])
 PROXY_RECORDS_DELIVERED = Counter("clawr1_proxy_records_delivered", "records Kafka confirmed")
 PROXY_RECORDS_REJECTED = Counter("clawr1_proxy_records_rejected", "records Kafka refused for good")
+PROXY_ENGINE_CALLS = Counter("clawr1_proxy_engine_calls", "calls the reverse port sent to each of "
+                             "CLAWR1_UPSTREAM's engines (captured, answered or failed)", ["engine"])
+PROXY_ENGINE_POLICY_VERSION = Gauge("clawr1_proxy_engine_policy_version", "the policy version each engine "
+                                    "was last resumed at, as its latest captured call carried it", ["engine"])
 PROXY_SPOOL_DEPTH = Gauge("clawr1_proxy_spool_depth", "records spooled and not yet confirmed by Kafka")
 
 # -- stream worker -----------------------------------------------------------------------------------

@@ -85,4 +85,6 @@ class Capture:
             error=error,
             client_connection=flow.client_conn.id,
             notes=tuple(state.notes),
+            engine=state.engine,
+            engine_version=state.engine_version,
         ))

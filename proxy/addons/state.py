@@ -31,6 +31,9 @@ class CallState:
     engine_body: bytes | None = None
     # What the hooks noticed, for the record's ``capture_notes`` (e.g. why no token ids were asked for).
     notes: list[str] = field(default_factory=list)
+    # The engine the reverse port sent the call to, and the policy version it serves (set by resume).
+    engine: str | None = None
+    engine_version: int | None = None
     # The proxy answered the call itself (bad hint, missing proxy auth): nothing to record.
     skip: bool = False
     emitted: bool = False

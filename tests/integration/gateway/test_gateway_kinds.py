@@ -26,7 +26,7 @@ from tests.integration.sdk.conftest import Pool, database_dsn, step
 KEYS = {  # kind -> (key name, secret); "" is an entry without kinds
     "steps": ("agent", "key-steps"), "feedback": ("rater", "key-feedback"), "events": ("svc", "key-events"),
     "read": ("analyst", "key-read"), "consume": ("trainer", "key-consume"),
-    "curate": ("curator", "key-curate"), "": ("plain", "key-plain"),
+    "curate": ("curator", "key-curate"), "operate": ("operator", "key-operate"), "": ("plain", "key-plain"),
 }
 SPEC = ",".join(f"{name}:{secret}" + (f":{kind}" if kind else "") for kind, (name, secret) in KEYS.items())
 

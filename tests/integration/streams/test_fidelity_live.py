@@ -41,8 +41,9 @@ TOOLS = [{"type": "function", "function": {"name": "search", "description": "sea
 class Live:
     """An agent's view (an OpenAI client through the proxy) plus the worker's outputs and raw calls."""
 
-    def __init__(self, run: WorkerRun, outputs: Outputs, client: OpenAI, raw: TopicReader) -> None:
-        self.run, self.outputs, self.client, self.raw = run, outputs, client, raw
+    def __init__(self, run: WorkerRun, outputs: Outputs, client: OpenAI, raw: TopicReader,
+                 engine: str) -> None:
+        self.run, self.outputs, self.client, self.raw, self.engine = run, outputs, client, raw, engine
 
     def call(self, messages: list[dict[str, Any]], **kw: Any) -> Any:
         return self.client.chat.completions.create(model="m", messages=messages, tools=TOOLS, **kw)
@@ -77,7 +78,8 @@ def live(worker_runs: Callable[[], tuple[WorkerRun, Outputs]],
     raw = TopicReader(run.bootstrap, run.topics.raw_llm)
     try:
         with EmbeddedProxy(settings, run.topics.raw_llm) as proxy:
-            yield Live(run, outputs, OpenAI(base_url=f"{proxy.reverse_url}/v1", api_key="sk-x"), raw)
+            client = OpenAI(base_url=f"{proxy.reverse_url}/v1", api_key="sk-x")
+            yield Live(run, outputs, client, raw, standin.url)
     finally:
         raw.close()
         loop.run(standin.engine.stop())
@@ -121,6 +123,7 @@ def test_grpo_rollouts_with_identical_first_actions_stay_apart(live: Live) -> No
             live.call(history[r])
     trajectories = chains(live.steps_of(marker, 10))
     assert sorted(len(c) for c in trajectories.values()) == [2, 2, 3, 3]
+    assert {s["engine"] for c in trajectories.values() for s in c} == {live.engine}  # the engine that served
     observations = set()
     for chain in trajectories.values():
         assert [s["step_index"] for s in chain] == list(range(len(chain)))

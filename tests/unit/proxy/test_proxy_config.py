@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import pytest
@@ -34,17 +33,13 @@ def test_token_id_hosts_default_to_the_reverse_upstream_only(tmp_path: Path) -> 
     assert proxy_config(listed).token_id_hosts == "b,c:2"
 
 
-def test_several_upstreams_reverse_mode_relays_to_the_first(tmp_path: Path,
-                                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_several_upstreams_are_all_the_reverse_ports_engines(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path, reverse_port=8081,
-                        upstream=" http://10.0.0.1:8000 , http://10.0.0.2:8000,")
-    with caplog.at_level(logging.INFO, logger="clawr1.proxy"):
-        config = proxy_config(settings)
+                        upstream=" http://10.0.0.1:8000 , http://10.0.0.2:8000/,")
+    config = proxy_config(settings)
     assert config.modes[-1] == "reverse:http://10.0.0.1:8000@127.0.0.1:8081"
-    assert config.token_id_hosts == "10.0.0.1:8000"
-    assert "lists 2 engines: the reverse port relays to the first, http://10.0.0.1:8000" in caplog.text
-    with pytest.raises(ProxyStartError, match="upstream is not"):
-        proxy_config(Settings(data_dir=tmp_path, reverse_port=8081, upstream=" , "))
+    assert config.engines == ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
+    assert config.token_id_hosts == "10.0.0.1:8000,10.0.0.2:8000"
 
 
 def test_upstream_tls_trust_comes_from_the_environment(tmp_path: Path) -> None:

@@ -148,6 +148,23 @@ def test_trajectory_hint_is_the_key_and_hints_are_kept() -> None:
     assert record["conversation_key"] == conversation_key(MESSAGES)
 
 
+def test_the_policy_version_is_the_engines_report_else_its_resumed_version_else_the_hint() -> None:
+    def version(body: dict, engine_version: int | None) -> int | None:
+        call = replace(CALL, streamed=False, engine_body=None, injection=None, hints=Hints(policy_version=3),
+                       response_body=json.dumps(body).encode(), engine="http://up:8000",
+                       engine_version=engine_version)
+        return build_record(call, "p")[1]["policy_version"]
+
+    message = {"role": "assistant", "content": "x"}
+    reply = {"id": "c1", "model": "m", "choices": [{"index": 0, "message": message}]}
+    assert version(reply, None) == 3
+    assert version(reply, 7) == 7
+    assert version({**reply, "metadata": {"weight_version": "default"}}, 7) == 7  # SGLang's unnamed version
+    assert version({**reply, "metadata": {"weight_version": "12"}}, 7) == 12
+    assert version({**reply, "metadata": {"weight_version": 13}}, None) == 13
+    assert build_record(replace(CALL, engine="http://up:8000"), "p")[1]["engine"] == "http://up:8000"
+
+
 def test_the_event_id_is_routable_to_the_records_kafka_key() -> None:
     plain_key, plain = build_record(CALL, "p")
     _, hinted = build_record(replace(CALL, hints=Hints(trajectory_id="traj-9")), "p")

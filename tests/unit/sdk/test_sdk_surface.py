@@ -20,6 +20,7 @@ def test_public_surface_is_pinned() -> None:
         "ConsumerClosed",
         "ConsumerError",
         "DataError",
+        "EngineControl",
         "ExportManifest",
         "Filters",
         "InvalidFilter",
