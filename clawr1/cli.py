@@ -270,6 +270,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1.pool.retention import migrate_with_retention
     from clawr1.pool.sql import AnalystSql, SqlLimits
     from clawr1.pool.store import PoolStore
+    from clawr1.proxy import engine_files
     from clawr1.sinks.config import SinkConfig
     from clawr1.sinks.pool_sink import routes_for
     from clawr1.sinks.runner import run_sink
@@ -312,7 +313,8 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
         settings,
         routers=[pool_router(store, analyst),
                  dashboard_router(store, load_decoder(settings.tokenizer),
-                                  LiveLimits.from_settings(settings)),
+                                  LiveLimits.from_settings(settings),
+                                  (settings.data_dir / engine_files.DIRECTORY).resolve()),
                  metrics_router()],
         public_routers=[dashboard_page_router()],
         readiness=parts,

@@ -81,6 +81,7 @@ class StepsPage(BaseModel):
     token_provenance: str | None = None
     ready: bool | None = None
     channel: str | None = None
+    engine: str | None = None
 
 
 class PreviewQuery(BaseModel):
@@ -149,12 +150,12 @@ def dashboard_page_router() -> APIRouter:
 
 
 def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None,
-                     live_limits: LiveLimits | None = None) -> APIRouter:
+                     live_limits: LiveLimits | None = None, engines_dir: Path | None = None) -> APIRouter:
     """The data routes over ``store``; a store of its own keeps refreshes from queuing behind the sink.
     ``decoder`` (``clawr1.dashboard.decoding.load_decoder``) lets the trajectory view show the text of
     the token ids that tokenizer made; ``live_limits``: how many live streams a key, and all keys, may
-    hold open."""
-    board = Dashboard(store, decoder)
+    hold open; ``engines_dir``: where the proxy keeps its engine table, to show the engines' state."""
+    board = Dashboard(store, decoder, engines_dir)
     feed = LiveFeed(board.pulse, live_limits or LiveLimits())
     router = APIRouter(tags=["dashboard"])
 

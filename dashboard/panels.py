@@ -11,6 +11,7 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from clawr1.dashboard import queries as q
@@ -18,6 +19,7 @@ from clawr1.dashboard.conversation import feedback_by_target, trajectory_totals,
 from clawr1.dashboard.curation import scope_tree
 from clawr1.dashboard.decoding import TokenDecoder
 from clawr1.pool.store import PoolStore
+from clawr1.proxy.engine_files import snapshot
 
 CHANNELS: Mapping[str, str] = {
     "blackbox_agent": "proxy",
@@ -185,6 +187,29 @@ def prefix_overall(totals: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def engine_rows(pooled: Sequence[Mapping[str, Any]], live: Sequence[Mapping[str, Any]]
+                ) -> list[dict[str, Any]]:
+    """Each engine: what the proxy holds now (state, calls in flight, its policy version), where the
+    dashboard can read it (the stack's data dir), beside what the pool holds (steps, calls/s over the
+    last minute, the newest step's policy version). An engine the proxy lists that served nothing yet is
+    there too."""
+    by_engine: dict[str, dict[str, Any]] = {}
+    for row in pooled:
+        by_engine[row["engine"]] = {"engine": row["engine"], "state": None, "in_flight": None,
+                                    "steps": row["steps"], "failed": row["failed"],
+                                    "calls_per_s": round(row["last_minute"] / 60, 2),
+                                    "policy_version": row["policy_version"],
+                                    "last_step_ms": row["last_step_ms"]}
+    for row in live:
+        known = by_engine.setdefault(row["engine"], {
+            "engine": row["engine"], "steps": 0, "failed": 0, "calls_per_s": 0.0, "policy_version": None,
+            "last_step_ms": None})
+        known.update(state=row.get("state"), in_flight=row.get("in_flight"))
+        if row.get("policy_version") is not None:
+            known["policy_version"] = row["policy_version"]
+    return [by_engine[engine] for engine in sorted(by_engine)]
+
+
 def consumer_group(row: Mapping[str, Any]) -> dict[str, Any]:
     """A group's row with "never" as ``None`` (the LEFT JOINs yield 0 for a group without commits)."""
     return {**row, "last_commit_ms": row["last_commit_ms"] or None}
@@ -209,10 +234,14 @@ def parse_json_columns(row: dict[str, Any]) -> dict[str, Any]:
 class Dashboard:
     """Reads the panels from one pool store; every method is one consistent unit the API serves."""
 
-    def __init__(self, store: PoolStore, decoder: TokenDecoder | None = None) -> None:
+    def __init__(self, store: PoolStore, decoder: TokenDecoder | None = None,
+                 engines_dir: Path | None = None) -> None:
         self.store = store
         self.decoder = decoder
         """The tokenizer the trajectory view decodes ids with (``clawr1.dashboard.decoding``), if any."""
+        self.engines_dir = engines_dir
+        """Where the proxy's processes write their engine tables (``clawr1.proxy.engine_files``), when
+        the dashboard shares the stack's data dir."""
 
     def _rows(self, sql: str, **params: Any) -> list[dict[str, Any]]:
         return self.store.query(sql, parameters=params or None)
@@ -247,6 +276,8 @@ class Dashboard:
             "last_step_ms": span["last_ms"] if span["steps"] else None,
             "timeline": fill_timeline(rows, since, width, count),
             "recent_failures": self._rows(q.RECENT_FAILURES_SQL, limit=LIST_LIMIT),
+            "engines": engine_rows(self._rows(q.ENGINES_SQL),
+                                   snapshot(self.engines_dir) if self.engines_dir is not None else []),
         }
 
     def representation(self) -> dict[str, Any]:

@@ -45,6 +45,18 @@ ORDER BY bucket_start_ms, source_kind, source_name
 """
 """Steps per time bucket and source, from ``since_ms`` (a bucket boundary) on."""
 
+ENGINES_SQL = """
+SELECT engine, count() AS steps, countIf(status = 'failed') AS failed,
+       countIf(created_at_ms >= now64(3) - INTERVAL 60 SECOND) AS last_minute,
+       argMax(policy_version, created_at_ms) AS policy_version,
+       toUnixTimestamp64Milli(max(created_at_ms)) AS last_step_ms
+FROM steps
+WHERE engine IS NOT NULL
+GROUP BY engine
+ORDER BY engine
+"""
+"""The serving engines as the pool knows them (``engine``: the proxy's, per captured step)."""
+
 RECENT_FAILURES_SQL = """
 SELECT step_id, trajectory_id, source_kind, source_name, model, error,
        toUnixTimestamp64Milli(created_at_ms) AS created_ms
@@ -259,6 +271,7 @@ STEP_FILTERS: Mapping[str, StepFilter] = {
     "token_provenance": StepFilter("token_provenance", "String"),
     "ready": StepFilter("ready", "UInt8"),
     "channel": StepFilter("channel", "String"),
+    "engine": StepFilter("engine", "String"),
 }
 
 

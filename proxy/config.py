@@ -28,7 +28,7 @@ from clawr1.core.registry import (
 from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
 from clawr1.gateway.auth import ApiKeyError, KeyRing, parse_api_keys
-from clawr1.proxy import mitm_compat
+from clawr1.proxy import engine_files, mitm_compat
 from clawr1.proxy.destinations import (
     DestinationError,
     Destinations,
@@ -176,7 +176,7 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         streams_group=settings.role_setting(STREAMS_APP_ID),
         engines=tuple(engines),
         keys=_keys(settings),
-        engines_dir=(settings.data_dir / "proxy-engines").resolve(),
+        engines_dir=(settings.data_dir / engine_files.DIRECTORY).resolve(),
     )
 
 

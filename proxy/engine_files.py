@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 CONTROL = "control.json"
+DIRECTORY = "proxy-engines"  # under the data dir
 
 
 @dataclass(frozen=True)
@@ -101,3 +102,19 @@ def remaining(url: str, own_in_flight: int, revision: int, processes: int,
             waiting -= 1
             in_flight += int(rows.get(url, {}).get("in_flight") or 0)
     return in_flight, waiting
+
+
+def snapshot(directory: Path) -> list[dict[str, Any]]:
+    """The engines as every proxy process last wrote them (``GET /v1/engines``'s rows), for a reader
+    outside the proxy (the dashboard): none when no proxy wrote any."""
+    found: list[tuple[int, dict[str, dict[str, Any]]]] = []
+    for path in sorted(directory.glob("process-*.json")):
+        content = EngineFiles(directory)._read(path.name)
+        if content is not None and isinstance(content.get("engines"), list):
+            rows = {row["engine"]: row for row in content["engines"]
+                    if isinstance(row, dict) and "engine" in row}
+            found.append((int(content.get("revision") or 0), rows))
+    if not found:
+        return []
+    (_, own), *others = found
+    return combined(list(own.values()), dict(enumerate(others)))

@@ -66,6 +66,18 @@ export function renderCollection(c) {
     { label: "last step", value: (r) => age(r.last_step_ms) },
   ], (r) => emit("filter", { source_kind: r.source_kind, source_name: r.source_name })));
 
+  mount("engines", c.engines.length ? paged("engines", redraw, c.engines, [
+    { label: "engine", value: (r) => r.engine, wide: true },
+    { label: "state", value: (r) => r.state || "—" },
+    { label: "in flight", value: (r) => (r.in_flight === null ? "—" : num(r.in_flight)), num: true },
+    { label: "calls/s (1 min)", value: (r) => num(r.calls_per_s), num: true },
+    { label: "steps", value: (r) => num(r.steps), num: true },
+    { label: "failed", value: (r) => num(r.failed), num: true },
+    { label: "policy version", value: (r) => version(r.policy_version) },
+    { label: "last step", value: (r) => age(r.last_step_ms) },
+  ], (r) => emit("filter", { engine: r.engine })) : el("div", { class: "muted" },
+    "no engine recorded yet: captured calls name the engine that served them"));
+
   mount("failures", paged("failures", redraw, c.recent_failures, [
     { label: "when", value: (r) => time(r.created_ms) },
     { label: "source", value: (r) => `${r.source_kind}/${r.source_name}` },

@@ -70,7 +70,7 @@ MESSAGES = json.dumps([{"role": "system", "content": "be brief"}, {"role": "user
 # 4 trajectories, 8 steps (a1 written twice: the pool keeps its version 2).
 #   a: white-box, policy 1, group g1, engine ids, rewards 0 / 0.5 / 1 (final), all ready, a2 terminal
 #   b: white-box, policy 2, group g1, engine ids, b0 pending & not ready, b1 reward 1 final, terminal
-#   c: proxy, no policy, no group, retokenized, c1 failed, nothing rewarded or ready
+#   c: proxy, no policy, no group, retokenized, c1 failed, nothing rewarded or ready; engines 1 and 2
 #   d: service, policy 2, no group, no ids, reward -1 final, ready, terminal ("svc/turn-0": a slash in its id)
 SCENARIO_STEPS: list[dict[str, Any]] = [
     step(
@@ -117,8 +117,9 @@ SCENARIO_STEPS: list[dict[str, Any]] = [
         **WHITEBOX,
         **FINAL,
     ),
-    step("c0", "c", 0, 60, quality_labels=["good", "long"], quality_score=0.25, **PROXY),
-    step("c1", "c", 1, 70, status="failed", error="upstream 502", **PROXY),
+    step("c0", "c", 0, 60, quality_labels=["good", "long"], quality_score=0.25, engine="http://engine-1",
+         **PROXY),
+    step("c1", "c", 1, 70, status="failed", error="upstream 502", engine="http://engine-2", **PROXY),
     step(
         "svc/turn-0",
         "d",

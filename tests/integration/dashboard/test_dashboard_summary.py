@@ -44,7 +44,7 @@ def test_an_empty_pool_answers_every_panel_with_zeros(empty_client: TestClient) 
     assert collection["channels"] == [
         {"channel": c, "steps": 0, "failed": 0} for c in ("proxy", "gateway", "service", "otel")
     ]
-    assert collection["sources"] == collection["recent_failures"] == []
+    assert collection["sources"] == collection["recent_failures"] == collection["engines"] == []
     assert collection["timeline"]["buckets"] == collection["timeline"]["by_kind"] == []
     representation = body["representation"]
     assert representation["trajectories"]["trajectories"] == 0
@@ -80,6 +80,10 @@ def test_collection_counts_sources_channels_failures_and_the_timeline(client: Te
     ]
     assert collection["first_step_ms"] == T0 and collection["last_step_ms"] == T0 + 125 * SECOND
     assert [(f["step_id"], f["error"]) for f in collection["recent_failures"]] == [("c1", "upstream 502")]
+    # The engines that served captured steps (no proxy shares this test's data dir: no state).
+    assert [(e["engine"], e["state"], e["steps"], e["failed"], e["calls_per_s"])
+            for e in collection["engines"]] == [("http://engine-1", None, 1, 0, 0.0),
+                                                ("http://engine-2", None, 1, 1, 0.0)]
     # 125 s of steps: 5 s buckets, 26 of them, from T0.
     timeline = collection["timeline"]
     assert timeline["bucket_ms"] == 5 * SECOND

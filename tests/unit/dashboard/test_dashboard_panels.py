@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,7 @@ from clawr1.dashboard.panels import (
     bucket_width_ms,
     channel_totals,
     consumer_group,
+    engine_rows,
     fill_timeline,
     histogram_edges,
     json_safe,
@@ -24,6 +26,7 @@ from clawr1.dashboard.panels import (
     reward_histogram,
     timeline_window,
 )
+from clawr1.proxy.engine_files import EngineFiles, snapshot
 
 
 @pytest.mark.parametrize(
@@ -177,3 +180,28 @@ def test_a_group_without_commits_has_no_last_commit_time() -> None:
 def test_json_columns_are_parsed_and_broken_json_is_kept_as_text() -> None:
     assert parse_json_text('[{"role": "user"}]') == [{"role": "user"}]
     assert parse_json_text("not json {") == "not json {"
+
+
+def test_engines_join_what_the_proxy_holds_with_what_the_pool_holds(tmp_path: Path) -> None:
+    """Two proxy processes write their tables; the dashboard adds their counts up, takes the state and the
+    resumed version from them, and calls and steps from the pool; an engine that served nothing yet shows."""
+    files = [EngineFiles(tmp_path, process=i, processes=2) for i in range(2)]
+    row = {"failures": 0, "rollouts": 1, "served": 3}
+    files[0].write_status(1, [{**row, "engine": "http://a", "state": "serving", "in_flight": 1,
+                               "policy_version": 7},
+                              {**row, "engine": "http://c", "state": "serving", "in_flight": 0,
+                               "policy_version": None}])
+    files[1].write_status(1, [{**row, "engine": "http://a", "state": "serving", "in_flight": 2,
+                               "policy_version": 7},
+                              {**row, "engine": "http://c", "state": "out", "in_flight": 0,
+                               "policy_version": None}])
+    pooled = [{"engine": "http://a", "steps": 40, "failed": 1, "last_minute": 30, "policy_version": 6,
+               "last_step_ms": 5},
+              {"engine": "http://b", "steps": 2, "failed": 0, "last_minute": 0, "policy_version": None,
+               "last_step_ms": 1}]
+    rows = {r["engine"]: r for r in engine_rows(pooled, snapshot(tmp_path))}
+    assert rows["http://a"] == {"engine": "http://a", "state": "serving", "in_flight": 3, "steps": 40,
+                                "failed": 1, "calls_per_s": 0.5, "policy_version": 7, "last_step_ms": 5}
+    assert rows["http://b"]["state"] is None and rows["http://b"]["steps"] == 2  # no proxy lists it now
+    assert rows["http://c"]["state"] == "out" and rows["http://c"]["steps"] == 0
+    assert snapshot(tmp_path / "no-proxy") == []
