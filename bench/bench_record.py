@@ -2,7 +2,7 @@
 
 An agent's every call carries its conversation so far (system prompt, task, each tool call and its
 output), so a call's request grows with the turns, and so does what ``build_record`` reads: the request
-body, the prompt's messages and their JSON, all redacted (``clawr1.proxy.redact``). Each conversation
+body, the prompt's messages and their JSON, all redacted (``clawr1.core.redaction``). Each conversation
 here runs ``--turns`` calls, each built once, as the emitter builds them; ``--conversations`` different
 ones (their text drawn anew) give the medians. The baseline, measured on the same call in the same
 run, is parsing its request body once with the standard library (``json.loads``): the least any

@@ -13,6 +13,7 @@ from typing import Any
 
 from clawr1.core.conversation import conversation_key
 from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
+from clawr1.core.redaction import redact_headers, redact_id, redact_record, redact_url
 from clawr1.core.routing import routable_id
 from clawr1.core.topics import RAW_LLM
 from clawr1.proxy.apis import BY_NAME, Assembled
@@ -21,7 +22,6 @@ from clawr1.proxy.apis.openai_responses import NAME as RESPONSES_API
 from clawr1.proxy.chains import ResponseChains
 from clawr1.proxy.hints import Hints
 from clawr1.proxy.mitm_compat import decode_content
-from clawr1.proxy.redact import redact_headers, redact_id, redact_record, redact_url
 from clawr1.proxy.sse import parse_stream
 from clawr1.proxy.token_ids import Injection, dump, load, strip_json
 from clawr1.schemas.batch import batch_name

@@ -9,7 +9,7 @@ Ids: ``clawr1.trajectory_id`` (span, else resource attribute), else ``gen_ai.con
 trace id names the trajectory; ``clawr1.step_index``, ``clawr1.prompt_group_id`` / ``_size``,
 ``clawr1.policy_version`` and ``clawr1.terminal`` place the step when given (docs/otel.md).
 
-Secrets are kept out as the capture proxy keeps them out (``clawr1.proxy.redact``, its one list of
+Secrets are kept out as the capture proxy keeps them out (``clawr1.core.redaction``, its one list of
 names and shapes): the messages, tool calls and tool definitions get its JSON rule (a secret-named
 field's value becomes ``[REDACTED]`` at any depth), every string its text rule (as the strings of its own
 records: secret-shaped tokens anywhere, the JSON rule for JSON inside a string such as tool arguments),
@@ -23,10 +23,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from clawr1.core.redaction import redact_id, redact_text, redact_tokens, redact_url
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, ID_MAX, NAME_MAX
 from clawr1.gateway.otlp.genai import ModelCall
 from clawr1.gateway.records import Outgoing, compact_json, deterministic_id
-from clawr1.proxy.redact import redact_id, redact_text, redact_tokens, redact_url
 
 SOURCE_KIND = "otel"
 NO_CONTENT_NOTE = "no message content"

@@ -14,9 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clawr1.proxy.hints import Hints
-from clawr1.proxy.record import CapturedCall, build_record
-from clawr1.proxy.redact import (
+from clawr1.core.redaction import (
     REDACTED,
     REDACTED_WITH_TOKEN_IDS,
     SECRET_TOKEN,
@@ -28,6 +26,8 @@ from clawr1.proxy.redact import (
     redact_text,
     redact_url,
 )
+from clawr1.proxy.hints import Hints
+from clawr1.proxy.record import CapturedCall, build_record
 from clawr1.schemas.codec import codec_for
 
 ALNUM = string.ascii_letters + string.digits

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from clawr1.core.conversation import conversation_key
 from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
+from clawr1.core.redaction import TOO_DEEP, TOO_DEEP_NOTE
 from clawr1.core.routing import id_tag, key_hash
 from clawr1.proxy.hints import Hints
 from clawr1.proxy.record import (
@@ -18,7 +19,6 @@ from clawr1.proxy.record import (
     envelope_of,
     spooled,
 )
-from clawr1.proxy.redact import TOO_DEEP, TOO_DEEP_NOTE
 from clawr1.proxy.token_ids import Injection
 from clawr1.schemas.codec import codec_for
 from clawr1.streams.normalize import step_status

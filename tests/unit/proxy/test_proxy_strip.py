@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clawr1.core.json_depth import MAX_JSON_DEPTH, JsonTooDeep
+from clawr1.core.redaction import redact_record
 from clawr1.proxy.apis import openai_chat
-from clawr1.proxy.redact import redact_record
 from clawr1.proxy.stream import SseRewriter
 from clawr1.proxy.token_ids import Injection, dump, inject_body, load, strip_body, strip_chunk, strip_json
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from clawr1.proxy.redact import REDACTED, _RecentVerdicts, redact_headers, redact_record, redact_url
+from clawr1.core.redaction import REDACTED, _RecentVerdicts, redact_headers, redact_record, redact_url
 
 
 def test_credential_headers_are_dropped_and_the_rest_kept() -> None:

@@ -1,4 +1,5 @@
-"""Secrets are forwarded upstream but never recorded: scrubbing for every captured call.
+"""Secrets are forwarded upstream but never recorded: scrubbing for every captured call and every other
+way in that stores what an agent sent (the proxy's records, OTLP content).
 
 The rule (docs/security.md), one list of secret *names* and one of secret *shapes*, applied the same
 way wherever a name meets a value:
