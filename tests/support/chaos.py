@@ -164,6 +164,7 @@ class Answer:
     sent: float
     answered: float
     status: int
+    retry_after: bool = False  # a 429 that said when to come back (the gateway's backpressure)
 
 
 @dataclass
@@ -265,9 +266,10 @@ class Load:
                         "trajectory_id": trajectory, "step_index": 0, "prompt_token_ids": [5, i % 250],
                         "response_token_ids": [6], "terminal": True}])
                     status = reply.status_code
+                    retry_after = "retry-after" in reply.headers
                 except httpx.HTTPError:
-                    status = 0
-                self.answers.append(Answer(sent, time.monotonic(), status))
+                    status, retry_after = 0, False
+                self.answers.append(Answer(sent, time.monotonic(), status, retry_after))
                 if status == 202:
                     self.acked[reply.json()["ids"][0]] = (trajectory, 0)
                 time.sleep(self.pause_s * 2)
@@ -275,12 +277,17 @@ class Load:
     def refusals_after(self, started: float, until: float | None = None) -> dict[str, float]:
         """The probe's view of a fault at ``started`` (up to the next one, at ``until``): how long after
         it the last refusal came (0 when none did), how many there were, and the slowest
-        acknowledgement of a request sent after it."""
+        acknowledgement of a request sent after it. Backpressure (429 with Retry-After: the pipeline
+        behind ``CLAWR1_MAX_LAG_S``, docs/gateway.md) is counted apart: an answer saying when to come
+        back, not a failed write."""
         after = [a for a in self.answers if a.sent >= started and (until is None or a.sent < until)]
-        refused = [a for a in after if a.status != 202]
+        held = [a for a in after if a.status == 429 and a.retry_after]
+        refused = [a for a in after if a.status != 202 and a not in held]
         acked = [a for a in after if a.status == 202]
         return {"refused": len(refused),
                 "refused_for_s": round(max((a.answered - started for a in refused), default=0.0), 1),
+                "held_back": len(held),
+                "held_back_for_s": round(max((a.answered - started for a in held), default=0.0), 1),
                 "slowest_ack_s": round(max((a.answered - a.sent for a in acked), default=0.0), 1)}
 
 
