@@ -39,11 +39,7 @@ class EngineFiles:
         temporary.replace(self.directory / name)
 
     def _read(self, name: str) -> dict[str, Any] | None:
-        try:
-            content = json.loads((self.directory / name).read_text())
-        except (OSError, ValueError):
-            return None
-        return content if isinstance(content, dict) else None
+        return _read_object(self.directory / name)
 
     def write_control(self, engines: dict[str, dict[str, Any]]) -> int:
         """Record what an operator set; returns its revision (later than any before it)."""
@@ -109,7 +105,7 @@ def snapshot(directory: Path) -> list[dict[str, Any]]:
     outside the proxy (the dashboard): none when no proxy wrote any."""
     found: list[tuple[int, dict[str, dict[str, Any]]]] = []
     for path in sorted(directory.glob("process-*.json")):
-        content = EngineFiles(directory)._read(path.name)
+        content = _read_object(path)
         if content is not None and isinstance(content.get("engines"), list):
             rows = {row["engine"]: row for row in content["engines"]
                     if isinstance(row, dict) and "engine" in row}
@@ -118,3 +114,12 @@ def snapshot(directory: Path) -> list[dict[str, Any]]:
         return []
     (_, own), *others = found
     return combined(list(own.values()), dict(enumerate(others)))
+
+
+def _read_object(path: Path) -> dict[str, Any] | None:
+    """A file's JSON object; None when it is missing, unreadable or not an object."""
+    try:
+        content = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return content if isinstance(content, dict) else None

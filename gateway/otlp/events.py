@@ -96,11 +96,6 @@ def _json_rule(value: Any) -> Any:
     return value if cleaned is text else json.loads(cleaned)
 
 
-def _text_rule(text: str) -> str:
-    """A string as the proxy redacts it: JSON in it nested past the one limit is not kept at all."""
-    return redact_text(text)
-
-
 def _leaves(value: Any) -> Any:
     """A copy of ``value`` with every string through the proxy's text rule (as its records' strings: JSON
     inside a string, tool arguments, gets the field rule too) and every key through its token rule.
@@ -109,7 +104,7 @@ def _leaves(value: Any) -> Any:
 
     def copy(item: Any) -> Any:
         if isinstance(item, str):
-            return _text_rule(item)
+            return redact_text(item)  # as the proxy redacts a string (too-deep JSON is not kept)
         if isinstance(item, Mapping | list | tuple):
             out: Any = {} if isinstance(item, Mapping) else []
             pending.append((item, out))
