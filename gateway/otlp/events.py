@@ -23,9 +23,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from clawr1.core.ids import id_problem
 from clawr1.core.redaction import redact_id, redact_text, redact_tokens, redact_url
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, ID_MAX, NAME_MAX
 from clawr1.gateway.otlp.genai import ModelCall
+from clawr1.gateway.otlp.wire import OtlpError
 from clawr1.gateway.records import Outgoing, compact_json, deterministic_id
 
 SOURCE_KIND = "otel"
@@ -186,7 +188,11 @@ def turn_payload(call: ModelCall) -> dict[str, Any]:
 
 def trajectory_of(call: ModelCall) -> str:
     explicit = _attribute(call, "clawr1.trajectory_id", "gen_ai.conversation.id")
-    return _string(redact_id(explicit) if isinstance(explicit, str) else None, ID_MAX) or call.trace_id
+    trajectory = _string(redact_id(explicit) if isinstance(explicit, str) else None, ID_MAX)
+    problem = id_problem(trajectory) if trajectory else None
+    if problem is not None:  # the id rule of every way in (a CR/LF id was stored, then 404 in the dashboard)
+        raise OtlpError(422, "invalid_request", f"span {call.span_id}: the trajectory id: {problem}")
+    return trajectory or call.trace_id
 
 
 def turn_event(call: ModelCall, source_name: str, received_at_ms: int) -> Outgoing:

@@ -541,3 +541,16 @@ def test_unclaimed_log_events_go_by_time_without_another_request() -> None:
         return held, join.expired
 
     assert asyncio.run(scenario()) == (1, 1)
+
+
+def test_a_trajectory_id_with_a_line_break_is_refused_as_on_every_way_in(otel: Telemetry) -> None:
+    """clawr1.core.ids: the API, the proxy's hints and curation refuse it; a CR/LF id from OTLP was stored,
+    then answered 404 by the dashboard."""
+    with otel.tracer.start_as_current_span("chat", attributes={
+            **CALL_ATTRIBUTES, "clawr1.trajectory_id": "t\r\nX-Injected: 1",
+            "gen_ai.output.messages": json.dumps(OUTPUT)}):
+        pass
+    [call] = calls_of(otel)
+    with pytest.raises(wire.OtlpError, match="trajectory id") as refused:
+        turn_event(call, "svc", 1)
+    assert refused.value.status == 422
