@@ -31,11 +31,12 @@ import re
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any, cast
 
+from cachetools import LRUCache
 from clickhouse_connect.driver.binding import external_bind_re
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
@@ -320,7 +321,7 @@ class AnalystSql:
         self._idle: dict[str, list[tuple[Client, str]]] = {TRAINERS: [], ANALYSTS: []}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
-        self._accepted: OrderedDict[str, Checked] = OrderedDict()
+        self._accepted: LRUCache[str, Checked] = LRUCache(GUARD_CACHE_ENTRIES)
 
     def admit(self, caller: Caller | None = None) -> Admission:
         """A place in the caller's pool, or ``SqlBusy`` naming what is full."""
@@ -433,13 +434,10 @@ class AnalystSql:
         the text, the pool database and the engine's function catalogue, all fixed for this object)."""
         with self._lock:
             if (known := self._accepted.get(text)) is not None:
-                self._accepted.move_to_end(text)
                 return known
         checked = self._parse_and_check(client, text)
         with self._lock:
             self._accepted[text] = checked
-            if len(self._accepted) > GUARD_CACHE_ENTRIES:
-                self._accepted.popitem(last=False)
         return checked
 
     def _parse_and_check(self, client: Client, text: str) -> Checked:
