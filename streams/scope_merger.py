@@ -10,6 +10,7 @@ expired, and a new one would contradict it.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from clawr1.core.routing import home_partition
@@ -36,20 +37,20 @@ from clawr1.streams.turns import TokenIds
 log = logging.getLogger(__name__)
 
 
+@dataclass
 class ScopeMerger:
     """Merges steps into their scope's tree; ``write_back`` stores the prompt groups a checkpoint changed."""
 
-    def __init__(self, store: Store, partitions: int, outbox: Outbox, expiring: Expiring, trees: TreeCache,
-                 bounds: Bounds, dead_letter: DeadLetter) -> None:
-        self.store = store
-        self.partitions = partitions
-        self.outbox = outbox
-        self.expiring = expiring
-        self.trees = trees
-        self.bounds = bounds
-        self._dead_letter = dead_letter
-        self._groups: dict[str, dict[str, Any]] = {}  # scope id -> {"scope", "where", "chunks"}
-        self._open_groups: dict[str, int] = {}  # scope id -> the chunk this checkpoint adds tokens to
+    store: Store
+    partitions: int
+    outbox: Outbox
+    expiring: Expiring
+    trees: TreeCache
+    bounds: Bounds
+    dead_letter: DeadLetter
+    # scope id -> {"scope", "where", "chunks"}: the prompt groups this checkpoint merged into
+    _groups: dict[str, dict[str, Any]] = field(default_factory=dict, init=False)
+    _open_groups: dict[str, int] = field(default_factory=dict, init=False)  # scope id -> chunk adding tokens
 
     def merge_trajectory(self, trajectory: Trajectory, step: ScopeStep, origin: Origin) -> None:
         """A failed merge is the prefix stage's dead letter, citing ``origin`` (the step was published)."""
@@ -64,7 +65,7 @@ class ScopeMerger:
             self._merged(step.scope_id, state, tree, merge)
         except Exception as exc:  # noqa: BLE001 - the step itself was published; only its merge failed
             log.exception("prefix merge of %s failed", step.step_id)
-            self._dead_letter("prefix", f"{type(exc).__name__}: {exc}", origin)
+            self.dead_letter("prefix", f"{type(exc).__name__}: {exc}", origin)
 
     def merge_group(self, step: ScopeStep) -> None:
         part = home_partition(step.scope_id, self.partitions)
