@@ -29,7 +29,7 @@ class StreamTopics:
     prefix_nodes: str = topics.PREFIX_NODES.name
     dlq: str = topics.DLQ.name
     # What the worker sends its own partitions (clawr1.streams.messages).
-    work: str = "clawr1.internal.work"
+    work: str = topics.WORK
 
     def with_suffix(self, suffix: str) -> StreamTopics:
         return replace(self, **{f.name: getattr(self, f.name) + suffix for f in fields(self)})
