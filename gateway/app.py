@@ -199,7 +199,8 @@ def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any], sour
     in). ``kinds``: the sending key's, which decide what feedback it may send and where it counts."""
     received_at_ms = int(time.time() * 1000)
     if ingest.kind == "feedback":
-        outgoing = [feedback_record(item, source_name, received_at_ms, _standing(kinds, item, index, items))
+        outgoing = [feedback_record(item, source_name, received_at_ms,
+                                    _standing(kinds, source_name, item, index, len(items)))
                     for index, item in enumerate(items)]
     else:
         outgoing = [ingest.to_record(item, source_name, received_at_ms) for item in items]
@@ -211,13 +212,14 @@ def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any], sour
     return envelopes(state, ingest.topic(state.topics), ingest.schema, packed), [o.id for o in outgoing]
 
 
-def _standing(kinds: frozenset[str], item: Any, index: int, items: Sequence[Any]) -> bool:
+def _standing(kinds: frozenset[str], source_name: str, item: Any, index: int, count: int) -> bool:
     """The item's ``privileged`` (``feedback_standing``); 403 naming the item when the key may not send it."""
     try:
         return feedback_standing(kinds, labelled=item.label is not None, curation_only=curation_only(item))
     except FeedbackRefused as exc:
-        where = f"item {index}: " if len(items) > 1 else ""
-        raise ApiError(403, "forbidden", f"{where}{exc}") from exc
+        which = f"item {index} of this feedback" if count > 1 else "this feedback"
+        message = f"the API key of {source_name!r} may not send {which}: {exc}"
+        raise ApiError(403, "forbidden", message) from exc
 
 
 def caller_kinds(request: Request) -> frozenset[str]:

@@ -159,7 +159,7 @@ def test_labels_and_exclusions_through_the_feedback_route_need_kind_curate() -> 
     status, message = post("key-agent", excluded)
     assert status == 403 and "needs a key of kind curate" in message
     status, message = post("key-agent", [{"step_id": "s-own", "reward": 1.0}, {**excluded, "label": "x"}])
-    assert status == 403 and message.startswith("item 1: ")
+    assert status == 403 and message.startswith("the API key of 'agent' may not send item 1 of this feedback")
     assert post("key-curator", {"trajectory_id": "t-1", "reward": -5.0})[0] == 403
     assert post("key-curator", {**excluded, "comment": "off topic"})[0] == 503  # admitted: Kafka is not up
     assert post("key-agent", {"trajectory_id": "t-own", "reward": 1.0})[0] == 503
