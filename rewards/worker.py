@@ -164,8 +164,8 @@ def _components(extra: Mapping[str, Any]) -> dict[str, float]:
 
 def feedback_of(name: str, kind: str, target_id: str, feedback_id: str, score: float,
                 extra: Mapping[str, Any], scored_at_ms: int) -> dict[str, Any]:
-    """A feedback.avsc record as the gateway writes one: numeric extras become components, the whole
-    extra info is kept as JSON in ``comment``."""
+    """A feedback.avsc record as the gateway writes one for a key of kind reward: numeric extras become
+    components, the whole extra info is kept as JSON in ``comment``."""
     comment = json.dumps(dict(extra), ensure_ascii=False, sort_keys=True, default=str) if extra else None
     return {
         "feedback_id": feedback_id,
@@ -181,6 +181,8 @@ def feedback_of(name: str, kind: str, target_id: str, feedback_id: str, score: f
         "correction": None,
         "received_at_ms": scored_at_ms,
         "terminal": False,  # a score completes nothing: the agent or the compat port says when it ends
+        # The stack's own reward producer scores every trajectory, whoever created it.
+        "privileged": True,
     }
 
 

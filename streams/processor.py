@@ -24,13 +24,16 @@ still changes nothing, as every state is a set of facts.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+import orjson
+
 from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import home_partition, id_tag, partition_of, partition_of_hash
-from clawr1.streams import expiry, messages
+from clawr1.streams import expiry, messages, ownership
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.dead_letters import dead_letter
 from clawr1.streams.expiring import Expiring, held_entries
@@ -60,6 +63,8 @@ from clawr1.streams.tokenization import Retokenizer
 from clawr1.streams.trajectory_record import Trajectory
 from clawr1.streams.tree_cache import TreeCache
 from clawr1.streams.turns import Turn, turn_from_llm_call, turn_from_service_event
+
+log = logging.getLogger(__name__)
 
 
 class Processor:
@@ -187,7 +192,8 @@ class Processor:
         for kind, decided in ((messages.SUPERSEDE, linked.superseded),
                               (messages.UNSUPERSEDE, linked.unsuperseded)):
             for step_id, trajectory_id in decided:
-                self.to_trajectory(trajectory_id, messages.message(kind, step_id=step_id))
+                self.to_trajectory(trajectory_id, messages.message(kind, step_id=step_id,
+                                                                   source=turn.source_name))
         if linked.continued is not None:
             c = linked.continued
             self._publish_target(c.response_id, c.step_id,
@@ -271,8 +277,12 @@ class Processor:
             return
         self.records.trajectory_changed(trajectory_id)
         if kind == messages.STEP:
-            self._on_step_fact(trajectory, StepFact.from_json(message["fact"]))
+            fact = StepFact.from_json(message["fact"])
+            if self._may_join(trajectory, fact):
+                self._on_step_fact(trajectory, fact)
         elif kind == messages.TRAJECTORY_FEEDBACK:
+            if not self._counts(trajectory, message["feedback"]):
+                return
             apply_feedback(trajectory.state.feedback, message["feedback"])
             for step_id in trajectory.state.step_ids():
                 self._emit(trajectory, trajectory.step_state(step_id), to_scope=False)
@@ -280,12 +290,77 @@ class Processor:
             step_id = message["step_id"]
             state = trajectory.step_state(step_id)
             if kind in (messages.SUPERSEDE, messages.UNSUPERSEDE):
+                source = message.get("source")  # absent in messages of workers before owners
+                if source is not None and not ownership.may_write(trajectory.record.owner, source):
+                    log.warning("%s of step %s ignored: a call of %r decided it, trajectory %s belongs to %r",
+                                kind, step_id, source, trajectory_id, trajectory.record.owner)
+                    return
                 changed = apply_supersede(state, revive=kind == messages.UNSUPERSEDE)
-            else:
+            elif self._counts(trajectory, message["feedback"]):
                 changed = apply_feedback(state.feedback, message["feedback"])
+            else:
+                return
             if changed:
                 trajectory.store(step_id, state, base_changed=False)
             self._emit(trajectory, state, to_scope=False)
+
+    # ------------------------------------------------------------------ ownership
+    def _may_join(self, trajectory: Trajectory, fact: StepFact) -> bool:
+        """Whether the step may join (``clawr1.streams.ownership``): the first step names the owner and
+        holds the feedback that came before it to the rule; a step of another source is a dead letter."""
+        record, source = trajectory.record, fact.step["source_name"]
+        if record.owner is None:
+            record.owner = source
+            if not any(entry.chunk is not None for entry in record.steps.values()):
+                self._hold_to_owner(trajectory)
+            return True
+        if ownership.may_write(record.owner, source):
+            return True
+        topic = getattr(self.config.topics, _RAW_TOPIC.get(fact.step["source_kind"], "raw_events"))
+        reason = ownership.refusal(record.owner, source, f"step {fact.step['step_id']}", trajectory.id)
+        self._not_joined(topic, trajectory.id, fact.to_json(), int(fact.step["updated_at_ms"]), reason)
+        return False
+
+    def _counts(self, trajectory: Trajectory, feedback: dict[str, Any]) -> bool:
+        """Whether feedback may join; a dead letter when not. Before the first step it waits."""
+        owner = trajectory.record.owner
+        if ownership.counts(owner, feedback):
+            return True
+        assert owner is not None  # counts() holds without an owner
+        self._refuse_feedback(trajectory, feedback)
+        return False
+
+    def _refuse_feedback(self, trajectory: Trajectory, feedback: dict[str, Any]) -> None:
+        owner = trajectory.record.owner
+        assert owner is not None
+        what = f"feedback {feedback['feedback_id']} ({feedback['target_kind']} {feedback['target_id']})"
+        self._not_joined(self.config.topics.raw_feedback, feedback["target_id"], feedback,
+                         int(feedback["received_at_ms"]),
+                         ownership.refusal(owner, feedback["source_name"], what, trajectory.id))
+
+    def _hold_to_owner(self, trajectory: Trajectory) -> None:
+        """Feedback that came before the trajectory's first step, now that it has an owner: what does not
+        count leaves (as dead letters)."""
+        trajectory.state.feedback[:] = self._kept(trajectory, trajectory.state.feedback)
+        for entry in trajectory.record.steps.values():
+            entry.feedback = self._kept(trajectory, entry.feedback)
+
+    def _kept(self, trajectory: Trajectory, facts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The facts that count; the others become dead letters."""
+        kept = []
+        for fact in facts:
+            if ownership.counts(trajectory.record.owner, fact):
+                kept.append(fact)
+            else:
+                self._refuse_feedback(trajectory, fact)
+        return kept
+
+    def _not_joined(self, topic: str, key: str, fact: dict[str, Any], at_ms: int, reason: str) -> None:
+        """A dead letter citing the fact itself (the raw event may be a whole envelope, or gone)."""
+        origin = Origin(topic, self._partition, -1, key.encode(),
+                        orjson.dumps(fact, option=orjson.OPT_SERIALIZE_NUMPY), at_ms,
+                        index=int(fact_digest(fact)[:12], 16))
+        self.dead_letter("join", reason, origin)
 
     def _late_feedback(self, trajectory: Trajectory, message: dict[str, Any]) -> bool:
         """Feedback for a trajectory whose state expired, naming a step this worker no longer holds: a
@@ -333,7 +408,8 @@ class Processor:
         held = held_entries(self.store.get(self._partition, Namespace.HELD, step_id))
         if held:
             for entry in held:
-                apply_feedback(state.feedback, entry["feedback"])
+                if self._counts(trajectory, entry["feedback"]):
+                    apply_feedback(state.feedback, entry["feedback"])
             trajectory.store(step_id, state, base_changed=False)
             self.store.delete(self._partition, Namespace.HELD, step_id)
 
@@ -354,6 +430,10 @@ class Processor:
         else:
             self._dispatch(home_partition(scope_id, self.partitions), scope_id,
                            messages.message(messages.SCOPE_STEP, **scope_step.to_message()))
+
+
+# Where a step fact's raw event came from, by its source kind (for a dead letter citing the fact).
+_RAW_TOPIC = {"whitebox_agent": "raw_steps", "blackbox_agent": "raw_llm"}
 
 
 def _scope_signature(state: StepState, trajectory: Trajectory) -> tuple[str, str | None] | None:
