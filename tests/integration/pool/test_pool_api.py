@@ -14,8 +14,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from clawr1.pool.api import pool_router
 from clawr1.pool.admission import SqlError
+from clawr1.pool.api import pool_router
 from clawr1.pool.sql import WriteRefused
 from clawr1.pool.sql_cli import SqlTarget, interactive, run_sql
 from clawr1.pool.store import PoolStore

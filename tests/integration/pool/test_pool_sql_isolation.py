@@ -58,7 +58,8 @@ def test_an_uninterruptible_query_stops_at_its_limit_and_ingest_flows(api: str) 
     assert reply.status_code == 202, reply.text
 
     def landed() -> bool:
-        status, text = sql(api, "trainer", f"SELECT count() AS n FROM steps WHERE trajectory_id LIKE '{run}-%'")
+        query = f"SELECT count() AS n FROM steps WHERE trajectory_id LIKE '{run}-%'"
+        status, text = sql(api, "trainer", query)
         return status == 200 and '"n":40' in text
 
     wait_until(landed, 60, interval=0.2, message="the steps reaching the pool")
