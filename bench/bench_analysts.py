@@ -4,7 +4,8 @@ them, in the same run.
 The whole stack (``clawr1 up``: broker, API with sink and the embedded pool, stream worker, proxy) with
 API keys: six analysts (``read`` keys, each in a loop) send ``editDistance`` over two ``--chars``-long
 strings, one row and one function call, which the engine cannot stop at its limit
-(``CLAWR1_SQL_MAX_EXECUTION_TIME``, ``--limit-s``); the stack gives the analysts six sessions. White-box
+(``CLAWR1_SQL_MAX_EXECUTION_TIME``, ``--limit-s``), and send it again as soon as they are answered (a
+second later when refused); the stack gives the analysts six sessions, one per key. White-box
 steps go in at ``--rate`` steps/s in batches every 0.2 s for ``--seconds``; freshness is each step's
 ``ingested_at - created_at_ms`` (gateway receive -> sink insert). Phases alternate, with analysts and
 without, ``--pairs`` pairs, the order flipped each pair; a phase without analysts starts once the engine
@@ -76,12 +77,12 @@ class Api:
 
 
 def analyst(api: Api, key: str, query: str, stop: threading.Event, answers: Counter[int]) -> None:
-    """Sends ``query`` again as soon as it is answered (after 0.2 s when refused), until ``stop``."""
+    """Sends ``query`` again as soon as it is answered (a second later when refused), until ``stop``."""
     while not stop.is_set():
         status = api.sql(key, query).status_code
         answers[status] += 1
         if status != 400:
-            stop.wait(0.2)
+            stop.wait(1.0)
 
 
 def load(api: Api, rate: float, seconds: float) -> list[float]:
@@ -145,7 +146,7 @@ def main() -> int:
         try:
             stack.wait_healthy()
             api = Api(stack.api)
-            load(api, args.rate, 3.0)  # warm-up, not counted
+            load(api, args.rate, 10.0)  # warm-up, not counted: a fresh stack's first loads run slower
             phases = [phase(api, with_analysts == (pair % 2 == 1), args)
                       for pair in range(args.pairs) for with_analysts in (False, True)]
         finally:

@@ -5,8 +5,8 @@ of sessions, and one key holds at most its share of its pool, so no analyst's qu
 no key takes all of its pool. Every query gets a deadline (``clawr1.pool.watchdog``): at its limit it is
 killed (``KILL QUERY``, taking effect at the engine's next block), its caller is answered, and its key's
 share is free again at once. The engine cannot stop inside one function call (``editDistance`` over two
-60k strings runs to its end), so the query's place in its pool stays taken until the engine has stopped:
-the pool counts what really runs, and no key can pile stopped-but-running queries past it.
+60k strings runs to its end), so a killed query is counted apart until the engine has stopped
+(``Ledger``): what the engine runs stays bounded, and no key piles such queries up.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from clawr1.pool.watchdog import WATCHDOG, WATCHDOG_GRACE_S
 
 TRAINERS = "trainers"
 ANALYSTS = "analysts"
+LIVE = "live"
+KILLED = "killed"
 
 
 class SqlError(ValueError):
@@ -54,50 +56,70 @@ def overran(limit_s: float) -> str:
 
 
 class Ledger:
-    """The places taken in each pool, and by each key; ``admit`` hands them out or says what is full."""
+    """The places taken in each pool, and by each key; ``admit`` hands them out or says what is full.
+
+    A query is live from ``admit`` until it is killed or ends. A killed query the engine still runs (it is
+    inside one function call) no longer takes its key's share or a live place: it counts apart, at most a
+    key's share of them per key and a pool's worth in all, so its key may query again at once, no key fills
+    the pool with them, and the engine never runs more than twice the pool's queries.
+    """
 
     def __init__(self, shares: Shares, kill: Callable[[str, str], None]) -> None:
         """``kill(query_id, tag)`` stops a running query without waiting (``AnalystSql.kill``)."""
         self.shares = shares
         self.kill = kill
-        self._running: Counter[str] = Counter()
-        self._by_key: Counter[tuple[str, str]] = Counter()
+        self._pool: Counter[tuple[str, str]] = Counter()  # (LIVE or KILLED, pool)
+        self._key: Counter[tuple[str, str, str]] = Counter()  # (LIVE or KILLED, pool, key name)
         self._lock = threading.Lock()
 
     def admit(self, caller: Caller) -> Admission:
-        pool, key = caller.pool, (caller.pool, caller.name)
+        pool, name = caller.pool, caller.name
+        slots, share = self.shares.slots(pool), self.shares.key_slots(pool)
         with self._lock:
-            if caller.limited and self._by_key[key] >= self.shares.key_slots(pool):
-                raise SqlBusy(f"the key {caller.name!r} already runs {self._by_key[key]} queries, "
-                              f"its share of the {self.shares.slots(pool)} sessions of the {pool}; "
-                              "retry shortly")
-            if self._running[pool] >= self.shares.slots(pool):
-                raise SqlBusy(f"the {self.shares.slots(pool)} SQL sessions of the {pool} are in use; "
-                              "retry shortly")
-            self._running[pool] += 1
-            self._by_key[key] += 1
+            live, killed = self._key[(LIVE, pool, name)], self._key[(KILLED, pool, name)]
+            if caller.limited and live >= share:
+                raise SqlBusy(f"the key {name!r} already runs {live} queries, its share of the {slots} "
+                              f"sessions of the {pool}; retry shortly")
+            if caller.limited and killed >= share:
+                raise SqlBusy(f"{killed} queries of the key {name!r} ran past their limit and the engine is "
+                              f"still in a call it cannot interrupt, its share of the {pool}; retry once "
+                              "they end")
+            if self._pool[(LIVE, pool)] >= slots:
+                raise SqlBusy(f"the {slots} SQL sessions of the {pool} are in use; retry shortly")
+            if self._pool[(KILLED, pool)] >= slots:
+                raise SqlBusy(f"{slots} queries of the {pool} ran past their limit and the engine is still "
+                              "in calls it cannot interrupt; retry once they end")
+            self._pool[(LIVE, pool)] += 1
+            self._key[(LIVE, pool, name)] += 1
         return Admission(self, caller)
 
-    def running(self, pool: str, key: str | None = None) -> int:
-        """Places taken in ``pool`` (by ``key``'s queries only, when given)."""
+    def running(self, pool: str, key: str | None = None, state: str = LIVE) -> int:
+        """``state`` queries of ``pool`` (of ``key``'s only, when given)."""
         with self._lock:
-            return self._running[pool] if key is None else self._by_key[(pool, key)]
+            return self._pool[(state, pool)] if key is None else self._key[(state, pool, key)]
 
-    def free_key(self, caller: Caller) -> None:
+    def killed(self, caller: Caller) -> None:
+        """One of ``caller``'s live queries was killed (the engine may still run it)."""
         with self._lock:
-            self._by_key[(caller.pool, caller.name)] -= 1
+            self._count(LIVE, caller, -1)
+            self._count(KILLED, caller, 1)
 
-    def free_pool(self, caller: Caller) -> None:
+    def ended(self, caller: Caller, state: str) -> None:
         with self._lock:
-            self._running[caller.pool] -= 1
+            self._count(state, caller, -1)
+
+    def _count(self, state: str, caller: Caller, by: int) -> None:
+        self._pool[(state, caller.pool)] += by
+        self._key[(state, caller.pool, caller.name)] += by
 
 
 class Admission:
     """One query's place, from ``Ledger.admit`` until the engine has stopped with it.
 
-    ``cancel`` kills the query (its caller left, or it ran past the time limit) and gives its key's share
-    back; the query then fails with ``reason`` once the engine notices (at its next block, or after the
-    function call it is in), and only then frees its place in the pool (``release``).
+    ``cancel`` kills the query (its caller left, or it ran past the time limit): it stops being live, so its
+    key's share and its live place are free at once, and counts as killed until the engine notices (at its
+    next block, or after the function call it is in); the query then fails with ``reason`` and ``release``
+    ends its count.
     """
 
     def __init__(self, ledger: Ledger, caller: Caller) -> None:
@@ -108,7 +130,7 @@ class Admission:
         self._query_id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._limit_s = 0.0
-        self._key_held = True
+        self._state = LIVE
         self._released = False
 
     def started(self, tag: str, limit_s: float) -> dict[str, str]:
@@ -124,14 +146,14 @@ class Admission:
         return {"query_id": self._query_id}
 
     def cancel(self, reason: str) -> None:
-        """Kill the query and free its key's share (idempotent; before it started, it is killed as soon as
-        it starts)."""
+        """Kill the query (idempotent; before it started, it is killed as soon as it starts)."""
         with self._lock:
             if self.reason is not None or self._released:
                 return
             self.reason = reason
             running = self._tag is not None
-        self._free_key()
+            self._state = KILLED
+            self._ledger.killed(self.caller)
         if running:
             self._kill()
 
@@ -140,19 +162,12 @@ class Admission:
         self.cancel(overran(self._limit_s))
 
     def release(self) -> None:
-        """The engine has stopped with the query: its place (and its key's share, if still held) is free."""
+        """The engine has stopped with the query (idempotent)."""
         with self._lock:
             if self._released:
                 return
             self._released = True
-        self._free_key()
-        self._ledger.free_pool(self.caller)
-
-    def _free_key(self) -> None:
-        with self._lock:
-            held, self._key_held = self._key_held, False
-        if held:
-            self._ledger.free_key(self.caller)
+            self._ledger.ended(self.caller, self._state)
 
     def _kill(self) -> None:
         assert self._tag is not None
