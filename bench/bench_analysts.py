@@ -11,7 +11,9 @@ steps go in at ``--rate`` steps/s in batches every 0.2 s for ``--seconds``; fres
 without, ``--pairs`` pairs, the order flipped each pair; a phase without analysts starts once the engine
 has stopped every analyst query (six analyst keys then get their ``SELECT 1`` at once: a stopped query
 holds its place in the pool until the engine is done with it). Prints p50/p99 of each phase and the
-ratio of the p99s (all steps of each kind pooled): the figure docs/security.md states.
+ratio of the p99s (all steps of each kind pooled), and the rate the gateway took steps at with analysts
+against without (the load waits for each answer, and freshness starts at the gateway's receipt, so a
+slower gateway shows there): the figures docs/pool.md states.
 
     .venv/bin/python -m bench.bench_analysts [--pairs 3] [--seconds 10] [--rate 40] [--chars 20000]
         [--limit-s 2] [--env CLAWR1_SQL_OS_THREAD_PRIORITY=0]
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import tempfile
 import threading
 import time
@@ -85,8 +88,9 @@ def analyst(api: Api, key: str, query: str, stop: threading.Event, answers: Coun
             stop.wait(1.0)
 
 
-def load(api: Api, rate: float, seconds: float) -> list[float]:
-    """White-box steps at ``rate``/s for ``seconds``; each one's freshness (ms) once all are in the pool."""
+def load(api: Api, rate: float, seconds: float) -> tuple[list[float], float]:
+    """White-box steps at ``rate``/s for ``seconds``, one batch after another: each one's freshness (ms) once
+    all are in the pool, and the rate the gateway took them at (below ``rate`` when its answers slow)."""
     run = "ba" + uuid.uuid4().hex[:8]
     per_batch = max(1, round(rate * BATCH_PERIOD_S))
     sent = 0
@@ -97,6 +101,7 @@ def load(api: Api, rate: float, seconds: float) -> list[float]:
                 time.sleep(wait)
             client.submit_steps([step(run, sent + i) for i in range(per_batch)])
             sent += per_batch
+        taken = sent / (time.monotonic() - started)
     where = f"trajectory_id LIKE '{run}-%'"
     deadline = time.monotonic() + 300
     while int(api.rows(f"SELECT count() AS n FROM steps WHERE {where}")[0]["n"]) < sent:
@@ -105,7 +110,7 @@ def load(api: Api, rate: float, seconds: float) -> list[float]:
         time.sleep(0.2)
     return [float(r["lag"]) for r in api.rows(
         "SELECT toUnixTimestamp64Milli(ingested_at) - toUnixTimestamp64Milli(created_at_ms) AS lag "
-        f"FROM steps WHERE {where}")]
+        f"FROM steps WHERE {where}")], taken
 
 
 def phase(api: Api, with_analysts: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -117,13 +122,14 @@ def phase(api: Api, with_analysts: bool, args: argparse.Namespace) -> dict[str, 
         thread.start()
     if analysts:
         time.sleep(args.limit_s)  # every analyst's first query is running
-    lags = load(api, args.rate, args.seconds)
+    lags, taken = load(api, args.rate, args.seconds)
     stop.set()
     for thread in analysts:
         thread.join()
     drained_s = api.wait_idle() if analysts else 0.0
-    result = {"analysts": len(analysts), "steps": len(lags), "p50_ms": percentile(lags, 0.5),
-              "p99_ms": percentile(lags, 0.99), "answers": dict(answers), "drained_s": round(drained_s, 1)}
+    result = {"analysts": len(analysts), "steps": len(lags), "steps_per_s": round(taken, 1),
+              "p50_ms": percentile(lags, 0.5), "p99_ms": percentile(lags, 0.99), "answers": dict(answers),
+              "drained_s": round(drained_s, 1)}
     print(json.dumps(result), flush=True)
     return {**result, "lags": lags}
 
@@ -156,6 +162,8 @@ def main() -> int:
     summary = {name: {"p50_ms": percentile(lags, 0.5), "p99_ms": percentile(lags, 0.99)}
                for name, lags in (("without", pooled[False]), ("with", pooled[True]))}
     ratio = summary["with"]["p99_ms"] / max(1.0, summary["without"]["p99_ms"])
+    rates = {kind: statistics.fmean(p["steps_per_s"] for p in phases if bool(p["analysts"]) == kind)
+             for kind in (False, True)}
     pair_ratios = [round(max(p["p99_ms"] for p in pair if p["analysts"])
                          / max(1.0, max(p["p99_ms"] for p in pair if not p["analysts"])), 2)
                    for pair in zip(phases[0::2], phases[1::2], strict=True)]
@@ -164,8 +172,11 @@ def main() -> int:
     print(f"freshness with 6 analysts:  p50 {summary['with']['p50_ms']:.0f} ms, "
           f"p99 {summary['with']['p99_ms']:.0f} ms")
     print(f"p99 ratio with/without: {ratio:.2f} (each pair's: {pair_ratios})")
+    print(f"steps/s the gateway took (of {args.rate:g} offered): {rates[True]:.1f} with analysts, "
+          f"{rates[False]:.1f} without ({rates[True] / rates[False]:.2f}x)")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"args": vars(args), "summary": summary, "p99_ratio": round(ratio, 2),
+                                   "steps_per_s_ratio": round(rates[True] / rates[False], 2),
                                    "phases": [{k: v for k, v in p.items() if k != "lags"} for p in phases]},
                                   indent=2) + "\n")
     return 0
