@@ -26,23 +26,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
+from clawr1.pool.admission import ANALYSTS, TRAINERS, Admission, Caller, SqlBusy, SqlError, overran
 from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
-from clawr1.pool.sql import (
-    ANALYSTS,
-    MAX_QUERY_CHARS,
-    OUTPUT_FORMATS,
-    TRAINERS,
-    WATCHDOG_GRACE_S,
-    Admission,
-    AnalystSql,
-    Caller,
-    SqlBusy,
-    SqlError,
-    SqlStream,
-    WriteRefused,
-    overran,
-)
+from clawr1.pool.sql import MAX_QUERY_CHARS, OUTPUT_FORMATS, AnalystSql, SqlStream, WriteRefused
 from clawr1.pool.store import PoolError, PoolStore
+from clawr1.pool.watchdog import WATCHDOG_GRACE_S
 
 MAX_INSERT_ROWS = 100_000
 CLIENT_GONE = "the client went away"

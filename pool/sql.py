@@ -13,25 +13,22 @@ Three layers, each enough against what the one before could miss:
 Results stream from the engine in chunks instead of being held whole (formats with a global header or
 footer, such as Arrow, Parquet and JSON, are assembled by the engine within ``max_result_bytes``).
 
-Fair shares (docs/security.md): trainers (``consume`` keys) and analysts (``read`` keys) draw on two pools
-of sessions, and one key holds at most ``key_share`` of its pool, so no analyst's queries starve a
-trainer and no key takes all of its pool. The engine checks ``max_execution_time`` between blocks only;
-analysts get smaller blocks (``analyst_block_rows``) and every query a watchdog: at the limit it is
-killed (``KILL QUERY``, taking effect at the engine's next block) and its caller is answered at once,
-while its slot stays taken until the engine has stopped, so the count of running queries stays true.
+Who may run a query, and for how long: ``clawr1.pool.admission`` (the pools of sessions, each key's
+share, the deadline; ``clawr1.pool.watchdog`` keeps the deadlines). Every analyst session runs at the
+lowest OS priority (``os_thread_priority``): the engine shares the API process with the gateway and the
+sink (chDB opens its data path in one process only), does not hold the GIL while it runs, and cannot stop
+inside one function call, so what keeps ingest fresh while such a call runs on is that it only gets the
+CPU that ingest leaves (docs/security.md).
 """
 
 from __future__ import annotations
 
-import heapq
 import io
 import json
 import math
 import re
 import threading
-import time
 import uuid
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any, cast
@@ -43,6 +40,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from clawr1.core import registry
 from clawr1.core.settings import Settings, config_from, setting_field
+from clawr1.pool.admission import ANALYSTS, TRAINERS, Admission, Caller, Ledger, SqlError
 from clawr1.pool.sql_guard import (
     CATALOGUE_QUERY,
     COMBINATORS_QUERY,
@@ -78,10 +76,6 @@ NO_JSON_ERROR_CODE = 36
 """parseQueryToJSON's answer for statements it cannot express (DESCRIBE, EXISTS, SHOW CREATE, INSERT...)."""
 CANCELLED_ERROR_CODE = 394
 TIMEOUT_ERROR_CODE = 159
-TRAINERS = "trainers"
-ANALYSTS = "analysts"
-# How long past max_execution_time the watchdog waits for the engine's own check before it kills.
-WATCHDOG_GRACE_S = 1.0
 MAX_QUERY_CHARS = 256 * 1024
 # Accepted texts remembered: a trainer's SDK repeats a handful of query texts (values are bound
 # parameters), and the guard's two engine round trips cost more than a small poll itself.
@@ -91,26 +85,8 @@ _PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PARSE_SCOPE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuerySingleLine)\(.*", re.DOTALL)
 
 
-class SqlError(ValueError):
-    """The query failed or is malformed; the message says why (HTTP 400)."""
-
-
 class WriteRefused(SqlError):
     """The query would write, change settings, or reach outside the pool (HTTP 403)."""
-
-
-class SqlBusy(SqlError):
-    """The caller's pool, or the caller's share of it, is in use (HTTP 429)."""
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Whose query: the API key's name and the pool its sessions come from. ``limited``: the key holds at
-    most its share of the pool (not for the one caller of a key-less stack, or the CLI)."""
-
-    name: str = "anonymous"
-    pool: str = ANALYSTS
-    limited: bool = False
 
 
 @dataclass(frozen=True)
@@ -126,6 +102,7 @@ class SqlLimits:
     trainer_concurrent: int = setting_field(registry.SQL_TRAINER_CONCURRENT)
     key_share: float = setting_field(registry.SQL_KEY_SHARE)
     analyst_block_rows: int = setting_field(registry.SQL_ANALYST_BLOCK_ROWS)
+    os_thread_priority: int = setting_field(registry.SQL_OS_THREAD_PRIORITY)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlLimits:
@@ -140,14 +117,17 @@ class SqlLimits:
 
     def session_settings(self, pool: str = ANALYSTS) -> dict[str, Any]:
         """A session's settings, ``readonly`` last: once it is set nothing else can change. Analysts'
-        sessions read in smaller blocks, so the time limit (checked between blocks) holds closer.
+        sessions read in smaller blocks, so the time limit (checked between blocks) holds closer, and
+        their threads run at ``os_thread_priority`` (the engine applies it where it may change a
+        thread's priority: CAP_SYS_NICE), below ingest's.
 
         JSON integers stay numbers whatever the server version's default, so clients parse one shape.
         """
         rows = self.analyst_block_rows
-        blocks = {"max_block_size": int(rows)} if pool == ANALYSTS and rows else {}
+        analysts = {"max_block_size": int(rows)} if rows else {}
+        analysts["os_thread_priority"] = int(self.os_thread_priority)
         return {
-            **blocks,
+            **(analysts if pool == ANALYSTS else {}),
             "max_execution_time": float(self.max_execution_time),
             "max_memory_usage": int(self.max_memory_usage),
             "max_result_rows": int(self.max_result_rows),
@@ -158,94 +138,6 @@ class SqlLimits:
             "output_format_json_quote_64bit_integers": 0,
             "readonly": 1,
         }
-
-
-class _Watchdog:
-    """One thread for every running query: at its deadline, unless it ended, ``cancel`` it (a thread per
-    query cost ~160 us to start and stop, a tenth of a trainer's small poll)."""
-
-    def __init__(self) -> None:
-        self._due: list[tuple[float, int, Admission]] = []
-        self._wake = threading.Condition()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, admission: Admission, after_s: float) -> None:
-        with self._wake:
-            heapq.heappush(self._due, (time.monotonic() + after_s, id(admission), admission))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="clawr1-sql-watchdog", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._due or self._due[0][0] > time.monotonic():
-                    self._wake.wait(self._due[0][0] - time.monotonic() if self._due else None)
-                _, _, admission = heapq.heappop(self._due)
-            admission.overdue()
-
-
-_WATCHDOG = _Watchdog()
-
-
-def overran(limit_s: float) -> str:
-    return f"the query ran past the time limit of {limit_s:g} s (max_execution_time) and was cancelled"
-
-
-class Admission:
-    """One query's place in its pool, from ``AnalystSql.admit`` until the engine has stopped with it.
-
-    ``cancel`` kills the query (its caller left, or it ran past the time limit); the query then fails
-    with ``reason`` once the engine notices (at its next block), and only then frees the place.
-    """
-
-    def __init__(self, owner: AnalystSql, caller: Caller) -> None:
-        self.caller = caller
-        self.reason: str | None = None
-        self._owner = owner
-        self._tag: str | None = None
-        self._query_id = uuid.uuid4().hex
-        self._lock = threading.Lock()
-        self._limit_s = 0.0
-        self._released = False
-
-    def started(self, tag: str, limit_s: float) -> dict[str, str]:
-        """The query runs on the session tagged ``tag``: the watchdog starts; the settings give the
-        query its id (a server's; chDB names its queries itself and is found by the session's tag)."""
-        with self._lock:
-            self._tag = tag
-            pending = self.reason
-            self._limit_s = limit_s
-        _WATCHDOG.watch(self, limit_s + WATCHDOG_GRACE_S)
-        if pending is not None:
-            self._kill()
-        return {"query_id": self._query_id}
-
-    def cancel(self, reason: str) -> None:
-        """Kill the query (idempotent; before it started, it is killed as soon as it starts)."""
-        with self._lock:
-            if self.reason is not None or self._released:
-                return
-            self.reason = reason
-            running = self._tag is not None
-        if running:
-            self._kill()
-
-    def overdue(self) -> None:
-        """The watchdog's call at the deadline: a query still running then is cancelled."""
-        self.cancel(overran(self._limit_s))
-
-    def _kill(self) -> None:
-        assert self._tag is not None
-        self._owner.kill(self._query_id, self._tag)
-
-    def release(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        self._owner.release_slot(self.caller)
 
 
 class SqlStream:
@@ -316,8 +208,7 @@ class AnalystSql:
         self._control_dsn = control_dsn or dsn
         self._control: Client | None = None
         self._control_lock = threading.Lock()
-        self._running: Counter[str] = Counter()
-        self._running_by_key: Counter[tuple[str, str]] = Counter()
+        self.ledger = Ledger(self.limits, self.kill)
         self._idle: dict[str, list[tuple[Client, str]]] = {TRAINERS: [], ANALYSTS: []}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
@@ -325,24 +216,7 @@ class AnalystSql:
 
     def admit(self, caller: Caller | None = None) -> Admission:
         """A place in the caller's pool, or ``SqlBusy`` naming what is full."""
-        caller = caller or Caller()
-        pool, key = caller.pool, (caller.pool, caller.name)
-        with self._lock:
-            if caller.limited and self._running_by_key[key] >= self.limits.key_slots(pool):
-                raise SqlBusy(f"the key {caller.name!r} already runs {self._running_by_key[key]} queries, "
-                              f"its share of the {self.limits.slots(pool)} sessions of the {pool}; "
-                              "retry shortly")
-            if self._running[pool] >= self.limits.slots(pool):
-                raise SqlBusy(f"the {self.limits.slots(pool)} SQL sessions of the {pool} are in use; "
-                              "retry shortly")
-            self._running[pool] += 1
-            self._running_by_key[key] += 1
-        return Admission(self, caller)
-
-    def release_slot(self, caller: Caller) -> None:
-        with self._lock:
-            self._running[caller.pool] -= 1
-            self._running_by_key[(caller.pool, caller.name)] -= 1
+        return self.ledger.admit(caller or Caller())
 
     def stream(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
                max_rows: int | None = None, admission: Admission | None = None) -> SqlStream:

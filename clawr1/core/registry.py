@@ -334,6 +334,11 @@ SQL_ANALYST_BLOCK_ROWS = option("SQL_ANALYST_BLOCK_ROWS", int, 8192,
                                 "analyst SQL: `max_block_size`; the time limit is checked between blocks, so "
                                 "smaller blocks stop an overrunning query sooner; `0` = the engine's default",
                                 ("api",))
+SQL_OS_THREAD_PRIORITY = option("SQL_OS_THREAD_PRIORITY", int, 19,
+                                "analyst SQL: the engine threads' nice value (`os_thread_priority`), so an "
+                                "analyst's query only gets the CPU that ingest leaves; `0` = ingest's own",
+                                ("api",),
+                                check=lambda v: None if 0 <= v <= 19 else f"must be in [0, 19], got {v}")
 DASHBOARD_LIVE_PER_KEY = option("DASHBOARD_LIVE_PER_KEY", int, 8,
                                 "dashboard: `/v1/dashboard/live` streams one key may hold open (more answer "
                                 "429)", ("api",), check=positive)

@@ -15,6 +15,7 @@ CREATE SETTINGS PROFILE OR REPLACE clawr1_analyst SETTINGS
     max_result_bytes = 268435456 MIN 1 MAX 268435456 CHANGEABLE_IN_READONLY,
     max_rows_to_read = 2000000000 MIN 1 MAX 2000000000 CHANGEABLE_IN_READONLY,
     output_format_json_quote_64bit_integers = 0 CHANGEABLE_IN_READONLY,
+    os_thread_priority = 19 MIN 0 MAX 19 CHANGEABLE_IN_READONLY,
     max_concurrent_queries_for_user = 8;
 CREATE USER OR REPLACE clawr1_analyst IDENTIFIED WITH sha256_password BY 'change-me'
     DEFAULT DATABASE clawr1 SETTINGS PROFILE clawr1_analyst;

@@ -14,8 +14,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from clawr1.pool.admission import SqlError
 from clawr1.pool.api import pool_router
-from clawr1.pool.sql import SqlError, WriteRefused
+from clawr1.pool.sql import WriteRefused
 from clawr1.pool.sql_cli import SqlTarget, interactive, run_sql
 from clawr1.pool.store import PoolStore
 from clawr1.sinks.rows import (

@@ -52,8 +52,10 @@ class Api:
 @pytest.fixture
 def api(pool_store: PoolStore, kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[Api]:
     """The API with two sessions per pool, a key's share of one, and ``request.param`` s as time limit."""
+    # At ingest's priority: these tests time the pools and the watchdog, which a machine busy with other
+    # work would stretch at the analysts' default lowest priority (test_pool_sql_isolation.py has that).
     limits = SqlLimits(max_execution_time=request.param, max_concurrent=2, trainer_concurrent=2,
-                       key_share=0.5, analyst_block_rows=1)
+                       key_share=0.5, analyst_block_rows=1, os_thread_priority=0)
     analyst = AnalystSql(pool_store.dsn, pool_store.database, limits)
     settings = Settings(kafka_bootstrap=kafka_bootstrap,
                         api_keys=",".join(f"{name}:{key}:{KINDS[name]}" for name, key in KEYS.items()))
