@@ -140,6 +140,7 @@ class Processor:
         write the store."""
         now = self.now_ms()
         for tid in self._dirty_trajectories:
+            self._trajectories[tid].settle()
             self._trajectories[tid].record.touched_ms = now
         homes: set[tuple[int, str]] = set()  # home records changed
         for key in self._dirty_links:
