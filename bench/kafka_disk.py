@@ -15,10 +15,13 @@ as the gateway produces a request of 200 steps: one envelope per partition.
   codec in ``--pipeline`` (e.g. ``zstd,lz4``) again with the topics set to it: the broker recompresses
   what arrives, and the worker runs the same. A batch the broker so recompresses can outgrow its message
   limit, and the worker's transaction then fails (seen with ``none``, and once in two runs with lz4).
+  ``--rewards feedback``: the steps posted without rewards, then a final reward for each step by its id
+  on ``clawr1.raw.feedback`` (as ``bench.soak`` does): every step then leaves twice, once rewarded.
 
 Bytes are the broker's segment files (``*.log``; indexes left out), so a private broker is started.
 
     .venv/bin/python -m bench.kafka_disk [--groups 24] [--codecs none,lz4,zstd,zstd:9] [--pipeline zstd]
+        [--rewards inline|feedback]
 
 Results: bench/results/kafka_disk.json.
 """
@@ -39,9 +42,11 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from bench.bench_streams import PARTITIONS, TokenText, Worker, produce_steps, rollout_steps
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core import kafka_io
-from clawr1.core.kafka_io import ensure_topics, make_admin
+from clawr1.core.kafka_io import ensure_topics, make_admin, make_producer
+from clawr1.schemas.codec import codec_for
 from clawr1.streams import quix_compat
 from clawr1.streams.config import StreamTopics
+from tests.integration.streams.events import feedback
 from tests.support.kafka import committed_lag
 from tests.support.ports import free_port
 
@@ -99,7 +104,28 @@ def codecs(bootstrap: str, logs: Path, steps: list[dict[str, Any]], names: list[
     return found
 
 
-def pipeline(bootstrap: str, logs: Path, steps: list[dict[str, Any]], codec: str) -> dict[str, Any]:
+def produce_rewards(bootstrap: str, topic: str, steps: list[dict[str, Any]]) -> None:
+    """A final reward for each step, by its id, as a reward model posts them after the steps."""
+    producer = make_producer(bootstrap)
+    encoder = codec_for()
+    for step in steps:
+        record = feedback(f"reward-{step['step_id']}", "step", step["step_id"], reward=1.0)
+        producer.produce(topic, key=step["step_id"].encode(), value=encoder.encode("feedback", record))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def caught_up(bootstrap: str, worker: Worker, group: str, topic: str) -> None:
+    deadline = time.monotonic() + 600
+    while committed_lag(bootstrap, group, [topic]):
+        if worker.process.poll() is not None or time.monotonic() > deadline:
+            log = worker.log.read_text(errors="replace")
+            raise RuntimeError(f"the worker stopped or stalled:\n{log[-3000:]}")
+        time.sleep(0.5)
+
+
+def pipeline(bootstrap: str, logs: Path, steps: list[dict[str, Any]], codec: str,
+             rewards: str = "inline") -> dict[str, Any]:
     suffix = "." + uuid.uuid4().hex[:8]
     topics = StreamTopics().with_suffix(suffix)
     changelog = quix_compat.changelog_topic("bench" + suffix, topics.work)
@@ -112,18 +138,18 @@ def pipeline(bootstrap: str, logs: Path, steps: list[dict[str, Any]], codec: str
             worker.wait_ready()  # its start sets the stack's configs: another codec is set after it
             if codec != kafka_io.COMPRESSION:
                 set_compression(bootstrap, list(labels.values()), codec)
+            if rewards == "feedback":
+                steps = [{**step, "reward": None} for step in steps]
             produce_steps(bootstrap, topics.raw_steps, steps, ENVELOPE)
-            deadline = time.monotonic() + 600
-            while committed_lag(bootstrap, "bench" + suffix, [topics.raw_steps]):
-                if worker.process.poll() is not None or time.monotonic() > deadline:
-                    log = worker.log.read_text(errors="replace")
-                    raise RuntimeError(f"the worker stopped or stalled:\n{log[-3000:]}")
-                time.sleep(0.5)
+            caught_up(bootstrap, worker, "bench" + suffix, topics.raw_steps)
+            if rewards == "feedback":
+                produce_rewards(bootstrap, topics.raw_feedback, steps)
+                caught_up(bootstrap, worker, "bench" + suffix, topics.raw_feedback)
             sizes = settled(logs, labels)
         finally:
             worker.stop()
     per_step = {label: round(size / len(steps)) for label, size in sizes.items() if size}
-    result = {"codec": codec, "steps": len(steps), "bytes_per_step": per_step,
+    result = {"codec": codec, "rewards": rewards, "steps": len(steps), "bytes_per_step": per_step,
               "total_bytes_per_step": sum(per_step.values())}
     print(json.dumps(result), flush=True)
     return result
@@ -134,6 +160,8 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=24, help="prompt groups of 64 steps")
     parser.add_argument("--codecs", default="none,lz4,zstd,zstd:9")
     parser.add_argument("--pipeline", default=kafka_io.COMPRESSION)
+    parser.add_argument("--rewards", choices=("inline", "feedback"), default="inline",
+                        help="rewards on the rollouts' last steps, or one per step posted after them")
     args = parser.parse_args()
     steps = rollout_steps("disk", args.groups, text=TokenText())
     broker = KafkaBroker(Path(tempfile.mkdtemp(prefix="bench-kafka-")), free_port(), free_port(), "768m")
@@ -144,7 +172,8 @@ def main() -> None:
                   "ids_per_step": round(sum(len(s["prompt_token_ids"]) + len(s["response_token_ids"])
                                             for s in steps) / len(steps)),
                   "codecs": codecs(broker.bootstrap, logs, steps, args.codecs.split(",")),
-                  "pipeline": [pipeline(broker.bootstrap, logs, steps, c) for c in args.pipeline.split(",")]}
+                  "pipeline": [pipeline(broker.bootstrap, logs, steps, c, args.rewards)
+                               for c in args.pipeline.split(",")]}
     finally:
         broker.stop()
     out = REPO / "bench" / "results" / "kafka_disk.json"

@@ -17,6 +17,7 @@ from typing import Any
 from clawr1.core.routing import partition_of
 from clawr1.schemas.codec import AvroCodec, pack_record
 from clawr1.streams import messages
+from clawr1.streams.join import scope_of
 
 
 @dataclass(frozen=True)
@@ -59,11 +60,14 @@ class Outbox:
     def envelopes(self, codec: AvroCodec, steps_topic: str, nodes_topic: str, internal_topic: str,
                   dlq_topic: str) -> list[Envelope]:
         """Everything held, encoded: one envelope per partition and topic (records keyed as on their
-        topic decide the partition), dead letters one by one."""
+        topic decide the partition), dead letters one by one. A step goes where its merge scope (its
+        prompt group, else its trajectory) does: the steps that repeat each other's prompts share an
+        envelope, whose compression then keeps those tokens about once."""
         out: list[Envelope] = []
         by_partition: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for step_id, record in self.steps.items():
-            by_partition[partition_of(step_id, self.partitions)].append(pack_record("step", record))
+        for record in self.steps.values():
+            scope_id, _ = scope_of(record)
+            by_partition[partition_of(scope_id, self.partitions)].append(pack_record("step", record))
         out += [Envelope(steps_topic, p, None, codec.encode_batch("step", records))
                 for p, records in sorted(by_partition.items())]
         by_partition = defaultdict(list)

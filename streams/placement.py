@@ -154,6 +154,7 @@ class Placement:
         """Put every record this checkpoint changed back into the store, stamped ``now``; the checks the
         expiry wheel is to schedule for them."""
         for tid in self._changed_trajectories:
+            self._trajectories[tid].settle()
             self._trajectories[tid].record.touched_ms = now
         homes: set[Home] = set()  # home records changed
         for key in self._changed_links:

@@ -6,9 +6,11 @@ trajectory changes; a step's fact itself (prompt, reply, token ids: most of the 
 it rebuilds the trajectory's prefix tree after a restart. The latest facts ride in the record's *tail*
 while it holds at most ``TAIL_TOKENS`` token ids, so a short trajectory (a black-box call, a few
 white-box steps) is one state key and one changelog record per checkpoint; a tail that would grow
-past that is *sealed* into a *chunk* of its own key, written once and never rewritten, as is a fact too
-big for the tail. So a checkpoint writes one record per trajectory it touched, plus a chunk when a
-tail sealed, and the bytes rewritten with a record stay bounded by the tail's size.
+past that, or that grew by ``SEAL_TOKENS`` in one checkpoint (a rollout posted whole), is *sealed* into a
+*chunk* of its own key, written once and never rewritten, as is a fact too big for the tail. So a checkpoint
+writes one record per trajectory it touched, plus a chunk when a tail sealed, and the bytes rewritten
+with a record stay bounded by the tail's size. Facts keep their token ids and logprobs packed
+(``packed_fact``).
 
 Records are kept by the hash of the trajectory id (``clawr1.core.routing.key_hash``), a white-box step's
 id carries that hash, so feedback naming the step finds its trajectory from the id alone; a black-box
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from clawr1.schemas.batch import pack_ints
+from clawr1.schemas.batch import pack_doubles, pack_ints, unpack_doubles
 from clawr1.streams import state_codec
 from clawr1.streams.join import StepState, TrajectoryState
 from clawr1.streams.prefix_scope import MIN_SHARED, ScopeState, shared_prefix, unpack_hex
@@ -33,16 +35,54 @@ from clawr1.streams.turns import TokenIds
 CHUNK_TOKENS = 40_000
 # The record's tail holds at most this many token ids of facts: what a record rewrite may carry along.
 TAIL_TOKENS = 8_192
+# A checkpoint that adds at least this many token ids of facts to the tail (a rollout posted whole, a long
+# first prompt) seals them into a chunk as it ends: written once, not again with every later rewrite of
+# the record (its reward, its next turn).
+SEAL_TOKENS = 2_048
 TAIL = -1  # a ``StepEntry.chunk`` that says the fact is in the record's tail
 
 Chunk = dict[str, dict[str, Any]]  # step id -> the step's fact (step.avsc fields of the source)
 
 
+def _held(ids: Any) -> int:
+    """Token ids in a kept fact's field: packed (hex), a difference's own part, or a list (older state)."""
+    if isinstance(ids, dict):
+        ids = ids["p"]
+    return len(ids) // 8 if isinstance(ids, str) else len(ids)
+
+
 def _tokens(base: dict[str, Any]) -> int:
     """Token ids a kept fact holds (a prompt kept as a difference counts its own part)."""
-    prompt = base["prompt_token_ids"]
-    held = len(prompt["p"]) // 8 if isinstance(prompt, dict) else len(prompt)
-    return held + len(base["response_token_ids"]) + 1
+    return _held(base["prompt_token_ids"]) + _held(base["response_token_ids"]) + 1
+
+
+def packed_fact(base: dict[str, Any], prompt: Any) -> dict[str, Any]:
+    """A fact as state keeps it: ``prompt`` (the prompt whole, or a difference) and the reply's ids packed
+    as hex of little-endian int32, its logprobs as hex of float64 (exact). As JSON numbers an id took
+    ~6 characters and a logprob ~19 that compression could hardly shrink: most of a changelog record."""
+    logprobs = base.get("response_logprobs")
+    packed = {**base, "prompt_token_ids": prompt if isinstance(prompt, dict) else pack_ints(prompt).hex(),
+              "response_token_ids": pack_ints(base["response_token_ids"]).hex()}
+    if logprobs is not None:
+        packed["response_logprobs"] = pack_doubles(logprobs).hex()
+    return packed
+
+
+def unpacked_fact(kept: dict[str, Any], prefix: np.ndarray | None = None) -> dict[str, Any]:
+    """A kept fact whole again: ``packed_fact`` read back (``prefix``: the difference's base sequence),
+    or state written before packing, whose fields were JSON lists."""
+    prompt, response, logprobs = (kept["prompt_token_ids"], kept["response_token_ids"],
+                                  kept.get("response_logprobs"))
+    if isinstance(prompt, dict):
+        assert prefix is not None  # the caller resolves the difference's base
+        prompt = np.concatenate([prefix[: prompt["n"]], unpack_hex(prompt["p"])])
+    elif isinstance(prompt, str):
+        prompt = unpack_hex(prompt)
+    whole = {**kept, "prompt_token_ids": prompt,
+             "response_token_ids": unpack_hex(response) if isinstance(response, str) else response}
+    if isinstance(logprobs, str):
+        whole["response_logprobs"] = unpack_doubles(bytes.fromhex(logprobs))
+    return whole
 
 
 @dataclass
@@ -128,6 +168,7 @@ class Trajectory:
         self._load = load_chunk
         self._new = new_chunk
         self._full: dict[str, dict[str, Any]] = {}  # facts read back whole in this checkpoint
+        self._added = 0  # token ids of facts this checkpoint put in the tail
 
     def _kept(self, step_id: str) -> dict[str, Any] | None:
         """The fact as kept: its prompt may be a difference (``_compact``)."""
@@ -149,13 +190,15 @@ class Trajectory:
         if full is not None:
             return full
         kept = self._kept(step_id)
-        if kept is None or not isinstance(kept["prompt_token_ids"], dict):
-            return kept
+        if kept is None:
+            return None
         ref = kept["prompt_token_ids"]
-        sequence = self._sequence(ref["b"])
-        if sequence is None:  # kept with its base, which always comes first: a broken record
-            raise ValueError(f"step {step_id} of {self.id} is kept against {ref['b']}, which is missing")
-        full = {**kept, "prompt_token_ids": np.concatenate([sequence[: ref["n"]], unpack_hex(ref["p"])])}
+        sequence = None
+        if isinstance(ref, dict):
+            sequence = self._sequence(ref["b"])
+            if sequence is None:  # kept with its base, which always comes first: a broken record
+                raise ValueError(f"step {step_id} of {self.id} is kept against {ref['b']}, which is missing")
+        full = unpacked_fact(kept, sequence)
         self._full[step_id] = full
         return full
 
@@ -167,9 +210,9 @@ class Trajectory:
                                np.asarray(base["response_token_ids"], dtype=np.int32)])
 
     def _compact(self, step_id: str, base: dict[str, Any]) -> dict[str, Any]:
-        """The fact to keep: a prompt that starts with what a step at the index before it sent and
-        received (the conversation so far) is kept as the part beyond that, so a trajectory keeps each
-        token id about once instead of once per later turn."""
+        """The fact to keep (``packed_fact``): a prompt that starts with what a step at the index before
+        it sent and received (the conversation so far) is kept as the part beyond that, so a trajectory
+        keeps each token id about once instead of once per later turn."""
         prompt = np.asarray(base["prompt_token_ids"], dtype=np.int32)
         for candidate in sorted(self.state.at(base["step_index"] - 1)):
             sequence = self._sequence(candidate) if candidate != step_id else None
@@ -177,9 +220,8 @@ class Trajectory:
                 continue
             shared = shared_prefix(sequence, prompt)
             if shared >= MIN_SHARED:
-                return {**base, "prompt_token_ids": {"b": candidate, "n": shared,
-                                                     "p": pack_ints(prompt[shared:]).hex()}}
-        return base
+                return packed_fact(base, {"b": candidate, "n": shared, "p": pack_ints(prompt[shared:]).hex()})
+        return packed_fact(base, prompt)
 
     def _keep_whole(self, step_id: str) -> None:
         """Steps kept against ``step_id``, whose fact is about to change, are kept whole first."""
@@ -192,7 +234,8 @@ class Trajectory:
                     and kept["prompt_token_ids"]["b"] == step_id:
                 whole = self.base(later)
                 assert whole is not None
-                self.record.steps[later].chunk = self._place(later, whole)
+                kept_whole = packed_fact(whole, whole["prompt_token_ids"])
+                self.record.steps[later].chunk = self._place(later, kept_whole)
 
     def step_state(self, step_id: str) -> StepState:
         entry = self.record.steps.get(step_id)
@@ -209,8 +252,8 @@ class Trajectory:
         if base_changed and state.base is not None:
             if entry.chunk is not None:
                 self._keep_whole(step_id)
-            self._full.pop(step_id, None)
             entry.chunk = self._place(step_id, self._compact(step_id, state.base))
+            self._full[step_id] = state.base
 
     def _place(self, step_id: str, base: dict[str, Any]) -> int:
         """Keep a fact in the tail, or in a chunk; where it went."""
@@ -225,7 +268,14 @@ class Trajectory:
             self._seal_tail()
         record.tail[step_id] = base
         record.tail_tokens += tokens
+        self._added += tokens
         return TAIL
+
+    def settle(self) -> None:
+        """At the checkpoint's end: a tail that grew by ``SEAL_TOKENS`` or more in it is sealed."""
+        if self._added >= SEAL_TOKENS:
+            self._seal_tail()
+        self._added = 0
 
     def _seal_tail(self) -> None:
         """Move the tail's facts into a chunk of their own, written once."""

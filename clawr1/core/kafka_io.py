@@ -94,9 +94,12 @@ def consumed_at(msg: Message) -> tuple[str, int, int]:
 HOUR_MS = 3_600_000
 # Retention deletes closed segments only, and Kafka closes one after 7 days (or 256 MB here): segments
 # close every hour (sooner for a shorter retention), so data lives its retention plus an hour at most
-# (plus the broker's retention check, every 5 minutes). The changelog's are closed as often, so compaction
-# reaches new records within the hour.
+# (plus the broker's retention check, every 5 minutes).
 SEGMENT_MS = HOUR_MS
+# Compaction too reaches closed segments only: the changelog's close every 10 minutes, so the values a
+# checkpoint overwrote and the state that ended (the TTL's 10 minutes by default) give their disk back
+# within minutes, not after an hour of writes that the stream rewrites as it goes.
+CHANGELOG_SEGMENT_MS = HOUR_MS // 6
 # A deleted key's tombstone stays this long in a compacted changelog: a worker restoring a partition reads
 # it through in far less.
 TOMBSTONE_MS = HOUR_MS
@@ -128,8 +131,8 @@ def topic_config(name: str, policy: TopicPolicy) -> dict[str, str]:
     if role is None:
         return {}
     if role == topics.CHANGELOG:
-        return {"cleanup.policy": "compact", "compression.type": COMPRESSION, "segment.ms": str(SEGMENT_MS),
-                "delete.retention.ms": str(TOMBSTONE_MS)}
+        return {"cleanup.policy": "compact", "compression.type": COMPRESSION,
+                "segment.ms": str(CHANGELOG_SEGMENT_MS), "delete.retention.ms": str(TOMBSTONE_MS)}
     retention = {topics.INPUT: policy.input_ms, topics.OUTPUT: policy.output_ms,
                  topics.DEAD_LETTERS: policy.dead_letters_ms}[role]
     segment = SEGMENT_MS if retention == -1 else max(1, min(SEGMENT_MS, retention))

@@ -55,8 +55,8 @@ RAW_FEEDBACK = Topic(
 STEPS = Topic(
     "clawr1.steps",
     "step",
-    "step_id",
-    "curated, normalized step versions; the newest version of a step wins",
+    "prompt group id, else trajectory id (steps that share prompt tokens share a batch to compress)",
+    "curated, normalized step versions; the newest version of a step wins, by its version",
     OUTPUT,
 )
 PREFIX_NODES = Topic(

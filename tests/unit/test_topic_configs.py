@@ -10,6 +10,7 @@ import pytest
 
 from clawr1.core import topics
 from clawr1.core.kafka_io import (
+    CHANGELOG_SEGMENT_MS,
     COMPRESSION,
     HOUR_MS,
     SEGMENT_MS,
@@ -41,11 +42,14 @@ def test_inputs_are_kept_shortest_and_dead_letters_longest() -> None:
                          "clawr1.steps": 12 * HOUR_MS, "clawr1.dlq": 168 * HOUR_MS}
 
 
-def test_every_topic_of_the_stack_is_compressed_and_closes_segments_hourly() -> None:
-    for name in [*StreamTopics().all_names(), quix_compat.changelog_topic("app", "clawr1.internal.work")]:
+def test_every_topic_of_the_stack_is_compressed_and_closes_segments_hourly_the_changelog_sooner() -> None:
+    for name in StreamTopics().all_names():
         config = topic_config(name, POLICY)
         assert config["compression.type"] == COMPRESSION
         assert int(config["segment.ms"]) == SEGMENT_MS, name
+    changelog = topic_config(quix_compat.changelog_topic("app", "clawr1.internal.work"), POLICY)
+    assert changelog["compression.type"] == COMPRESSION
+    assert int(changelog["segment.ms"]) == CHANGELOG_SEGMENT_MS < SEGMENT_MS  # compaction acts sooner
 
 
 def test_a_retention_under_an_hour_closes_segments_as_often() -> None:

@@ -293,7 +293,8 @@ def test_a_tail_that_grows_past_its_bound_is_sealed_into_a_chunk_and_facts_survi
     for record in steps:  # every step re-published with its tokens, from a chunk or from the tail
         published = harness.steps[record["step_id"]]
         assert published["trajectory_reward"] == 1.0
-        assert published["prompt_token_ids"] == record["prompt_token_ids"]
+        assert list(published["prompt_token_ids"]) == record["prompt_token_ids"]
+        assert list(published["response_token_ids"]) == record["response_token_ids"]
 
 
 def test_a_conversations_turns_keep_each_token_id_about_once_and_read_back_whole() -> None:
@@ -359,5 +360,5 @@ def test_a_fact_too_big_for_the_tail_gets_a_chunk_and_records_from_before_tails_
     harness.restart()
     harness.feedback(feedback("fb", "trajectory", "t-big", reward=1.0, terminal=True))
     harness.checkpoint()
-    assert harness.steps[big["step_id"]]["prompt_token_ids"] == big["prompt_token_ids"]
+    assert list(harness.steps[big["step_id"]]["prompt_token_ids"]) == big["prompt_token_ids"]
     assert harness.steps[big["step_id"]]["trajectory_reward"] == 1.0
