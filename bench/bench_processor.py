@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.bench_streams import CODEC, conversation, reward_for, rollout_steps, whitebox_steps  # noqa: E402
 from clawr1.schemas.codec import pack_record  # noqa: E402
-from tests.unit.streams.test_streams_processor import CountingStore, Harness  # noqa: E402
+from tests.support.stream_harness import CountingStore, Harness  # noqa: E402
 
 
 def _decoded(schema: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,8 @@ from clawr1.pool.store import PoolStore  # noqa: E402
 from clawr1.schemas.codec import AvroCodec, pack_record  # noqa: E402
 from clawr1.sinks.config import SinkConfig  # noqa: E402
 from clawr1.sinks.pool_sink import PoolSink  # noqa: E402
-from tests.integration.pool.records import record, step  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
+from tests.support.records import record, step  # noqa: E402
 
 PARTITIONS = 4
 

@@ -17,8 +17,8 @@ from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.pool_sink import EXIT_AFTER_INSERT_CODE
 from clawr1.sinks.runner import run_sink
 from tests.integration.pool.kafka_helpers import produce
-from tests.integration.pool.records import record, step
 from tests.support.kafka import committed_lag, wait_committed
+from tests.support.records import record, step
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -26,8 +26,8 @@ from clawr1.pool.migrations import DELIVERY_LOG
 from clawr1.pool.store import PoolStore, quote_identifier
 from clawr1.sinks.rows import STEPS_ROUTE, Origin
 from tests.conftest import fresh_pool_store
-from tests.integration.pool.records import step as step_record
 from tests.support.asgi import serve_asgi
+from tests.support.records import step as step_record
 
 _offsets = itertools.count()
 
