@@ -15,7 +15,7 @@ from clawr1.consumer_sdk.delivery import LATE_CHECK_S
 from clawr1.pool.consumer_tables import CURSORS_TABLE
 from clawr1.pool.migrations import DELIVERY_LOG, POOL_MIGRATIONS, apply_migrations, split_statements
 from clawr1.pool.store import PoolStore
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 from tests.support.waiting import outlast
 
 T0 = 1_760_000_000_000

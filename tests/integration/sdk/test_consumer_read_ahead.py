@@ -18,7 +18,7 @@ from clawr1.consumer_sdk import PoolConsumer, PoolUnavailable
 from clawr1.consumer_sdk.source import parse_source
 from clawr1.consumer_sdk.transport import Transport, open_transport
 from clawr1.pool.consumer_tables import COMMITS_TABLE
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 from tests.support.waiting import holds_for, outlast, wait_until
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from clawr1.consumer_sdk import PoolConsumer, save_preset
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 from tests.support.waiting import holds_for
 
 
