@@ -33,7 +33,7 @@ from clawr1.proxy.runner import serve_proxy
 from tests.support.kafka import TopicFollower
 from tests.support.waiting import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
