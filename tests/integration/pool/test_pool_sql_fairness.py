@@ -72,9 +72,9 @@ def test_pools_shares_and_the_time_limit_inside_one_block(api: Api) -> None:
     single block was slow ran 38.8 s against a 30 s limit."""
     with ThreadPoolExecutor(2) as slow:
         alice = slow.submit(api.sql, "alice", SLOW)
-        wait_until(lambda: api.running(SLOW_FRAGMENT) == 1, 10, message="alice's query running")
+        wait_until(lambda: api.running(SLOW_FRAGMENT) == 1, 10, interval=0.2, message="alice's query running")
         bob = slow.submit(api.sql, "bob", SLOW + " WHERE 1")
-        wait_until(lambda: api.running(SLOW_FRAGMENT) == 2, 10, message="bob's query running")
+        wait_until(lambda: api.running(SLOW_FRAGMENT) == 2, 10, interval=0.2, message="bob's query running")
         status, text, _ = api.sql("alice", "SELECT 1")
         assert status == 429 and "its share" in text, text  # alice holds her share (1 of 2)
         status, text, _ = api.sql("carol", "SELECT 1")

@@ -88,7 +88,8 @@ def test_outage_and_proxy_restart_lose_and_duplicate_nothing(
                 agent.call()
             own_broker.start()
             reader.wait_for(lambda r: True, count=20, timeout=90)
-            holds_for(lambda: len(reader.events()) == 20, 3, message="a call recorded twice")
+            holds_for(lambda: len(reader.events()) <= 20, 3,  # room for a duplicate to show up
+                      message=lambda: f"{len(reader.events())} records of 20 calls")
 
         recorded = [next(m for m in agent.markers if m in e.record["request_body"]) for e in reader.events()]
         assert Counter(recorded) == Counter(agent.markers)  # every call exactly once
