@@ -42,7 +42,7 @@ lint: install
 	$(BIN)/mypy
 
 bench: install
-	for b in bench/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	for b in bench/bench_*.py; do $(BIN)/python -m bench.$$(basename $$b .py) || exit 1; done
 
 clean:
 	rm -rf $(VENV) .cache .clawr1 .pytest_cache

@@ -19,20 +19,18 @@ import argparse
 import json
 import multiprocessing
 import statistics
-import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import clawr1.gateway.client as client_module
+from bench.bench_pipeline import step
+from bench.bench_streams import posted_rollouts
+from bench.common import wait_port
+from tests.support.ports import free_port
 
-import clawr1.gateway.client as client_module  # noqa: E402
-from bench.bench_pipeline import step  # noqa: E402
-from bench.bench_streams import posted_rollouts  # noqa: E402
-from bench.common import wait_port  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RESULTS = REPO / "bench" / "results" / "bench_client.json"
 

@@ -6,7 +6,7 @@ SDK's kind of query, first with no live stream open (the baseline), then while `
 ``/v1/dashboard/live`` streams of one ``read`` key are held open. Printed: the trainer's p50/p99 in
 each phase, their ratio, and how many streams the API accepted (the rest got 429).
 
-    .venv/bin/python bench/bench_dashboard_live.py [--streams 150] [--queries 60] [--live-caps PER_KEY,ALL]
+    .venv/bin/python -m bench.bench_dashboard_live [--streams 150] [--queries 60] [--live-caps PER_KEY,ALL]
 
 ``--live-caps`` sets ``CLAWR1_DASHBOARD_LIVE_PER_KEY``/``_STREAMS`` (e.g. ``150,200`` to hold every
 stream open and see the shared computation alone). Results: bench/results/bench_dashboard_live.json.
@@ -29,12 +29,10 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.bench_gateway import wait_healthy  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+from bench.bench_gateway import wait_healthy
+from bench.common import percentile
+from clawr1.broker.launcher import KafkaBroker
+from tests.support.ports import free_port
 
 KEYS = {"viewer": "sk-bench-viewer-0123456789", "trainer": "sk-bench-trainer-0123456789"}
 TRAINER_SQL = ("SELECT step_id, trajectory_id, reward FROM steps WHERE ready = 1 AND policy_version >= 0 "

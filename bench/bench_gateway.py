@@ -21,7 +21,7 @@ one gateway phase prove nothing. After a warm-up, ``--rounds`` rounds each run t
 every gateway phase back to back; every round gives its own ratios, and the result is the median
 ratio with its range over the rounds.
 
-    .venv/bin/python bench/bench_gateway.py [--bootstrap HOST:PORT] [--rounds 5] [--seconds 4]
+    .venv/bin/python -m bench.bench_gateway [--bootstrap HOST:PORT] [--rounds 5] [--seconds 4]
         [--profile DIR]   # cProfile of the gateway process, written to DIR/gateway.prof
 
 Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
@@ -49,20 +49,19 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import percentile, process_cpu_s, records_on_topic
+from clawr1.broker.launcher import KafkaBroker
+from clawr1.core.kafka_io import ensure_topics, make_producer
+from clawr1.core.settings import Settings
+from clawr1.core.signals import stop_loop_on_signals
+from clawr1.gateway.config import GatewayTopics
+from clawr1.gateway.models import StepIn
+from clawr1.gateway.records import step_record
+from clawr1.schemas.codec import codec_for
+from tests.support.ports import free_port
+from tests.support.steps import PROMPT_TOKENS, RESPONSE_TOKENS, make_step
 
-from bench.common import percentile, process_cpu_s, records_on_topic  # noqa: E402
-from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics, make_producer  # noqa: E402
-from clawr1.core.settings import Settings  # noqa: E402
-from clawr1.core.signals import stop_loop_on_signals  # noqa: E402
-from clawr1.gateway.config import GatewayTopics  # noqa: E402
-from clawr1.gateway.models import StepIn  # noqa: E402
-from clawr1.gateway.records import step_record  # noqa: E402
-from clawr1.schemas.codec import codec_for  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
-from tests.support.steps import PROMPT_TOKENS, RESPONSE_TOKENS, make_step  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PARTITIONS = 4
 # name, steps per request, concurrent requests

@@ -42,7 +42,7 @@ a tenth as many calls go through it uncounted: on a cold stack the broker's firs
 CPU per step of the same load run again (its JIT compiling, its new segments), which a running
 deployment does not pay.
 
-    .venv/bin/python bench/bench_pipeline.py [--steps 4000] [--calls 800] [--agents 8] [--batch 100]
+    .venv/bin/python -m bench.bench_pipeline [--steps 4000] [--calls 800] [--agents 8] [--batch 100]
         [--batches 1,10,100,500] [--seconds 10] [--long 200] [--rollouts 3072] [--rollout-batch 200]
         [--warmup 4000] [--workers 2] [--kafka-nodes 1] [--turns 1]
 
@@ -74,21 +74,19 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-
-from bench.bench_streams import posted_rollouts  # noqa: E402
-from bench.common import (  # noqa: E402
+from bench.bench_streams import posted_rollouts
+from bench.common import (
     cpu_by_role,
     percentile,
     process_cpu_s,
     settled_message_counts,
 )
-from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from clawr1.gateway.client import GatewayClient  # noqa: E402
-from clawr1.schemas.codec import codec_for  # noqa: E402
-from tests.support.ports import free_port, free_ports  # noqa: E402
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.gateway.client import GatewayClient
+from clawr1.schemas.codec import codec_for
+from tests.support.ports import free_port, free_ports
+
+REPO = Path(__file__).resolve().parent.parent
 
 PROMPT_TOKENS, RESPONSE_TOKENS = 512, 128
 RESULTS = REPO / "bench" / "results" / "bench_pipeline.json"

@@ -25,7 +25,7 @@ Sections, each with a baseline measured in the same run:
   payload copy (which expires after ``DELIVERY_PAYLOAD_TTL_HOURS``); last, ``clawr1 prune``'s dry run and
   prune of the first of the four policy versions (a quarter of the steps, with what hangs on them).
 
-Run: ``.venv/bin/python bench/bench_pool.py`` (1M steps, about 6 minutes on 2 cores; ``--flush-only``
+Run: ``.venv/bin/python -m bench.bench_pool`` (1M steps, about 6 minutes on 2 cores; ``--flush-only``
 runs that section alone, about 2 minutes; ``--merges-only`` the merges, about 3 minutes);
 ``--steps 1000000 10000000`` adds 10M steps (several minutes on 2 cores and ~1 GB of disk).
 Figures are printed and written to ``bench/results/bench_pool.json``.

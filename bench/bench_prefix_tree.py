@@ -21,7 +21,7 @@ all) and a naive per-token dict trie (a merge with one Python object per token).
 versus running each step alone versus plain packing of all steps (block-diagonal
 causal), with the per-target logprob agreement of the three.
 
-Run: ``.venv/bin/python bench/bench_prefix_tree.py [--scale S] [--torch]``; the table is
+Run: ``.venv/bin/python -m bench.bench_prefix_tree [--scale S] [--torch]``; the table is
 printed and the figures are written to ``bench/results/prefix_tree.json``.
 """
 

@@ -11,7 +11,7 @@ by 256 a turn, a checkpoint per 200 steps, as a rollout worker posts them). What
 worker's CPU per step goes (``--profile``), and what a change does to it, run against two checkouts
 alternately (this file imports the checkout it lies in)::
 
-    .venv/bin/python bench/bench_processor.py [--load blackbox|whitebox|rollouts] [--steps 1600]
+    .venv/bin/python -m bench.bench_processor [--load blackbox|whitebox|rollouts] [--steps 1600]
         [--length 10] [--repeat 3] [--checkpoint 40] [--profile]
 
 Prints one JSON line: CPU ms per step of each repeat (process time), state writes per step (changelog
@@ -24,16 +24,12 @@ import argparse
 import cProfile
 import json
 import pstats
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.bench_streams import CODEC, conversation, reward_for, rollout_steps, whitebox_steps  # noqa: E402
-from clawr1.schemas.codec import pack_record  # noqa: E402
-from tests.unit.streams.test_streams_processor import CountingStore, Harness  # noqa: E402
+from bench.bench_streams import CODEC, conversation, reward_for, rollout_steps, whitebox_steps
+from clawr1.schemas.codec import pack_record
+from tests.support.stream_harness import CountingStore, Harness
 
 
 def _decoded(schema: str, record: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ this shared machine's load hits every target alike:
 
 Finally every call sent through a Claw-R1 proxy must be on its Kafka topic (nothing dropped).
 
-    .venv/bin/python bench/bench_proxy.py [--bootstrap HOST:PORT] [--calls 300] [--seconds 4]
+    .venv/bin/python -m bench.bench_proxy [--bootstrap HOST:PORT] [--calls 300] [--seconds 4]
 
 Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
 Results: bench/results/bench_proxy.json.
@@ -45,19 +45,18 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from bench.common import (  # noqa: E402
+from bench.common import (
     captured_chat_call,
     cpu_by_role,
     process_cpu_s,
     records_on_topic,
     wait_port,
 )
-from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+from clawr1.broker.launcher import KafkaBroker
+from clawr1.core.kafka_io import ensure_topics
+from tests.support.ports import free_port
+
+REPO = Path(__file__).resolve().parent.parent
 
 PARTITIONS = 4
 PROXY_MAIN = (

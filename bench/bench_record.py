@@ -19,16 +19,14 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import captured_chat_call
+from clawr1.proxy.record import build_record
 
-from bench.common import captured_chat_call  # noqa: E402
-from clawr1.proxy.record import build_record  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 WORDS = ("the", "a", "function", "return", "value", "list", "dict", "error", "file", "path", "test", "run",
          "bash", "output", "line", "code", "python", "import", "class", "def", "self", "print", "if", "else",

@@ -29,7 +29,7 @@ whose trainers read only what is new.
 The API is served by hypercorn in this
 process, as ``clawr1 up`` serves the embedded pool to other processes.
 
-Run: ``.venv/bin/python bench/bench_sdk.py [--steps N] [--batch B]``; the table is printed and the
+Run: ``.venv/bin/python -m bench.bench_sdk [--steps N] [--batch B]``; the table is printed and the
 figures are written to ``bench/results/bench_sdk.json``. The script also runs on an older SDK (a checkout
 put first on ``PYTHONPATH``), for before/after figures on one machine.
 """
@@ -51,13 +51,11 @@ import numpy as np
 import pyarrow as pa
 from fastapi import FastAPI
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests package holds the server helper
-
-from clawr1.consumer_sdk import PoolConsumer, StepBatch  # noqa: E402
-from clawr1.pool.api import pool_router  # noqa: E402
-from clawr1.pool.sql import AnalystSql, SqlLimits  # noqa: E402
-from clawr1.pool.store import PoolStore  # noqa: E402
-from tests.support.asgi import serve_asgi  # noqa: E402
+from clawr1.consumer_sdk import PoolConsumer, StepBatch
+from clawr1.pool.api import pool_router
+from clawr1.pool.sql import AnalystSql, SqlLimits
+from clawr1.pool.store import PoolStore
+from tests.support.asgi import serve_asgi
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bench_sdk.json"
 VOCAB = 151_936

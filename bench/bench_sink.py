@@ -10,7 +10,7 @@ reads them all into a fresh pool database (its own consumer group) and the CPU i
 divided by the steps (chDB's own threads, which insert and merge, are counted apart as the process's
 remainder). ``--profile`` adds a cProfile (CPU time) of the sink thread of each kind's last round.
 
-    .venv/bin/python bench/bench_sink.py [--steps 4000] [--rounds 3] [--envelope 100] [--profile DIR]
+    .venv/bin/python -m bench.bench_sink [--steps 4000] [--rounds 3] [--envelope 100] [--profile DIR]
 
 Results: bench/results/bench_sink.json.
 """
@@ -21,7 +21,6 @@ import argparse
 import cProfile
 import json
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -30,17 +29,16 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from clawr1.broker.launcher import KafkaBroker
+from clawr1.core.kafka_io import ensure_topics, make_producer
+from clawr1.pool.store import PoolStore
+from clawr1.schemas.codec import AvroCodec, pack_record
+from clawr1.sinks.config import SinkConfig
+from clawr1.sinks.pool_sink import PoolSink
+from tests.support.ports import free_port
+from tests.support.records import record, step
 
-from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics, make_producer  # noqa: E402
-from clawr1.pool.store import PoolStore  # noqa: E402
-from clawr1.schemas.codec import AvroCodec, pack_record  # noqa: E402
-from clawr1.sinks.config import SinkConfig  # noqa: E402
-from clawr1.sinks.pool_sink import PoolSink  # noqa: E402
-from tests.integration.pool.records import record, step  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PARTITIONS = 4
 

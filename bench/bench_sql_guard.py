@@ -9,7 +9,7 @@ One embedded pool (migrated, empty consumer tables plus generated rows). In the 
   what ``POST /v1/pool/insert`` does) while a slow analyst query runs (a) on the analyst's own session,
   as the API does now, and (b) through the same store, as the API did before.
 
-Run: ``.venv/bin/python bench/bench_sql_guard.py [--repeats N]``; the table is printed and the figures
+Run: ``.venv/bin/python -m bench.bench_sql_guard [--repeats N]``; the table is printed and the figures
 are written to ``bench/results/bench_sql_guard.json``.
 """
 
@@ -20,7 +20,6 @@ import contextlib
 import json
 import platform
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -28,12 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from clickhouse_connect.driver.client import Client
 
-from clickhouse_connect.driver.client import Client  # noqa: E402
-
-from clawr1.pool.sql import CHUNK_BYTES, AnalystSql, SqlLimits, open_session  # noqa: E402
-from clawr1.pool.store import PoolError, PoolStore  # noqa: E402
+from clawr1.pool.sql import CHUNK_BYTES, AnalystSql, SqlLimits, open_session
+from clawr1.pool.store import PoolError, PoolStore
 
 QUERIES = {
     "point": "SELECT 1",

@@ -25,7 +25,7 @@ merged into its trajectory's prefix tree.
 - latency: with the worker warm, calls are produced at a fixed rate; ingest -> first normalized
   version of the step on ``clawr1.steps`` (p50/p99), beside the same calls' raw-topic hop.
 
-    .venv/bin/python bench/bench_streams.py [--bootstrap HOST:PORT] [--calls 2000] [--workers 2]
+    .venv/bin/python -m bench.bench_streams [--bootstrap HOST:PORT] [--calls 2000] [--workers 2]
         [--lengths 10,200] [--envelopes 100] [--rate 50] [--seconds 10] [--profile worker.prof]
 
 Without --bootstrap (or CLAWR1_BENCH_KAFKA_BOOTSTRAP) a private broker is started and stopped.
@@ -53,19 +53,18 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.common import percentile, process_cpu_s, settled_message_counts
+from clawr1.broker.launcher import KafkaBroker
+from clawr1.core.conversation import conversation_key
+from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
+from clawr1.core.routing import partition_of, routable_id
+from clawr1.proxy.record import event_id as proxy_event_id
+from clawr1.schemas.codec import codec_for, pack_record
+from clawr1.streams.config import StreamTopics
+from clawr1.streams.worker import READY_LINE
+from tests.support.ports import free_port
 
-from bench.common import percentile, process_cpu_s, settled_message_counts  # noqa: E402
-from clawr1.broker.launcher import KafkaBroker  # noqa: E402
-from clawr1.core.conversation import conversation_key  # noqa: E402
-from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer  # noqa: E402
-from clawr1.core.routing import partition_of, routable_id  # noqa: E402
-from clawr1.proxy.record import event_id as proxy_event_id  # noqa: E402
-from clawr1.schemas.codec import codec_for, pack_record  # noqa: E402
-from clawr1.streams.config import StreamTopics  # noqa: E402
-from clawr1.streams.worker import READY_LINE  # noqa: E402
-from tests.support.ports import free_port  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 PARTITIONS = 4
 TURNS, FIRST_PROMPT, TURN_TOKENS, REPLY_TOKENS = 8, 256, 32, 32

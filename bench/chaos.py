@@ -21,10 +21,10 @@ Figures: load held, faults with time to healthy, steps acknowledged vs in the po
 and losses (both must be 0), dead letters, rewards joined, and how long the pool took to hold every
 acknowledged step after the load stopped (at most ``--drain``). Run it::
 
-    .venv/bin/python bench/chaos.py                   # full run -> bench/results/chaos.json
-    .venv/bin/python bench/chaos.py --quick           # the SIGKILL subset that make test runs
-    .venv/bin/python bench/chaos.py --kafka-nodes 3   # a broker lost, then a rolling restart
-    .venv/bin/python bench/chaos.py --quick --runs 5 --whitebox-clients 2 --first-fault 20 --drain 120
+    .venv/bin/python -m bench.chaos                   # full run -> bench/results/chaos.json
+    .venv/bin/python -m bench.chaos --quick           # the SIGKILL subset that make test runs
+    .venv/bin/python -m bench.chaos --kafka-nodes 3   # a broker lost, then a rolling restart
+    .venv/bin/python -m bench.chaos --quick --runs 5 --whitebox-clients 2 --first-fault 20 --drain 120
                                                       # the stream-layer schedule: 5 runs in a row must pass
 """
 
@@ -39,10 +39,7 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.support.chaos import (  # noqa: E402 - the harness the tests drive too
+from tests.support.chaos import (  # the harness the tests drive too
     FULL_EXTRAS,
     QUICK_FAULTS,
     Stack,
@@ -53,6 +50,8 @@ from tests.support.chaos import (  # noqa: E402 - the harness the tests drive to
     run_faults,
     spool_tmpfs,
 )
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass(frozen=True)

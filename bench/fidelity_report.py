@@ -59,7 +59,7 @@ from clawr1.streams.linking import DEFAULT_GROUP_WINDOW_MS, SUPERSEDED, LinkStat
 from clawr1.streams.rewards import feedback_fact
 from clawr1.streams.targets import Target, TargetState, add_feedback, add_target
 from clawr1.streams.turns import turn_from_llm_call
-from tests.integration.streams.events import feedback, llm_call
+from tests.support.events import feedback, llm_call
 
 RESULTS = Path(__file__).resolve().parent / "results"
 HORIZON_MS, BOUND, WINDOW_MS = 24 * 3_600_000, 2048, 3_600_000

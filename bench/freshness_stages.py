@@ -6,7 +6,7 @@ reader in this process saw that output (its transaction committed), and the sink
 (``ingested_at``). All on this machine's clock. Steps are posted every 0.2 s at ``--rate`` steps/s
 for ``--seconds`` on a fresh ``clawr1 up`` (warmed up with 2,000 steps first).
 
-    .venv/bin/python bench/freshness_stages.py [--rate 100] [--seconds 15]
+    .venv/bin/python -m bench.freshness_stages [--rate 100] [--seconds 15]
 
 Prints p50 / p90 / p99 / max per stage; the JSON goes to bench/results/freshness_stages.json.
 """
@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.bench_pipeline import Stack, step
+from bench.common import percentile
+from clawr1.gateway.client import GatewayClient
+from tests.support.kafka import TopicFollower, read_topic
 
-from bench.bench_pipeline import Stack, step  # noqa: E402
-from bench.common import percentile  # noqa: E402
-from clawr1.gateway.client import GatewayClient  # noqa: E402
-from tests.support.kafka import TopicFollower, read_topic  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RESULTS = REPO / "bench" / "results" / "freshness_stages.json"
 Key = tuple[str, int]

@@ -55,15 +55,14 @@ from typing import Any
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from bench.bench_pipeline import Stack, agent_calls
+from bench.bench_streams import posted_rollouts
+from bench.common import disk_bytes, rss_by_role
+from clawr1.core.kafka_io import make_consumer
+from clawr1.core.registry import REGISTRY
+from clawr1.gateway.client import GatewayClient, GatewayError
 
-from bench.bench_pipeline import Stack, agent_calls  # noqa: E402
-from bench.bench_streams import posted_rollouts  # noqa: E402
-from bench.common import disk_bytes, rss_by_role  # noqa: E402
-from clawr1.core.kafka_io import make_consumer  # noqa: E402
-from clawr1.core.registry import REGISTRY  # noqa: E402
-from clawr1.gateway.client import GatewayClient, GatewayError  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 RESULTS = REPO / "bench" / "results" / "soak.json"
 GROUP = 64  # steps of a GRPO group: 8 rollouts x 8 turns

@@ -17,7 +17,7 @@ gets fastavro's answer or fastavro's error:
 
 Only the types our schemas use are compiled (records, unions of null and one type, arrays, maps,
 strings, bytes, int, long, double, boolean); a schema with any other is not (None) and fastavro
-handles it. ``tests/unit/test_schemas_compiled.py`` compares both with fastavro on every schema.
+handles it. ``tests/unit/schemas/test_schemas_compiled.py`` compares both with fastavro on every schema.
 """
 
 from __future__ import annotations

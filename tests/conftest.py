@@ -8,13 +8,13 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from clawr1.broker.launcher import KafkaBroker
-from clawr1.pool.store import PoolStore, quote_identifier
+from clawr1.pool.store import PoolStore
+from tests.support.pool import fresh_pool_store
 from tests.support.ports import free_port
 
 INTEGRATION = Path(__file__).resolve().parent / "integration"
@@ -58,20 +58,6 @@ def pool_dsn(tmp_path_factory: pytest.TempPathFactory) -> str:
     if external:
         return external
     return f"chdb://{tmp_path_factory.mktemp('pool-session').resolve()}"
-
-
-@contextmanager
-def fresh_pool_store(pool_dsn: str, prefix: str = "t") -> Iterator[PoolStore]:
-    """A migrated PoolStore on a fresh database (``<prefix>_<random>``) of the pool at ``pool_dsn``,
-    dropped and closed on exit; ``store.database`` names it."""
-    database = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    store = PoolStore(pool_dsn, database=database)
-    try:
-        store.migrate()
-        yield store
-    finally:
-        store.command(f"DROP DATABASE IF EXISTS {quote_identifier(database)}")
-        store.close()
 
 
 @pytest.fixture

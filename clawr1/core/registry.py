@@ -610,7 +610,7 @@ def markdown_table() -> str:
         "# Settings",
         "",
         "<!-- Generated from clawr1/core/registry.py by `clawr1 config --markdown > docs/settings.md`;",
-        "     tests/unit/test_settings_docs.py fails when this file and the registry differ. -->",
+        "     tests/unit/core/test_settings_docs.py fails when this file and the registry differ. -->",
         "",
         "Every Claw-R1 process reads these `CLAWR1_*` environment variables (command-line flags override",
         "the shared ones). A `CLAWR1_*` variable not listed here stops every process at start, naming the",

@@ -25,10 +25,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from clawr1.pool.api import pool_router
-from tests.conftest import fresh_pool_store
-from tests.integration.sdk.conftest import Pool, database_dsn, step
 from tests.support.asgi import serve_asgi
 from tests.support.distributions import requirement_closure
+from tests.support.pool import Pool, database_dsn, fresh_pool_store, step
 
 REPO = Path(__file__).resolve().parents[2]
 # Top-level folders that are not shipped: the tests themselves.

@@ -3,7 +3,7 @@ controller to SIGKILL (the supervisor starts it again after its backoff), then g
 restart of all three brokers. Every acknowledged step and answered call must be in the pool exactly once,
 a client without retries must be refused (503) for at most 15 s after the kill, topics must keep 3 copies
 (2 in sync) and each broker must catch up. One cluster for the module: starting three brokers is the slow
-part. The bench (`bench/chaos.py --kafka-nodes 3`) is the same run with its figures written out."""
+part. The bench (`python -m bench.chaos --kafka-nodes 3`) is the same run with its figures written out."""
 
 from __future__ import annotations
 

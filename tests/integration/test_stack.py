@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from tests.support.live_stack import CLAWR1, live_stack
+from tests.support.live_stack import CLAWR1, live_stack, pool_sql
 from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -41,17 +41,6 @@ def wait_for(url: str, check: Callable[[dict[str, float]], bool], timeout: float
         return last[0] if check(last[0]) else {}
 
     return wait_until(met, timeout, interval=0.5, message=lambda: f"{url} meeting the check: {last[0]}")
-
-
-def _sql(api: str, query: str) -> list[dict[str, object]]:
-    out = subprocess.run(
-        [*CLAWR1, "sql", "--api", api, "--format", "JSONEachRow", query],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    )
-    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
 
 
 def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
@@ -97,7 +86,7 @@ def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
     assert httpx.post(f"{stack['api']}/v1/steps", json=group).status_code == 202
 
     def landed() -> list[dict[str, object]]:
-        rows = _sql(
+        rows = pool_sql(
             stack["api"],
             "SELECT step_id, source_kind, trajectory_id, step_index, reward, "
             "reward_status, ready, prompt_messages FROM steps ORDER BY source_kind, step_index",
@@ -116,7 +105,7 @@ def test_stack_carries_every_way_in_to_the_pool(stack: dict[str, str]) -> None:
         f"g-{i}" for i in range(len(GROUP))
     ]
     assert all(SECRET not in json.dumps(r) for r in rows)
-    leaked = _sql(
+    leaked = pool_sql(
         stack["api"],
         f"SELECT count() AS n FROM steps "
         f"WHERE position(concat(prompt_messages, metadata_json), '{SECRET}') > 0",
@@ -146,13 +135,13 @@ def test_stack_merges_a_prompt_group_into_an_exact_prefix_tree(stack: dict[str, 
     )
 
     def merged() -> list[dict[str, object]]:
-        savings = _sql(stack["api"], query)
+        savings = pool_sql(stack["api"], query)
         return savings if savings and int(str(savings[0]["total_tokens"])) == sum(map(len, sequences)) else []
 
     savings = wait_until(merged, 120, interval=1, message="the group's prefix-tree savings in the pool")
     assert int(str(savings[0]["total_tokens"])) == sum(map(len, sequences))
     assert int(str(savings[0]["tree_tokens"])) == distinct_prefixes
-    stored = _sql(
+    stored = pool_sql(
         stack["api"], "SELECT sum(length(token_ids)) AS n FROM prefix_nodes WHERE scope_id = 'tree'"
     )
     assert int(str(stored[0]["n"])) == distinct_prefixes, (

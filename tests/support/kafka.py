@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
-from clawr1.core.kafka_io import make_consumer
+from clawr1.core.kafka_io import make_consumer, make_producer
 from clawr1.schemas.codec import AvroCodec, CodecError, codec_for
 from tests.support.waiting import wait_until
 
@@ -148,3 +148,17 @@ def wait_committed(bootstrap: str, group: str, topics: Sequence[str], timeout: f
 
     wait_until(caught_up, timeout, interval=0.3,
                message=lambda: f"group {group} still has {lags[0]} uncommitted messages on {list(topics)}")
+
+
+def produce(bootstrap: str, topic: str, messages: Iterable[tuple[str, str, dict[str, Any] | bytes]]) -> int:
+    """Produce (key, schema, record-or-raw-bytes) messages; returns how many were acknowledged."""
+    codec = codec_for()
+    producer = make_producer(bootstrap)
+    count = 0
+    for key, schema, payload in messages:
+        value = payload if isinstance(payload, bytes) else codec.encode(schema, payload)
+        producer.produce(topic, key=key.encode(), value=value)
+        producer.poll(0)
+        count += 1
+    assert producer.flush(30) == 0, "messages left unacknowledged"
+    return count

@@ -3,6 +3,7 @@ optionally the stand-in engine upstream, and a clean stop on SIGINT at the end."
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -92,3 +93,10 @@ def live_stack(data_dir: Path, env: Mapping[str, str] | None = None,
             yield stack
     finally:
         stopped(engine)
+
+
+def pool_sql(api: str, query: str) -> list[dict[str, object]]:
+    """``query`` through ``clawr1 sql --api`` as a user runs it against the stack: the rows as dicts."""
+    out = subprocess.run([*CLAWR1, "sql", "--api", api, "--format", "JSONEachRow", query],
+                         capture_output=True, text=True, check=True, timeout=60)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]

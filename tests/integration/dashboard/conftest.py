@@ -20,8 +20,8 @@ from clawr1.dashboard.decoding import TokenDecoder
 from clawr1.pool.consumer_tables import COMMITS_TABLE, POSITIONS_TABLE
 from clawr1.pool.store import PoolStore
 from clawr1.sinks.rows import DLQ_ROUTE, FEEDBACK_ROUTE, PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, TableRoute
-from tests.conftest import fresh_pool_store
-from tests.integration.pool.records import record
+from tests.support.pool import fresh_pool_store
+from tests.support.records import record
 
 T0 = 1_760_000_000_000  # a multiple of every bucket width up to a minute
 SECOND = 1000

@@ -13,7 +13,7 @@ from clawr1.dashboard.decoding import load_decoder
 from clawr1.pool.store import PoolStore
 from clawr1.sinks.rows import STEPS_ROUTE
 from tests.integration.dashboard.conftest import MESSAGES, T0, client_for, insert, step
-from tests.integration.streams.events import build_tokenizer
+from tests.support.events import build_tokenizer
 
 
 def test_a_trajectory_lists_its_steps_in_order_with_their_feedback(client: TestClient) -> None:

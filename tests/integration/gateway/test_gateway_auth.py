@@ -12,7 +12,7 @@ import pytest
 from clawr1.core.settings import Settings
 from clawr1.gateway.app import create_app
 from clawr1.gateway.server import InsecureBindError, serve
-from tests.integration.gateway.conftest import LiveGateway, running_gateway
+from tests.support.gateway import LiveGateway, running_gateway
 from tests.support.ports import free_port
 
 KEYS = "trainer:key-trainer-1:steps|feedback,svc:key-svc-2:events,rater:key-rater-3:feedback"

@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.settings import Settings
 from clawr1.gateway.config import DELIVERY_TIMEOUT_ENV, MAX_IN_FLIGHT_ENV
-from tests.integration.gateway.conftest import running_gateway, wait_healthy
+from tests.support.gateway import running_gateway, wait_healthy
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 

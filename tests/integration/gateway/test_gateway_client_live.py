@@ -11,8 +11,8 @@ from pathlib import Path
 from clawr1.core.settings import Settings
 from clawr1.gateway.app import create_app
 from clawr1.gateway.client import GatewayClient
-from tests.integration.gateway.conftest import TEST_PARTITIONS, LiveGateway, read_topic, unique_topics
 from tests.support.asgi import AsgiServer
+from tests.support.gateway import TEST_PARTITIONS, LiveGateway, read_topic, unique_topics
 from tests.support.ports import free_port
 
 

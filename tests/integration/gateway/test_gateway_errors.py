@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.gateway.conftest import LiveGateway
+from tests.support.gateway import LiveGateway
 
 GOOD = {"trajectory_id": "t", "step_index": 0, "prompt_token_ids": [1], "response_token_ids": [2]}
 

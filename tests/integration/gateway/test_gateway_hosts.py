@@ -10,8 +10,8 @@ import pytest
 
 from clawr1.core.settings import Settings
 from clawr1.dashboard.api import dashboard_page_router, dashboard_router
-from tests.conftest import fresh_pool_store
-from tests.integration.gateway.conftest import LiveGateway, running_gateway
+from tests.support.gateway import LiveGateway, running_gateway
+from tests.support.pool import fresh_pool_store
 
 PATHS = ["/healthz", "/dashboard", "/dashboard/assets/app.js", "/v1/dashboard/summary", "/openapi.json"]
 

@@ -11,7 +11,7 @@ import httpx
 
 from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings
-from tests.integration.gateway.conftest import TEST_PARTITIONS, LiveGateway, message_count, running_gateway
+from tests.support.gateway import TEST_PARTITIONS, LiveGateway, message_count, running_gateway
 
 
 def step(trajectory: str, index: int, **extra: Any) -> dict[str, Any]:

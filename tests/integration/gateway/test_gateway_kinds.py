@@ -19,9 +19,8 @@ from clawr1.dashboard.api import dashboard_page_router, dashboard_router
 from clawr1.gateway.metrics import metrics_router
 from clawr1.pool.api import pool_router
 from clawr1.pool.store import PoolStore
-from tests.conftest import fresh_pool_store
-from tests.integration.gateway.conftest import LiveGateway, running_gateway
-from tests.integration.sdk.conftest import Pool, database_dsn, step
+from tests.support.gateway import LiveGateway, running_gateway
+from tests.support.pool import Pool, database_dsn, fresh_pool_store, step
 
 KEYS = {  # kind -> (key name, secret); "" is an entry without kinds
     "steps": ("agent", "key-steps"), "feedback": ("rater", "key-feedback"), "events": ("svc", "key-events"),

@@ -22,7 +22,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from clawr1.core.registry import OTLP_JOIN_WAIT_S
 from clawr1.core.settings import Settings
 from clawr1.gateway.otlp.events import NO_CONTENT_NOTE
-from tests.integration.gateway.conftest import LiveGateway, running_gateway
+from tests.support.gateway import LiveGateway, running_gateway
 from tests.support.waiting import wait_until
 
 PROTOBUF = {"Content-Type": "application/x-protobuf", "Content-Encoding": "gzip"}

@@ -20,7 +20,7 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.config._checks import NEGATIVE_DATA_REJECTION_EXPECTED_STATUSES
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.integration.gateway.conftest import LiveGateway
+from tests.support.gateway import LiveGateway
 
 EXAMPLES_PER_OPERATION_AND_MODE = 50
 # schemathesis's default rejection statuses, plus 413 for a body over the gateway's size limit.

@@ -28,8 +28,8 @@ from clawr1.sinks.rows import (
     sink_dead_letter_row,
     step_row,
 )
-from tests.integration.pool.records import record, step
 from tests.support.asgi import serve_asgi
+from tests.support.records import record, step
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "pool.md"
 NOW = 1_760_000_000_000

@@ -6,7 +6,7 @@ from __future__ import annotations
 from clawr1.pool.migrations import ID_COLUMNS, POOL_MIGRATIONS, STEP_LOOKUP, id_lookup_sql, split_statements
 from clawr1.pool.sql import AnalystSql
 from clawr1.pool.store import PoolStore
-from tests.integration.pool.test_pool_indexes import granules
+from tests.support.pool import granules
 
 STEPS = 200_000
 PROMPT_STEPS = range(123456, 123460)  # the four steps sharing prompt-30864

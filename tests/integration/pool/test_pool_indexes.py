@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 
 import pytest
 
 from clawr1.pool.store import PoolStore
-from tests.conftest import fresh_pool_store
+from tests.support.pool import fresh_pool_store, granules
 
 STEPS = 1_000_000
 GENERATE = f"""
@@ -31,19 +30,6 @@ def million_steps(pool_dsn: str) -> Iterator[PoolStore]:
     with fresh_pool_store(pool_dsn) as store:
         store.command(GENERATE)
         yield store
-
-
-def granules(store: PoolStore, sql: str) -> dict[str, tuple[int, int]]:
-    """Per index (PrimaryKey or skip index name): granules kept / granules before it."""
-    plan = "\n".join(r["explain"] for r in store.query(f"EXPLAIN indexes = 1 {sql}"))
-    found: dict[str, tuple[int, int]] = {}
-    for block in re.split(r"\n\s*(?=PrimaryKey\b|Skip\b|PrimaryKeyExpand\b)", plan):
-        kind = block.strip().split()[0] if block.strip() else ""
-        name = re.search(r"Name: (\w+)", block)
-        counts = re.search(r"Granules: (\d+)/(\d+)", block)
-        if kind in ("PrimaryKey", "Skip") and counts:
-            found[name.group(1) if (kind == "Skip" and name) else kind] = (int(counts[1]), int(counts[2]))
-    return found
 
 
 def test_lookups_by_id_and_flags_skip_almost_all_granules(million_steps: PoolStore) -> None:

@@ -9,9 +9,9 @@ import orjson
 
 from clawr1.core.settings import Settings
 from clawr1.pool.store import PoolStore
-from tests.integration.pool.kafka_helpers import produce
-from tests.integration.pool.records import record, step
-from tests.integration.pool.test_pool_sink import sink_config, sink_until_committed
+from tests.support.kafka import produce
+from tests.support.pool import sink_config, sink_until_committed
+from tests.support.records import record, step
 
 TRAJECTORY = "t-expired"
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 from clawr1.core.settings import Settings
@@ -15,38 +14,11 @@ from clawr1.pool.store import PoolStore
 from clawr1.schemas.codec import codec_for, pack_record
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.pool_sink import EXIT_AFTER_INSERT_CODE
-from clawr1.sinks.runner import run_sink
-from tests.integration.pool.kafka_helpers import produce
-from tests.integration.pool.records import record, step
-from tests.support.kafka import committed_lag, wait_committed
+from tests.support.kafka import committed_lag, produce, wait_committed
+from tests.support.pool import sink_config, sink_until_committed
+from tests.support.records import record, step
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def sink_config(unique: str, **overrides: object) -> SinkConfig:
-    return SinkConfig(steps_topic=f"steps.{unique}", prefix_nodes_topic=f"prefix.{unique}",
-                      dlq_topic=f"dlq.{unique}", feedback_topic=f"feedback.{unique}",
-                      group_id=f"sink.{unique}", batch_rows=200, batch_seconds=0.3,
-                      **overrides)  # type: ignore[arg-type]
-
-
-def topics_of(config: SinkConfig) -> list[str]:
-    return [config.steps_topic, config.prefix_nodes_topic, config.dlq_topic, config.feedback_topic]
-
-
-def sink_until_committed(settings: Settings, pool_store: PoolStore, config: SinkConfig) -> None:
-    """Run the sink in a thread until it committed everything on its topics, then stop it."""
-    stop = threading.Event()
-    ready = threading.Event()
-    worker = threading.Thread(target=run_sink, args=(settings, pool_store, stop, ready.set, config))
-    worker.start()
-    try:
-        assert ready.wait(30), "the sink never became ready"
-        wait_committed(settings.kafka_bootstrap, config.group_id, topics_of(config))
-    finally:
-        stop.set()
-        worker.join(30)
-    assert not worker.is_alive()
 
 
 def test_sink_stores_every_topic_and_dead_letters_bad_messages(

@@ -12,7 +12,7 @@ from clawr1.pool.store import PoolStore
 from clawr1.schemas.codec import pack_record
 from clawr1.sinks.columns import ColumnPlan
 from clawr1.sinks.rows import PREFIX_NODES_ROUTE, STEPS_ROUTE, Origin, RowError, TableRoute
-from tests.integration.pool.records import record, step
+from tests.support.records import record, step
 
 AT = Origin("clawr1.steps", 3, 70, None, None)
 STAMP = 1_760_000_009_000

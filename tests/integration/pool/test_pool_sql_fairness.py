@@ -28,6 +28,7 @@ KINDS = {"alice": "read", "bob": "read", "carol": "read", "trainer": "consume"}
 # engine seconds each (editDistance is quadratic): the engine's own limit is only checked after it.
 SLOW = ("SELECT editDistance(repeat('a', 20000), repeat('b', 20000 + n)) AS d "
         "FROM (SELECT arrayJoin(range(20)) AS n)")  # ~0.3 s a row here: well past the 2 s limit
+SLOW_FRAGMENT = "editDistance(repeat('a', 20000)"  # how system.processes shows SLOW
 # Rows of a fraction of a second each, one block per row for analysts here: a kill lands within a row.
 LONG = "SELECT editDistance(repeat('a', 12000), repeat('b', 12000 + number)) AS d FROM numbers(200)"
 
@@ -73,9 +74,9 @@ def test_pools_shares_and_the_time_limit_inside_one_block(api: Api) -> None:
     single block was slow ran 38.8 s against a 30 s limit."""
     with ThreadPoolExecutor(2) as slow:
         alice = slow.submit(api.sql, "alice", SLOW)
-        time.sleep(0.5)
+        wait_until(lambda: api.running(SLOW_FRAGMENT) == 1, 10, interval=0.2, message="alice's query running")
         bob = slow.submit(api.sql, "bob", SLOW + " WHERE 1")
-        time.sleep(1.0)
+        wait_until(lambda: api.running(SLOW_FRAGMENT) == 2, 10, interval=0.2, message="bob's query running")
         status, text, _ = api.sql("alice", "SELECT 1")
         assert status == 429 and "its share" in text, text  # alice holds her share (1 of 2)
         status, text, _ = api.sql("carol", "SELECT 1")
@@ -88,7 +89,7 @@ def test_pools_shares_and_the_time_limit_inside_one_block(api: Api) -> None:
             assert took < 2.0 + 3.0, f"answered after {took:.1f} s, the limit is 2 s"
     # The slots come back once the engine has stopped the killed queries (each stops at its block's end).
     wait_until(lambda: api.sql("carol", "SELECT 1")[0] == 200
-               and not api.running("editDistance(repeat('a', 20000)"), 60, interval=0.5,
+               and not api.running(SLOW_FRAGMENT), 60, interval=0.5,
                message="the killed queries stopping and the analysts' sessions coming back")
 
 

@@ -14,7 +14,7 @@ from clawr1.sinks.batch import TableRows
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.pool_sink import PoolSink
 from clawr1.sinks.rows import STEP_COLUMNS, Origin, step_row
-from tests.integration.pool.records import step
+from tests.support.records import step
 
 ORIGIN = Origin("clawr1.steps", 0, 0, None, None)
 

@@ -11,7 +11,8 @@ import pytest
 
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
-from tests.integration.proxy.helpers import (
+from tests.support.ports import free_port
+from tests.support.proxy import (
     EmbeddedProxy,
     LoopThread,
     Standin,
@@ -20,7 +21,6 @@ from tests.integration.proxy.helpers import (
     server_context,
     start_standin,
 )
-from tests.support.ports import free_port
 
 
 @pytest.fixture(scope="package")

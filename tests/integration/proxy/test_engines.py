@@ -21,7 +21,9 @@ from clawr1.consumer_sdk import EngineControl, PoolRequestError
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL, StandinEngine
 from clawr1.proxy.config import PROCESSES_ENV
-from tests.integration.proxy.helpers import (
+from tests.support.metrics import scrape, total
+from tests.support.ports import free_port
+from tests.support.proxy import (
     EmbeddedProxy,
     LoopThread,
     ProxyProcess,
@@ -30,8 +32,6 @@ from tests.integration.proxy.helpers import (
     marked,
     start_standin,
 )
-from tests.support.metrics import scrape, total
-from tests.support.ports import free_port
 from tests.support.waiting import wait_until
 
 AGENTS = 8

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from clawr1.demo.standin_engine import DEFAULT_MODEL, make_reply, render_prompt
-from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, client_context, marked
+from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, client_context, marked
 
 SECRET = "sk-proj-explicit-secret-77aa"
 

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from clawr1.demo.standin_engine import DEFAULT_MODEL
-from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
+from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, marked
 
 
 def chat(marker: str, stream: bool = False) -> dict:

@@ -12,7 +12,7 @@ import openai
 
 from clawr1.demo.standin_engine import DEFAULT_MODEL, REFUSAL, make_reply, render_prompt
 from clawr1.proxy.token_ids import SGLEXT_HEADERS
-from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
+from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, marked
 
 SECRET = "sk-proj-fidelity-secret-31c9"
 

@@ -16,8 +16,9 @@ from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL
-from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader
 from tests.support.ports import free_port
+from tests.support.proxy import ProxyProcess, Standin, TopicReader
+from tests.support.waiting import holds_for
 
 
 @pytest.fixture
@@ -87,7 +88,8 @@ def test_outage_and_proxy_restart_lose_and_duplicate_nothing(
                 agent.call()
             own_broker.start()
             reader.wait_for(lambda r: True, count=20, timeout=90)
-            time.sleep(3)  # room for a duplicate to show up
+            holds_for(lambda: len(reader.events()) <= 20, 3,  # room for a duplicate to show up
+                      message=lambda: f"{len(reader.events())} records of 20 calls")
 
         recorded = [next(m for m in agent.markers if m in e.record["request_body"]) for e in reader.events()]
         assert Counter(recorded) == Counter(agent.markers)  # every call exactly once

@@ -10,7 +10,7 @@ import uuid
 import httpx
 
 from clawr1.demo.standin_engine import DEFAULT_MODEL
-from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
+from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, marked
 
 HF = "hf_" + "Q7x" * 12
 GITHUB = "ghp_" + "Zk4" * 12

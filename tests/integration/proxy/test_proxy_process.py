@@ -17,7 +17,8 @@ import pytest
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL
-from tests.integration.proxy.helpers import (
+from tests.support.ports import free_port
+from tests.support.proxy import (
     REPO_ROOT,
     ProxyProcess,
     Standin,
@@ -25,7 +26,6 @@ from tests.integration.proxy.helpers import (
     marked,
     settings_env,
 )
-from tests.support.ports import free_port
 
 SECRET = "sk-proj-process-secret-1b2c"
 
@@ -89,7 +89,7 @@ def test_a_busy_port_fails_fast_with_the_reason(tmp_path: Path, kafka_bootstrap:
         port = busy.getsockname()[1]
         settings = Settings(data_dir=tmp_path, kafka_bootstrap=kafka_bootstrap, proxy_port=port)
         result = subprocess.run(
-            [sys.executable, "-m", "tests.integration.proxy.proxy_process", "clawr1.test.unused", "1"],
+            [sys.executable, "-m", "tests.support.proxy_process", "clawr1.test.unused", "1"],
             cwd=REPO_ROOT,
             env={**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO_ROOT)},
             capture_output=True,
@@ -108,7 +108,7 @@ def test_a_busy_metrics_port_fails_at_start_naming_its_setting(tmp_path: Path, k
         settings = Settings(data_dir=tmp_path, kafka_bootstrap=kafka_bootstrap, proxy_port=free_port(),
                             proxy_metrics_port=port)
         result = subprocess.run(
-            [sys.executable, "-m", "tests.integration.proxy.proxy_process", "clawr1.test.unused", "1"],
+            [sys.executable, "-m", "tests.support.proxy_process", "clawr1.test.unused", "1"],
             cwd=REPO_ROOT,
             env={**os.environ, **settings_env(settings), "PYTHONPATH": str(REPO_ROOT)},
             capture_output=True,

@@ -13,10 +13,10 @@ import httpx
 from clawr1.core.settings import Settings
 from clawr1.demo.standin_engine import DEFAULT_MODEL
 from clawr1.proxy.config import PROCESSES_ENV
-from tests.integration.proxy.helpers import ProxyProcess, Standin, TopicReader, marked
 from tests.support.kafka import read_topic
 from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
+from tests.support.proxy import ProxyProcess, Standin, TopicReader, marked
 from tests.support.waiting import wait_until
 
 

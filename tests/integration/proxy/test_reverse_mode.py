@@ -23,7 +23,7 @@ from clawr1.demo.standin_engine import (
     toy_logprob,
 )
 from clawr1.proxy.chains import UNKNOWN_PARENT_NOTE
-from tests.integration.proxy.helpers import EmbeddedProxy, Standin, TopicReader, marked
+from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, marked
 
 SECRET = "sk-proj-test-secret-4f9d2c7e1a"
 TOOLS = [

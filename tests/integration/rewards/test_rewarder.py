@@ -13,8 +13,8 @@ import pytest
 from clawr1.core.kafka_io import ensure_topics, make_consumer, make_producer
 from clawr1.rewards.worker import Rewarder, RewarderConfig, feedback_id_of
 from clawr1.schemas.codec import AvroCodec
-from tests.integration.pool.records import step as step_record
 from tests.support.kafka import TopicFollower
+from tests.support.records import step as step_record
 from tests.support.waiting import wait_until
 
 SPEC = "clawr1.rewards.rules:math_answer"

@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.test_stack import _sql
-from tests.support.live_stack import clawr1_up
+from tests.support.live_stack import clawr1_up, pool_sql
 from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
 from tests.support.waiting import wait_until
@@ -35,7 +34,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, rewarder_metrics: str) -> It
 
 def _rows(api: str, query: str, want: int, timeout: float = 120.0) -> list[dict[str, object]]:
     def enough() -> list[dict[str, object]]:
-        rows = _sql(api, query)
+        rows = pool_sql(api, query)
         return rows if len(rows) >= want else []
 
     return wait_until(enough, timeout, interval=1, message=f"{query!r} gave fewer than {want} rows")
@@ -67,7 +66,7 @@ def test_rewarder_scores_completed_trajectories_into_the_pool(stack: str, reward
     assert [(r["trajectory_id"], r["step_index"], r["trajectory_reward"]) for r in rewarded] == [
         ("rw-right", 0, 1.0), ("rw-right", 1, 1.0), ("rw-wrong", 0, 0.0)]
     assert {r["trajectory_reward_status"] for r in rewarded} == {"final"}
-    feedback = _sql(stack, "SELECT target_id, source, source_name FROM feedback "
+    feedback = pool_sql(stack, "SELECT target_id, source, source_name FROM feedback "
                            "WHERE target_id IN ('rw-right', 'rw-wrong', 'rw-broken') ORDER BY target_id")
     assert [(r["target_id"], r["source"], r["source_name"]) for r in feedback] == [
         ("rw-right", "reward_fn", SPEC), ("rw-wrong", "reward_fn", SPEC)]

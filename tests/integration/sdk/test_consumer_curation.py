@@ -15,7 +15,7 @@ from clawr1.consumer_sdk import (
     load_preset,
     save_preset,
 )
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 
 T0 = 1_760_000_000_000
 

@@ -15,7 +15,8 @@ from clawr1.consumer_sdk.delivery import LATE_CHECK_S
 from clawr1.pool.consumer_tables import CURSORS_TABLE
 from clawr1.pool.migrations import DELIVERY_LOG, POOL_MIGRATIONS, apply_migrations, split_statements
 from clawr1.pool.store import PoolStore
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
+from tests.support.waiting import outlast
 
 T0 = 1_760_000_000_000
 
@@ -94,8 +95,9 @@ def test_an_entry_that_became_visible_late_is_still_read(pool: Pool, source: str
         consumer.commit()
         _copy_of(pool, "a", "0-late")
         assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]
+        checked_at = time.monotonic()
         consumer.commit()
-        time.sleep(LATE_CHECK_S)
+        outlast(LATE_CHECK_S, since=checked_at)
         assert not consumer.poll(max_steps=10)  # a check read, which leaves out what was handed out
 
 
@@ -115,10 +117,11 @@ def test_a_late_entry_is_read_however_long_the_member_was_away(
     try:
         assert list(consumer.poll(max_steps=10).step_ids) == ["a", "b"]
         consumer.commit()
+        away_since = time.monotonic()
         if restart:
             consumer.close()
         _copy_of(pool, "a", "0-late")
-        time.sleep(2.0)  # the allowance (1.5 s) passes
+        outlast(delivery.LATE_ARRIVAL_MS / 1000, since=away_since)  # away for longer than the allowance
         if restart:
             consumer = PoolConsumer(source, "away")
         assert list(consumer.poll(max_steps=10, timeout=LATE_CHECK_S * 3).step_ids) == ["0-late"]

@@ -18,7 +18,7 @@ from clawr1.consumer_sdk import (
     UsageError,
 )
 from clawr1.pool.store import PoolStore
-from tests.integration.sdk.conftest import Pool, database_dsn, sdk_direct_source, step
+from tests.support.pool import Pool, database_dsn, sdk_direct_source, step
 from tests.support.ports import free_port
 
 

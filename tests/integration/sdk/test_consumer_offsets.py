@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clawr1.consumer_sdk import PoolConsumer
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[3]

@@ -18,8 +18,8 @@ from clawr1.consumer_sdk import PoolConsumer, PoolUnavailable
 from clawr1.consumer_sdk.source import parse_source
 from clawr1.consumer_sdk.transport import Transport, open_transport
 from clawr1.pool.consumer_tables import COMMITS_TABLE
-from tests.integration.sdk.conftest import Pool, step
-from tests.support.waiting import wait_until
+from tests.support.pool import Pool, step
+from tests.support.waiting import holds_for, outlast, wait_until
 
 
 def ids(n: int, prefix: str = "s") -> list[str]:
@@ -95,8 +95,9 @@ def test_read_ahead_older_than_its_limit_is_read_again(pool: Pool, source: str,
     with PoolConsumer(source, "aged", read_ahead=4) as consumer:
         consumer.poll(max_steps=2)
         consumer.poll(max_steps=2)  # s04.. read ahead with reward 0.1
+        read_at = time.monotonic()
         pool.write(step("s04", version=2, reward=0.9), step("s05", version=2, ready=False))
-        time.sleep(0.3)
+        outlast(consumer_module.READ_AHEAD_MAX_AGE_S, since=read_at)
         # Read again: s05 is no longer ready, s04 comes in its new version, which became ready last.
         assert list(consumer.poll(max_steps=2).step_ids) == ["s06", "s07"]
         batch = consumer.poll(max_steps=2)
@@ -138,8 +139,8 @@ def test_commits_are_written_in_the_background_every_few_commits(
     with PoolConsumer(source, "periodic") as consumer:
         assert consumer.commit(consumer.poll(max_steps=2)) == 2
         assert consumer.uncommitted == 0
-        time.sleep(0.3)
-        assert committed_rows(pool, "periodic") == 0  # recorded, not written yet
+        holds_for(lambda: committed_rows(pool, "periodic") == 0, 0.3,
+                  message="a commit written before the second one")  # recorded, not written yet
         assert list(consumer.poll(max_steps=2).step_ids) == ids(6)[2:4]  # never handed out again here
         consumer.commit()  # the second commit: both are written now, in the background
         wait_until(lambda: committed_rows(pool, "periodic") == 4, 10)

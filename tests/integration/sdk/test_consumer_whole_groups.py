@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from clawr1.consumer_sdk import PoolConsumer
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 
 
 def grouped(group: str, trajectory: str, index: int, size: int | None = 2, **fields: Any) -> dict[str, Any]:

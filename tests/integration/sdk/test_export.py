@@ -10,7 +10,7 @@ import pytest
 
 from clawr1.consumer_sdk import PoolConsumer, export_dataset
 from clawr1.consumer_sdk.errors import UsageError
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
 
 
 def test_export_writes_the_snapshot_at_the_watermark_in_shards(pool: Pool, api_url: str,

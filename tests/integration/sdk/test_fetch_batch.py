@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import numpy as np
 
 from clawr1.consumer_sdk import PoolConsumer, save_preset
-from tests.integration.sdk.conftest import Pool, step
+from tests.support.pool import Pool, step
+from tests.support.waiting import holds_for
 
 
 def rollout(group: str, trajectory: str, index: int, *, created: int, **fields: Any) -> dict[str, Any]:
@@ -43,8 +43,7 @@ def test_fetch_batch_blocks_until_groups_complete_then_returns_them_fifo(pool: P
         assert not c.fetch_batch(2, n_rollouts=2, timeout=0.3)  # only B is complete
         fetching = threading.Thread(target=lambda: got.setdefault("batch", c.fetch_batch(2, n_rollouts=2)))
         fetching.start()
-        time.sleep(1.0)
-        assert fetching.is_alive(), "fetch_batch returned before two groups were complete"
+        holds_for(fetching.is_alive, 1.0, message="fetch_batch returned before two groups were complete")
         pool.write(rollout("A", "a", 1, created=2), rollout("A", "b", 0, created=3))
         fetching.join(30)
         assert not fetching.is_alive()

@@ -17,7 +17,6 @@ import pytest
 from clawr1.core.kafka_io import ensure_topics, make_producer
 from clawr1.streams.config import StreamTopics
 from clawr1.streams.worker import READY_LINE
-from tests.integration.streams.events import build_tokenizer
 from tests.integration.streams.mix import (
     EXPECTED_DEAD_LETTERS,
     EXPECTED_SCOPE_VERSIONS,
@@ -25,6 +24,7 @@ from tests.integration.streams.mix import (
     MIX,
     Raw,
 )
+from tests.support.events import build_tokenizer
 from tests.support.kafka import TopicFollower
 from tests.support.waiting import wait_until
 

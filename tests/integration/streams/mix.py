@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from clawr1.core.conversation import conversation_key
 from clawr1.schemas.codec import pack_record
-from tests.integration.streams.events import (
+from tests.support.events import (
     CODEC,
     assistant,
     feedback,

@@ -13,8 +13,8 @@ from clawr1.core.progress import group_offsets, group_reader
 from clawr1.core.registry import MAX_LAG_S, STREAMS_APP_ID
 from clawr1.core.settings import Settings
 from clawr1.gateway.config import GatewayTopics
-from tests.integration.gateway.conftest import running_gateway
 from tests.integration.streams.conftest import Outputs, WorkerRun
+from tests.support.gateway import running_gateway
 from tests.support.steps import make_step
 from tests.support.waiting import wait_until
 

@@ -28,10 +28,10 @@ from openai import AsyncOpenAI, OpenAI
 
 from clawr1.core.kafka_io import make_producer
 from clawr1.core.settings import Settings
-from tests.integration.proxy.helpers import EmbeddedProxy, LoopThread, TopicReader, start_standin
 from tests.integration.streams.conftest import Outputs, WorkerRun
-from tests.integration.streams.events import CODEC, feedback, llm_call, llm_key
+from tests.support.events import CODEC, feedback, llm_call, llm_key
 from tests.support.ports import free_port
+from tests.support.proxy import EmbeddedProxy, LoopThread, TopicReader, start_standin
 
 TOOLS = [{"type": "function", "function": {"name": "search", "description": "search the corpus",
                                            "parameters": {"type": "object",

@@ -21,7 +21,7 @@ from clawr1.dashboard.conversation import (
     turns,
 )
 from clawr1.dashboard.decoding import TokenDecoder, load_decoder, tokenizer_file_identity
-from tests.integration.streams.events import build_tokenizer
+from tests.support.events import build_tokenizer
 
 SYSTEM = {"role": "system", "content": "be brief"}
 USER = {"role": "user", "content": "find x"}

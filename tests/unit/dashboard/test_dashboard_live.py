@@ -11,6 +11,7 @@ import pytest
 
 from clawr1.dashboard.live import KEEPALIVE, LiveBusy, LiveFeed, LiveLimits, sse
 from clawr1.pool.store import PoolError
+from tests.support.waiting import holds_for_async, wait_until_async
 
 
 class Pool:
@@ -38,15 +39,15 @@ def test_one_computation_a_poll_for_every_stream() -> None:
         streams = [feed.subscribe(f"key-{i % 3}") for i in range(60)]
         firsts = await asyncio.gather(*(take(s, 1) for s in streams))
         assert all(first == [sse("pulse", {"steps": 1})] for first in firsts)
-        await asyncio.sleep(0.5)
-        assert pool.calls <= 12, f"{pool.calls} pulse computations for 60 streams in ~10 polls"
+        await holds_for_async(lambda: pool.calls <= 12, 0.5,
+                              message=lambda: f"{pool.calls} pulse computations for 60 streams in ~10 polls")
         pool.answer = {"steps": 2}
         changed = await asyncio.gather(*(take(s, 1) for s in streams))
         assert changed == [[sse("pulse", {"steps": 2})]] * 60
         for stream in streams:
             await stream.aclose()  # type: ignore[attr-defined]
-        await asyncio.sleep(0.2)
-        assert feed.open_streams == 0 and feed._task is not None and feed._task.done()
+        await wait_until_async(lambda: not feed.open_streams and feed._task is not None and feed._task.done(),
+                               5, message="the feed stopping once its last stream closed")
 
     asyncio.run(main())
 

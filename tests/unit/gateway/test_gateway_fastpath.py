@@ -261,7 +261,7 @@ def test_minted_step_ids_are_routable_to_their_trajectory() -> None:
 
 def test_with_a_schema_registry_a_fast_path_envelope_is_framed_by_the_registry() -> None:
     from clawr1.schemas.codec import AvroCodec
-    from tests.unit.schema_registry_stub import RegistryStub
+    from tests.support.schema_registry import RegistryStub
 
     with RegistryStub(first_id=258) as registry:
         codec = AvroCodec(registry.url)

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
+from tests.support.waiting import wait_until_async
 
 
 class Producer:
@@ -69,10 +70,9 @@ async def test_a_request_returns_once_every_message_is_acknowledged(immediate: b
     producer = Producer({}, immediate)
     publisher = publisher_with(producer)
     request = asyncio.create_task(publisher.publish(messages(*[b"m%d" % i for i in range(100)])))
-    await asyncio.sleep(0.05)
-    assert request.done() == immediate
+    await wait_until_async(lambda: len(producer.partitions) == 100, 5.0, message="every message produced")
     if not immediate:
-        assert publisher._in_flight == 100
+        assert not request.done() and publisher._in_flight == 100  # the request waits for the reports
         producer.report_from_a_thread()
     await asyncio.wait_for(request, 5.0)
     assert publisher._in_flight == 0
@@ -86,7 +86,7 @@ async def test_a_record_too_large_wins_over_other_failures(immediate: bool) -> N
     publisher = publisher_with(producer)
     request = asyncio.create_task(publisher.publish(messages(b"ok", b"late", b"big", b"ok2")))
     if not immediate:
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: len(producer.later) == 4, 5.0, message="every message produced")
         producer.report_from_a_thread()
     with pytest.raises(RecordTooLarge):
         await asyncio.wait_for(request, 5.0)
@@ -101,11 +101,7 @@ async def test_a_timed_out_request_still_returns_its_in_flight_count() -> None:
         await publisher.publish(messages(b"a", b"b"))
     assert publisher._in_flight == 2
     producer.report_from_a_thread()
-    for _ in range(100):
-        if publisher._in_flight == 0:
-            break
-        await asyncio.sleep(0.01)
-    assert publisher._in_flight == 0
+    await wait_until_async(lambda: publisher._in_flight == 0, 1.0, message="the late reports counted")
 
 
 def envelope(value: bytes, partition: int, records: int) -> OutMessage:
@@ -117,7 +113,7 @@ async def test_envelopes_go_to_their_partition_and_count_their_records_in_flight
     producer = Producer({}, immediate)
     publisher = publisher_with(producer)
     request = asyncio.create_task(publisher.publish([envelope(b"a", 1, 50), envelope(b"b", 0, 30)]))
-    await asyncio.sleep(0.05)
+    await wait_until_async(lambda: len(producer.partitions) == 2, 5.0, message="both envelopes produced")
     assert producer.partitions == [1, 0]
     if not immediate:
         assert publisher._in_flight == 80

@@ -14,8 +14,8 @@ import clawr1.proxy.emitter as emitter_module
 from clawr1.core import kafka_io
 from clawr1.core.routing import partition_of
 from clawr1.proxy.emitter import Emitter
+from tests.support.fake_producer import Factory, FakeProducer
 from tests.support.waiting import wait_until
-from tests.unit.test_kafka_io import Factory, FakeProducer
 
 PARTITIONS = 4
 

@@ -23,7 +23,7 @@ from clawr1.proxy.token_ids import Injection
 from clawr1.schemas.codec import codec_for
 from clawr1.streams.normalize import step_status
 from clawr1.streams.turns import turn_from_llm_call
-from tests.unit.streams.test_streams_processor import Harness
+from tests.support.stream_harness import Harness
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 SECRET = "sk-proj-supersecret0123456789"

@@ -18,7 +18,7 @@ from clawr1.rewards.worker import (
     target_of,
 )
 from clawr1.schemas.codec import AvroCodec
-from tests.integration.pool.records import step as step_record
+from tests.support.records import step as step_record
 
 
 def step(**fields: Any) -> dict[str, Any]:

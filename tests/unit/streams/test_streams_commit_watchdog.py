@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable
 from types import SimpleNamespace
 
@@ -15,7 +14,7 @@ import pytest
 
 from clawr1.streams import commit_watchdog
 from clawr1.streams.commit_watchdog import EXIT_CODE, CommitWatchdog
-from tests.support.waiting import wait_until
+from tests.support.waiting import holds_for, wait_until
 
 
 def _block_until_reported(watchdog: CommitWatchdog, commit: Callable[[threading.Event], object],
@@ -49,7 +48,7 @@ def test_commits_that_return_are_left_alone_and_pass_their_result_through() -> N
     try:
         commit = watchdog.watch(lambda force=False: ("committed", force))
         results = [commit(force=n % 2 == 0) for n in range(2000)]
-        time.sleep(1.6)  # longer than the limit, with no commit running
+        holds_for(lambda: not overruns, 1.6, message="an overrun reported")  # no commit running past 1.5 s
     finally:
         watchdog.stop()
     assert results[:2] == [("committed", True), ("committed", False)] and not overruns

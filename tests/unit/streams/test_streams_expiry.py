@@ -11,8 +11,8 @@ from clawr1.core.routing import key_hash, partition_of, routable_id
 from clawr1.streams import expiry, messages
 from clawr1.streams.expiry import Clock, Wheel
 from clawr1.streams.store import Store
-from tests.integration.streams.events import assistant, feedback, llm_call, user, whitebox_step
-from tests.unit.streams.test_streams_processor import PARTITIONS, CountingStore, Harness
+from tests.support.events import assistant, feedback, llm_call, user, whitebox_step
+from tests.support.stream_harness import PARTITIONS, CountingStore, Harness
 
 TTL_MS = Harness().config.state_ttl_s * 1000
 

@@ -24,7 +24,7 @@ from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_tu
 from clawr1.streams.readiness import ReadinessRule
 from clawr1.streams.rewards import feedback_fact
 from clawr1.streams.turns import turn_from_llm_call
-from tests.integration.streams.events import feedback, llm_call, user, whitebox_step
+from tests.support.events import feedback, llm_call, user, whitebox_step
 
 RULE = ReadinessRule()
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from clawr1.streams.linking import Assignment, Linked, LinkState, link_turn, step_ids_of
 from clawr1.streams.turns import InvalidEvent, Turn, turn_from_llm_call, turn_from_service_event
-from tests.integration.streams.events import assistant, llm_call, service_event, user
+from tests.support.events import assistant, llm_call, service_event, user
 
 SYSTEM = {"role": "system", "content": "be brief"}
 TASK = [SYSTEM, user("task")]

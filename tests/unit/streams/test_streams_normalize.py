@@ -12,7 +12,7 @@ from clawr1.streams.linking import Assignment, LinkState, link_turn
 from clawr1.streams.normalize import step_from_whitebox, steps_from_turn
 from clawr1.streams.tokenization import Retokenizer, render_prompt, render_response
 from clawr1.streams.turns import InvalidEvent, Turn, _token_ids, turn_from_llm_call, turn_from_service_event
-from tests.integration.streams.events import build_tokenizer, llm_call, service_event, user, whitebox_step
+from tests.support.events import build_tokenizer, llm_call, service_event, user, whitebox_step
 
 FIRST = [Assignment("T", 0, None)]
 

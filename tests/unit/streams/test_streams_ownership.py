@@ -11,8 +11,8 @@ import orjson
 from clawr1.core.routing import routable_id
 from clawr1.streams.ownership import counts, may_write
 from clawr1.streams.trajectory_record import TrajectoryRecord
-from tests.integration.streams.events import feedback, whitebox_step
-from tests.unit.streams.test_streams_processor import Harness
+from tests.support.events import feedback, whitebox_step
+from tests.support.stream_harness import Harness
 
 
 def _step(trajectory: str, index: int, source: str, **fields: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import pytest
 
 from clawr1.streams.rewards import distinct_facts, feedback_fact, fold_rewards, human_score, labels_of
 from clawr1.streams.turns import InvalidEvent
-from tests.integration.streams.events import feedback
+from tests.support.events import feedback
 
 
 def fact(feedback_id: str, **kw) -> dict:  # noqa: ANN003 - test shorthand

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from clawr1.streams.rewards import feedback_fact
 from clawr1.streams.targets import Forward, Refusal, Target, TargetState, add_feedback, add_target
-from tests.integration.streams.events import feedback
+from tests.support.events import feedback
 
 WINDOW = 60_000
 FACT = feedback_fact(feedback("f1", "response", "resp-1", reward=1.0, at=100_000))

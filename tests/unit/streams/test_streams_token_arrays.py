@@ -14,8 +14,8 @@ from clawr1.schemas.batch import pack_ints
 from clawr1.schemas.codec import DecodeError, codec_for, pack_record
 from clawr1.streams.trajectory_record import TAIL_TOKENS
 from clawr1.streams.turns import InvalidEvent, turn_from_whitebox
-from tests.integration.streams.events import assistant, feedback, llm_call, llm_key, user, whitebox_step
-from tests.unit.streams.test_streams_processor import Harness
+from tests.support.events import assistant, feedback, llm_call, llm_key, user, whitebox_step
+from tests.support.stream_harness import Harness
 
 CODEC = codec_for()
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from clawr1.streams.tokenization import Retokenizer, render_prompt, render_response
-from tests.integration.streams.events import build_tokenizer
+from tests.support.events import build_tokenizer
 
 
 def test_chatml_template() -> None:

@@ -12,7 +12,7 @@ from clawr1.streams.turns import (
     turn_from_llm_call,
     turn_from_service_event,
 )
-from tests.integration.streams.events import assistant, llm_call, service_event, user
+from tests.support.events import assistant, llm_call, service_event, user
 
 
 def test_llm_call_becomes_a_turn_with_one_reply_per_choice() -> None:

@@ -20,7 +20,7 @@ from functools import cache
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOP = "clawr1"
 # The installed packages, as pyproject.toml lists them: one top-level name.
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

@@ -21,7 +21,7 @@ from packaging.utils import canonicalize_name
 
 from tests.support.distributions import requirement_closure
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 # The folders each role's extra runs: the API serves the pool and runs the sink in-process.
 ROLE_FOLDERS = {

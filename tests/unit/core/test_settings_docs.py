@@ -7,7 +7,7 @@ from pathlib import Path
 
 from clawr1.core.registry import REGISTRY, markdown_table
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "settings.md"
 NAME = re.compile(r"\bCLAWR1_[A-Z0-9_]*[A-Z0-9]\b")
 SCANNED = {".py", ".md", ".yml", ".yaml", ".toml", ".js", ".sql", ".xml", ".sh", ".cfg", ".ini"}

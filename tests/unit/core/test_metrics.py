@@ -14,7 +14,7 @@ import pytest
 from clawr1.core.metrics import ALL_METRICS, MetricsPortError, exposed_names, serve_metrics
 from tests.support.ports import free_port
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana-clawr1.json"
+DASHBOARD = Path(__file__).resolve().parents[3] / "docs" / "grafana-clawr1.json"
 
 
 def _dashboard_names() -> set[str]:

@@ -5,8 +5,6 @@ and hand back what it still held."""
 from __future__ import annotations
 
 import asyncio
-import threading
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +19,7 @@ from clawr1.core import kafka_io
 from clawr1.core.kafka_io import Fatal, RebuildingProducer, Retriable, Undeliverable, classify, error_code
 from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
 from clawr1.proxy.emitter import Emitter
+from tests.support.fake_producer import Factory, FakeProducer
 from tests.support.waiting import wait_until, wait_until_async
 
 # --- classify -----------------------------------------------------------------------------------
@@ -62,83 +61,6 @@ def test_error_code_reads_the_kafka_error_not_the_text() -> None:
         == KafkaError._TIMED_OUT
     assert error_code(RuntimeError("TOPIC_ALREADY_EXISTS")) is None
     assert error_code(KafkaException()) is None
-
-
-# --- fake producers -----------------------------------------------------------------------------
-
-Report = Callable[[KafkaError | None, Any], None]
-
-
-class FakeProducer:
-    """Holds produced messages until ``poll``/``flush`` acknowledge them (while ``healthy``); ``break_()``
-    makes the next poll report a fatal error, after which it refuses every produce."""
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.error_cb: Callable[[KafkaError], None] = config["error_cb"]
-        self.held: list[tuple[bytes, Report]] = []
-        self.partitions: list[int] = []  # of every message produced
-        self.max_bytes: int | None = None  # larger messages are reported too large
-        self.reports: list[tuple[Report, KafkaError | None]] = []
-        self.acked: list[bytes] = []
-        self.healthy = True
-        self.dead = False
-        self.fatal_pending = False
-        self.purged = False
-        self.flushed = False
-        self.lock = threading.Lock()
-
-    def produce(self, topic: str, value: bytes | None = None, key: Any = None,
-                on_delivery: Report | None = None, partition: int = -1) -> None:
-        if self.dead:
-            raise KafkaException(KafkaError(KafkaError._FATAL, "producer is fatal", fatal=True))
-        assert on_delivery is not None and value is not None
-        with self.lock:
-            self.partitions.append(partition)
-            if self.max_bytes is not None and len(value) > self.max_bytes:
-                self.reports.append((on_delivery, KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)))
-                return
-            self.held.append((value, on_delivery))
-
-    def break_(self) -> None:
-        self.fatal_pending = True
-
-    def poll(self, _timeout: float = 0) -> int:
-        if self.fatal_pending:
-            self.fatal_pending, self.dead = False, True
-            self.error_cb(KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "sequence lost", fatal=True))
-        with self.lock:
-            if self.healthy and not self.dead:
-                self.reports += [(report, None) for _, report in self.held]
-                self.acked += [value for value, _ in self.held]
-                self.held = []
-            reports, self.reports = self.reports, []
-        for report, error in reports:
-            report(error, None)
-        return len(reports)
-
-    def purge(self) -> None:
-        self.purged = True
-        with self.lock:
-            self.reports += [(report, KafkaError(KafkaError._PURGE_QUEUE)) for _, report in self.held]
-            self.held = []
-
-    def flush(self, _timeout: float = 0) -> int:
-        self.flushed = True
-        self.poll()
-        return 0
-
-    def list_topics(self, **_kwargs: Any) -> Any:
-        raise KafkaException(KafkaError(KafkaError._TRANSPORT))
-
-
-class Factory:
-    def __init__(self) -> None:
-        self.built: list[FakeProducer] = []
-
-    def __call__(self, _bootstrap: str, **config: Any) -> FakeProducer:
-        producer = FakeProducer(config)
-        self.built.append(producer)
-        return producer
 
 
 # --- the policy itself --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Harness for the proxy's integration tests: real mitmproxy, real Kafka, a stand-in engine on the wire.
+"""The capture proxy for the integration tests: real mitmproxy, real Kafka, a stand-in engine on the wire.
 
 The proxy runs either embedded (``serve_proxy`` on its own event-loop thread, one at a time: mitmproxy
 keeps its context in module globals) or as a separate process (``proxy_process``), like ``clawr1 proxy``.
@@ -33,7 +33,7 @@ from clawr1.proxy.runner import serve_proxy
 from tests.support.kafka import TopicFollower
 from tests.support.waiting import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
 
 
@@ -176,7 +176,7 @@ START_TIMEOUT_S = 120.0
 
 
 class ProxyProcess:
-    """The proxy as its own process (``tests.integration.proxy.proxy_process``), like ``clawr1 proxy``."""
+    """The proxy as its own process (``tests.support.proxy_process``), like ``clawr1 proxy``."""
 
     def __init__(self, settings: Settings, topic: str, drain_s: float = 1.0) -> None:
         self.settings = settings
@@ -188,7 +188,7 @@ class ProxyProcess:
     def __enter__(self) -> ProxyProcess:
         env = {**os.environ, **settings_env(self.settings), "PYTHONPATH": str(REPO_ROOT)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.proxy.proxy_process", self.topic, str(self.drain_s)],
+            [sys.executable, "-m", "tests.support.proxy_process", self.topic, str(self.drain_s)],
             cwd=REPO_ROOT,
             env=env,
             stdout=subprocess.PIPE,

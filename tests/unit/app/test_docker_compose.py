@@ -16,7 +16,7 @@ from compose_spec import PyCompose
 from clawr1.cli import _build_parser
 from clawr1.core.registry import REGISTRY, closest
 
-COMPOSE = Path(__file__).resolve().parents[2] / "docker-compose.yml"
+COMPOSE = Path(__file__).resolve().parents[3] / "docker-compose.yml"
 # ${VAR}, ${VAR:-default}, ${VAR:?message}: what `docker compose` substitutes from the environment.
 _VARIABLE = re.compile(r"\$\{([A-Z_]+)(?::?[-?][^}]*)?\}")
 

@@ -13,7 +13,7 @@ import pytest
 from clawr1.cli import main
 from clawr1.core.registry import markdown_table
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

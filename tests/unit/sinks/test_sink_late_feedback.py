@@ -7,7 +7,7 @@ import orjson
 
 from clawr1.schemas.codec import codec_for
 from clawr1.sinks.late_feedback import expired_feedback
-from tests.integration.streams.events import feedback
+from tests.support.events import feedback
 
 CODEC = codec_for("")
 

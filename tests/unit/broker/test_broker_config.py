@@ -14,6 +14,7 @@ import pytest
 
 from clawr1.broker import launcher
 from clawr1.broker.launcher import FatalFaultWatch, KafkaBroker
+from tests.support.waiting import outlast
 
 
 def test_cluster_ids_never_start_with_a_dash() -> None:
@@ -134,7 +135,7 @@ def test_a_broker_still_running_after_its_fatal_fault_is_reported_its_predecesso
     with broker.log_file.open("a") as log:
         log.write("al fault: Unhandled fault in MetadataLoader#installPublishers\n")
     assert watch(0.0) is None  # seen now, not yet past the limit
-    time.sleep(0.25)
+    outlast(0.2, since=time.monotonic())
     problem = watch(0.0)
     assert problem is not None and problem.startswith("it logged a fatal fault"), problem
     broker.log_offset = broker.log_file.stat().st_size  # the supervisor's restart: a new process

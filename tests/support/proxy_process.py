@@ -1,4 +1,4 @@
-"""``python -m tests.integration.proxy.proxy_process TOPIC DRAIN_S``: the proxy as its own process,
+"""``python -m tests.support.proxy_process TOPIC DRAIN_S``: the proxy as its own process,
 configured from CLAWR1_* variables like ``clawr1 proxy``, printing READY once it listens."""
 
 from __future__ import annotations

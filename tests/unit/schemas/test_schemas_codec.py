@@ -30,7 +30,7 @@ from clawr1.schemas.codec import (
     registry_config,
     schema_names,
 )
-from tests.unit.schema_registry_stub import RegistryStub
+from tests.support.schema_registry import RegistryStub
 
 EXPECTED = {
     "raw_llm_call",

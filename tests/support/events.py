@@ -1,4 +1,4 @@
-"""Builders of raw events as the proxy and the gateway write them, shared by the streams tests.
+"""Builders of raw events as the proxy and the gateway write them, for the tests and the benchmarks.
 
 Each builder returns the record the way a consumer decodes it (every schema default filled in),
 by a round trip through the project's Avro codec, so tests feed the logic exactly what Kafka

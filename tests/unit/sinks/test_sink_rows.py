@@ -17,7 +17,7 @@ from clawr1.sinks.rows import (
     sink_dead_letter_row,
     step_row,
 )
-from tests.integration.pool.records import record, step
+from tests.support.records import record, step
 
 ORIGIN = Origin("clawr1.steps", 3, 41, b"k", b"v")
 NOW = 1_760_000_000_999

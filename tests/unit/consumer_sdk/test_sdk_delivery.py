@@ -4,7 +4,6 @@ writer of commits (when it writes, in which order, what a refused write leaves).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ from clawr1.consumer_sdk.commits import Committer, CursorRow
 from clawr1.consumer_sdk.delivery import Ledger, _deliverable, floor_start, just_before
 from clawr1.consumer_sdk.queries import NEWEST_SQL
 from clawr1.pool.consumer_tables import COMMITS_TABLE, CURSORS_TABLE
-from tests.support.waiting import wait_until
+from tests.support.waiting import holds_for, wait_until
 
 
 def test_the_lowest_uncommitted_delivery_holds_the_cursor() -> None:
@@ -78,8 +77,8 @@ def test_commits_are_written_every_few_records_commit_rows_before_the_cursor() -
     link = Recording()
     committer = Committer(link, "g", "me", every=2, every_s=600)
     committer.record({"a": ("epoch", 1)}, cursor(1))
-    time.sleep(0.2)
-    assert link.inserts == [] and committer.unlanded() == {"a"}
+    holds_for(lambda: link.inserts == [], 0.2, message="a commit written before the second record")
+    assert committer.unlanded() == {"a"}
     committer.record({"b": ("epoch", 2)}, cursor(2))
     wait_until(lambda: len(link.inserts) == 2, 10)
     (commits, commit_rows), (cursors, cursor_rows) = link.inserts
