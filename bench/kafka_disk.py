@@ -46,7 +46,7 @@ from clawr1.core.kafka_io import ensure_topics, make_admin, make_producer
 from clawr1.schemas.codec import codec_for
 from clawr1.streams import quix_compat
 from clawr1.streams.config import StreamTopics
-from tests.integration.streams.events import feedback
+from tests.support.events import feedback
 from tests.support.kafka import committed_lag
 from tests.support.ports import free_port
 

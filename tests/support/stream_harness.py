@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from clawr1.core.routing import partition_of
 from clawr1.schemas.codec import AvroCodec
 from clawr1.streams import messages
@@ -111,3 +113,8 @@ class Harness:
                 self.hops += 1
                 for key, message in messages.unpack(messages.pack(sent)):  # as the work topic carries them
                     self.processor.on_work(key, message, self.origin_at(partition))
+
+
+def decoded_state(harness: Harness, prefix: bytes) -> dict[bytes, Any]:
+    """Every state value under ``prefix`` (a namespace's ``X/``), decoded, across the harness's partitions."""
+    return {k: orjson.loads(v) for p in harness.partitions for k, v in p.items() if k.startswith(prefix)}

@@ -12,8 +12,8 @@ import orjson
 from clawr1.core.routing import routable_id
 from clawr1.schemas.batch import pack_ints
 from clawr1.streams.trajectory_record import packed_fact, unpacked_fact
-from tests.integration.streams.events import feedback, whitebox_step
-from tests.unit.streams.test_streams_processor import Harness, _state
+from tests.support.events import feedback, whitebox_step
+from tests.support.stream_harness import Harness, decoded_state
 
 LOGPROBS = [-0.1, -1e-300, 0.0, float(np.float32(-0.3371)), -17.25]
 
@@ -76,7 +76,7 @@ def test_state_written_before_packing_is_read_after_a_restart() -> None:
     for step in steps:
         harness.whitebox(step)
     harness.checkpoint()
-    ((key, records),) = _state(harness, b"T/").items()
+    ((key, records),) = decoded_state(harness, b"T/").items()
     tail = records["t-old"]["tail"]
     assert all(isinstance(fact["response_logprobs"], str) for fact in tail.values())
     records["t-old"]["tail"] = {step_id: _as_before_packing(fact) for step_id, fact in tail.items()}
@@ -107,9 +107,9 @@ def test_a_rollout_posted_whole_is_sealed_so_its_reward_rewrites_a_small_record(
     for step in steps:
         harness.whitebox(step)
     harness.checkpoint()
-    (chunk,) = _state(harness, b"C/").values()
+    (chunk,) = decoded_state(harness, b"C/").values()
     assert sorted(chunk) == sorted(step["step_id"] for step in steps)
-    (records,) = _state(harness, b"T/").values()
+    (records,) = decoded_state(harness, b"T/").values()
     assert records["t-roll"]["tail"] == {}
     harness.feedback(feedback("fb", "trajectory", "t-roll", reward=1.0, terminal=True))
     harness.checkpoint()

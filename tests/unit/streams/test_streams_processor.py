@@ -9,7 +9,7 @@ import orjson
 
 from clawr1.core.routing import key_hash, routable_id
 from tests.support.events import feedback, llm_call, user, whitebox_step
-from tests.support.stream_harness import CountingStore, Harness
+from tests.support.stream_harness import CountingStore, Harness, decoded_state
 
 
 def _whitebox_trajectory(trajectory: str, length: int, reward: float | None = 1.0) -> list[dict[str, Any]]:
@@ -111,7 +111,7 @@ def test_a_second_trajectory_of_a_key_moves_the_first_out_and_feedback_still_fin
     harness.checkpoint()
     trajectories = {harness.steps[c["event_id"]]["trajectory_id"] for c in calls}
     assert trajectories == {f"traj-{calls[0]['event_id']}", f"traj-{calls[2]['event_id']}"}
-    records = _state(harness, b"R/")
+    records = decoded_state(harness, b"R/")
     (home,) = records.values()
     assert home["t"] == {}  # both trajectories under their own ids' hashes now
     assert len(_keys(harness, b"T/")) == 2
@@ -142,7 +142,7 @@ def test_state_kept_before_home_records_is_read_and_moved_into_them() -> None:
     assert harness.steps[second["event_id"]]["parent_step_id"] == first["event_id"]  # the link state read
     assert harness.steps[second["event_id"]]["trajectory_id"] == tid
     assert _keys(harness, b"L/") == _keys(harness, b"T/") == []  # moved, not copied
-    assert list(_state(harness, b"R/")[name]["t"]) == [tid]
+    assert list(decoded_state(harness, b"R/")[name]["t"]) == [tid]
     harness.feedback(feedback("fb", "trajectory", tid, reward=1.0, terminal=True))
     harness.checkpoint()
     assert harness.steps[first["event_id"]]["trajectory_reward"] == 1.0
@@ -162,9 +162,6 @@ def test_a_checkpoint_writes_each_key_once_however_many_events_touched_it() -> N
     assert all(s["trajectory_reward"] == 1.0 for s in t4) and sum(s["terminal"] for s in t4) == 1
 
 
-def _state(harness: Harness, prefix: bytes) -> dict[bytes, Any]:
-    return {k: orjson.loads(v) for p in harness.partitions for k, v in p.items() if k.startswith(prefix)}
-
 
 def test_a_tail_that_grows_past_its_bound_is_sealed_into_a_chunk_and_facts_survive_a_restart() -> None:
     harness = Harness()
@@ -181,8 +178,8 @@ def test_a_tail_that_grows_past_its_bound_is_sealed_into_a_chunk_and_facts_survi
         writes.append(CountingStore.writes - before)
     # ~1,100 tokens a step: the 8,192-token tail holds 7, the 8th seals them into a chunk of their own.
     assert writes == [2 if n in (7, 14, 21, 28) else 1 for n in range(30)]
-    assert len(_state(harness, b"C/")) == 4
-    (record,) = _state(harness, b"T/").values()
+    assert len(decoded_state(harness, b"C/")) == 4
+    (record,) = decoded_state(harness, b"T/").values()
     assert sorted(record["t-long"]["tail"]) == sorted(s["step_id"] for s in steps[28:])
     harness.restart()
     harness.feedback(feedback("fb", "trajectory", "t-long", reward=1.0, terminal=True))
@@ -208,8 +205,8 @@ def test_a_conversations_turns_keep_each_token_id_about_once_and_read_back_whole
     for record in steps:
         harness.whitebox(record)
         harness.checkpoint()
-    assert _state(harness, b"C/") == {}  # ~120 new token ids a turn: no chunk needed
-    (record,) = _state(harness, b"T/").values()
+    assert decoded_state(harness, b"C/") == {}  # ~120 new token ids a turn: no chunk needed
+    (record,) = decoded_state(harness, b"T/").values()
     assert record["t-chat"]["tail_tokens"] < 1_100 + 30 * 125
     harness.restart()
     harness.feedback(feedback("fb", "trajectory", "t-chat", reward=1.0, terminal=True))
