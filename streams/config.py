@@ -77,6 +77,7 @@ class StreamConfig:
     log_level: str = r.STREAMS_LOG_LEVEL.default
     # Checkpoints: one Kafka transaction each (outputs, state changelogs, input offsets).
     commit_interval_ms: int = r.STREAMS_COMMIT_INTERVAL_MS.default
+    busy_commit_interval_ms: int = r.STREAMS_BUSY_COMMIT_INTERVAL_MS.default  # clawr1.streams.commit_pacing
     commit_every: int = r.STREAMS_COMMIT_EVERY.default
     transaction_timeout_ms: int = r.STREAMS_TRANSACTION_TIMEOUT_MS.default
     linger_ms: int = r.STREAMS_LINGER_MS.default
@@ -108,6 +109,7 @@ class StreamConfig:
             instance_id=knob(r.STREAMS_INSTANCE_ID),
             log_level=knob(r.STREAMS_LOG_LEVEL),
             commit_interval_ms=knob(r.STREAMS_COMMIT_INTERVAL_MS),
+            busy_commit_interval_ms=knob(r.STREAMS_BUSY_COMMIT_INTERVAL_MS),
             commit_every=knob(r.STREAMS_COMMIT_EVERY),
             transaction_timeout_ms=knob(r.STREAMS_TRANSACTION_TIMEOUT_MS),
             linger_ms=knob(r.STREAMS_LINGER_MS),

@@ -77,6 +77,11 @@ def produce(sdf: StreamingDataFrame, topic: str, value: bytes, key: bytes | None
     sdf.processing_context.producer.produce(topic=topic, value=value, key=key, partition=partition)
 
 
+def open_checkpoint(sdf: StreamingDataFrame) -> object:
+    """The checkpoint now open in ``sdf``'s application (a new object after each commit)."""
+    return sdf.processing_context.checkpoint
+
+
 def wrap_commits(sdf: StreamingDataFrame, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
     """Route every checkpoint commit of ``sdf``'s application (the timed one and the one on a revoke)
     through ``wrap(commit)``: Quix looks the method up on its processing context at each call."""
