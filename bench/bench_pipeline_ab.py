@@ -6,7 +6,8 @@ broker's JIT threads and the floor at the load's own rate taken off). Under load
 doubles (the floor over a longer run, smaller checkpoints): only figures from one run compare.
 
     .venv/bin/python bench/bench_pipeline_ab.py NAME=CHECKOUT NAME=CHECKOUT [...] [--steps 3000]
-        [--pairs 4] [--warmup 2000] [--batch 100] [--length 10] [--env NAME:CLAWR1_X=VALUE ...]
+        [--pairs 4] [--warmup 2000] [--batch 100] [--length 10]
+        [--env NAME:CLAWR1_STREAMS_COMMIT_INTERVAL_MS=250 ...]
 
 A checkout is a directory with this repository's code (``git worktree add`` or ``git archive | tar -x``,
 with ``.cache`` linked for the broker's jars); its roles run on this venv with ``PYTHONPATH`` set to it.
@@ -77,7 +78,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--length", type=int, default=10, help="steps per trajectory")
-    parser.add_argument("--env", action="append", default=[], help="NAME:CLAWR1_X=VALUE for one stack")
+    parser.add_argument("--env", action="append", default=[], help="NAME:VARIABLE=VALUE: one stack's setting")
     args = parser.parse_args()
     checkouts = dict(c.split("=", 1) for c in args.checkouts)
     envs: dict[str, dict[str, str]] = {name: {} for name in checkouts}
