@@ -45,6 +45,7 @@ from clawr1.core.metrics import (
 )
 from clawr1.schemas.codec import DecodeError, EncodeError, codec_for
 from clawr1.streams import expiry, messages, quix_compat
+from clawr1.streams.commit_pacing import CommitPacing
 from clawr1.streams.commit_watchdog import CommitWatchdog
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.origin import Origin
@@ -188,6 +189,8 @@ class StreamsApp:
         # that is wedged (commit_watchdog's doc says where it was seen) and the worker leaves.
         self.watchdog = CommitWatchdog(3 * config.transaction_timeout_ms / 1000)
         quix_compat.wrap_commits(self.work, self.watchdog.watch)
+        self.pacing = CommitPacing(config.busy_commit_interval_ms / 1000, config.commit_every)
+        quix_compat.wrap_commits(self.work, self.pacing.wrap(partial(quix_compat.open_checkpoint, self.work)))
         self.ticker = _Ticker(config, partitions, self.processor.clock.bucket_ms / 1000)
 
     def _dataframe(self, name: str) -> Any:
@@ -204,6 +207,7 @@ class StreamsApp:
                 ) -> Callable[[Any, Any, int, Any], None]:
         """A raw topic's handler: decode once, then each record on its own (a bad one is dead-lettered)."""
         def on_message(value: bytes | None, key: Any, timestamp: int, headers: Any) -> None:
+            self.pacing.fed()
             origin = self._origin(key, value, timestamp)
             try:
                 if value is None:
@@ -225,6 +229,7 @@ class StreamsApp:
         return on_message
 
     def _on_work(self, value: bytes | None, key: Any, timestamp: int) -> None:
+        self.pacing.fed()
         origin = self._origin(key, value, timestamp)
         try:
             batch = messages.unpack(value or b"")

@@ -75,6 +75,8 @@ class StreamConfig:
     log_level: str = setting_field(r.STREAMS_LOG_LEVEL)
     # Checkpoints: one Kafka transaction each (outputs, state changelogs, input offsets).
     commit_interval_ms: int = setting_field(r.STREAMS_COMMIT_INTERVAL_MS)
+    # While every poll brings input, a checkpoint stays open up to this long (clawr1.streams.commit_pacing).
+    busy_commit_interval_ms: int = setting_field(r.STREAMS_BUSY_COMMIT_INTERVAL_MS)
     commit_every: int = setting_field(r.STREAMS_COMMIT_EVERY)
     transaction_timeout_ms: int = setting_field(r.STREAMS_TRANSACTION_TIMEOUT_MS)
     linger_ms: int = setting_field(r.STREAMS_LINGER_MS)

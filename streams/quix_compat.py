@@ -12,7 +12,9 @@ use:
 - the application's transactional producer (``processing_context.producer``), called from a sink's
   ``flush`` (which Quix runs before the changelogs are produced and the transaction commits);
 - the processing context's ``commit_checkpoint``, wrapped (on that one instance) so that a commit that
-  never returns is seen (``clawr1.streams.commit_watchdog``);
+  never returns is seen (``clawr1.streams.commit_watchdog``) and a due checkpoint stays open while input
+  keeps coming (``clawr1.streams.commit_pacing``, which tells checkpoints apart by the context's
+  ``checkpoint``);
 - the name Quix gives a store's changelog topic, so the worker can create it before Quix looks for it
   (``changelog_topic``);
 - ``RocksDBOptions.to_options``, extended by the worker's options with a compaction rule for the files
@@ -75,6 +77,11 @@ def produce(sdf: StreamingDataFrame, topic: str, value: bytes, key: bytes | None
             partition: int | None = None) -> None:
     """Produce with the application's producer: inside the open transaction under exactly-once."""
     sdf.processing_context.producer.produce(topic=topic, value=value, key=key, partition=partition)
+
+
+def open_checkpoint(sdf: StreamingDataFrame) -> object:
+    """The checkpoint now open in ``sdf``'s application (a new object after each commit)."""
+    return sdf.processing_context.checkpoint
 
 
 def wrap_commits(sdf: StreamingDataFrame, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:

@@ -209,16 +209,26 @@ class Trajectory:
         return np.concatenate([np.asarray(base["prompt_token_ids"], dtype=np.int32),
                                np.asarray(base["response_token_ids"], dtype=np.int32)])
 
+    def _shared_with(self, candidate: str, prompt: np.ndarray) -> int:
+        """How many leading ids of ``prompt`` are ``candidate``'s sequence (its prompt, then its reply),
+        compared part by part: most prompts differ early, and joining the parts first cost more than the
+        comparison."""
+        base = self.base(candidate)
+        if base is None:
+            return 0
+        sent = np.asarray(base["prompt_token_ids"], dtype=np.int32)
+        shared = shared_prefix(sent, prompt)
+        if shared < len(sent):
+            return shared
+        return shared + shared_prefix(np.asarray(base["response_token_ids"], dtype=np.int32), prompt[shared:])
+
     def _compact(self, step_id: str, base: dict[str, Any]) -> dict[str, Any]:
         """The fact to keep (``packed_fact``): a prompt that starts with what a step at the index before
         it sent and received (the conversation so far) is kept as the part beyond that, so a trajectory
         keeps each token id about once instead of once per later turn."""
         prompt = np.asarray(base["prompt_token_ids"], dtype=np.int32)
         for candidate in sorted(self.state.at(base["step_index"] - 1)):
-            sequence = self._sequence(candidate) if candidate != step_id else None
-            if sequence is None:
-                continue
-            shared = shared_prefix(sequence, prompt)
+            shared = self._shared_with(candidate, prompt) if candidate != step_id else 0
             if shared >= MIN_SHARED:
                 return packed_fact(base, {"b": candidate, "n": shared, "p": pack_ints(prompt[shared:]).hex()})
         return packed_fact(base, prompt)

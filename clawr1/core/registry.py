@@ -428,6 +428,11 @@ STREAMS_COMMIT_INTERVAL_MS = option("STREAMS_COMMIT_INTERVAL_MS", int, 100,
                                     "input offsets at once): outputs become visible to readers then, so this "
                                     "bounds the worker's share of freshness; longer means fewer, larger "
                                     "envelopes", ("worker",), check=positive)
+STREAMS_BUSY_COMMIT_INTERVAL_MS = option(
+    "STREAMS_BUSY_COMMIT_INTERVAL_MS", int, 250,
+    "how long the worker keeps a checkpoint open while every poll brings input (a backlog, a load): fewer, "
+    "larger transactions; the first poll that brings nothing commits at CLAWR1_STREAMS_COMMIT_INTERVAL_MS",
+    ("worker",), check=positive)
 STREAMS_COMMIT_EVERY = option("STREAMS_COMMIT_EVERY", int, 5000,
                               "commit early after this many input messages (bounds a checkpoint's memory)",
                               ("worker",), check=positive)
