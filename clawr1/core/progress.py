@@ -47,7 +47,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from clawr1.core.metrics import CONSUMER_STALLED_SECONDS
@@ -353,21 +353,43 @@ def group_reader(bootstrap: str, group: str) -> Consumer:
 
 def group_offsets(reader: Consumer, topics: Iterable[str]) -> dict[Partition, Offsets]:
     """The offsets of the partitions of ``topics`` Kafka answered for (a partition between leaders, or a
-    topic not there, is left out); raises when it answered for none of them."""
-    partitions: list[TopicPartition] = []
-    for topic in topics:
-        described = reader.list_topics(topic, timeout=5.0).topics.get(topic)
-        if described is not None and described.error is None:
-            partitions += [TopicPartition(topic, p) for p in described.partitions]
+    topic not there, is left out); raises when it answered for none of them.
+
+    One request of each kind per look, however many partitions: the topics' metadata, the committed
+    offsets, the ends of the logs and the starts of those the group never committed (the watches look
+    every second; a request per partition made an idle stack's broker busy with them)."""
+    wanted = set(topics)
+    described = reader.list_topics(timeout=5.0).topics if wanted else {}
+    partitions = [TopicPartition(topic, p) for topic in sorted(wanted)
+                  if (meta := described.get(topic)) is not None and meta.error is None
+                  for p in meta.partitions]
+    if not partitions:
+        return {}
+    committed = reader.committed(partitions, timeout=5.0)
+    ends, failed = _log_offsets(reader, committed, OFFSET_END)
+    starts, failed_start = _log_offsets(reader, [tp for tp in committed if tp.offset < 0], OFFSET_BEGINNING)
     offsets: dict[Partition, Offsets] = {}
-    failed: Exception | None = None
-    for tp in reader.committed(partitions, timeout=5.0) if partitions else []:
-        try:
-            low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
-        except Exception as exc:  # noqa: BLE001 - this partition's leader is away: judged next look
-            failed = exc
-            continue
-        offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high, tp.offset < 0)
-    if failed is not None and not offsets:
-        raise failed
+    for tp in committed:
+        at = (tp.topic, tp.partition)
+        if at in ends and (tp.offset >= 0 or at in starts):
+            offsets[at] = Offsets(tp.offset if tp.offset >= 0 else starts[at], ends[at], tp.offset < 0)
+    if not offsets and (error := failed or failed_start) is not None:
+        raise KafkaException(error)
     return offsets
+
+
+def _log_offsets(reader: Consumer, partitions: list[TopicPartition],
+                 where: int) -> tuple[dict[Partition, int], KafkaError | None]:
+    """The end (``OFFSET_END``, as the reader's isolation level sees it) or start (``OFFSET_BEGINNING``) of
+    each partition's log, in one request; and an error of one left out (its leader away: judged next look)."""
+    if not partitions:
+        return {}, None
+    found: dict[Partition, int] = {}
+    failed: KafkaError | None = None
+    for tp in reader.offsets_for_times([TopicPartition(tp.topic, tp.partition, where) for tp in partitions],
+                                       timeout=5.0):
+        if tp.error is not None:
+            failed = tp.error
+        else:
+            found[(tp.topic, tp.partition)] = tp.offset
+    return found, failed
