@@ -179,7 +179,7 @@ class Emitter(Generic[T]):
         if self._unspooled:
             return 0.0
         if self._held and self._sending:
-            return max(0.0, min(self._held_since.values()) + self._batch_s - time.monotonic())
+            return max(0.0, min(self._held_since[p] for p in self._held) + self._batch_s - time.monotonic())
         return _ACK_POLL_S if self._spool.pending or self._held else _IDLE_S
 
     def _take_batch(self, timeout: float) -> list[T]:
