@@ -312,16 +312,20 @@ def main() -> int:
     parser.add_argument("--before", type=Path,
                         help="a checkout of an earlier Claw-R1 (e.g. git archive), run as a third side, "
                              "clawr1_before, on a stack (and stand-in engine) of its own")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="a setting of the clawr1 side's stack only (repeatable): with --before naming "
+                             "this checkout, the same code with and without it")
     args = parser.parse_args()
+    env = {"CLAWR1_CAPTURE_TOKEN_IDS": "true"}
     bin_dir = agl_venv(args.agl_venv, python_312(args.agl_python))
 
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="clawr1-bench-peer-") as tmp, ExitStack() as held:
         work = Path(tmp)
-        stacks = {"clawr1": Stack(work / "clawr1", env={"CLAWR1_CAPTURE_TOKEN_IDS": "true"},
+        stacks = {"clawr1": Stack(work / "clawr1", env=env | dict(kv.split("=", 1) for kv in args.env),
                                   kept_log=RESULTS.with_name("bench_peer_stack.log"))}
         if args.before:
-            stacks["clawr1_before"] = Stack(work / "before", env={"CLAWR1_CAPTURE_TOKEN_IDS": "true"},
+            stacks["clawr1_before"] = Stack(work / "before", env=env,
                                             kept_log=RESULTS.with_name("bench_peer_stack_before.log"),
                                             repo=args.before.resolve())
         for stack in stacks.values():
@@ -356,7 +360,7 @@ def main() -> int:
                               for name in stacks}})
             print(json.dumps({"round": n, **rounds[-1]}), flush=True)
 
-    result = {"bench": "peer", "peer": AGL, "calls_per_run": rounds[0]["clawr1"]["calls"],
+    result = {"bench": "peer", "peer": AGL, "calls_per_run": rounds[0]["clawr1"]["calls"], "env": args.env,
               "agents": args.agents, "turns": args.turns, "pairs": args.pairs, "rounds": rounds,
               "overall": overall(rounds, list(stacks))}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
