@@ -30,7 +30,7 @@ from typing import IO, Protocol
 
 from clawr1.core import registry
 from clawr1.core.backoff import Backoff
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 
 TAIL_LINES = 20
 DUMP_WAIT_S = 1.0  # for a stuck process's thread dump to reach its log before the kill
@@ -50,10 +50,10 @@ class RestartPolicy:
     again would only hide a fault that needs a person. Kills of a stuck role are not counted there: a
     process that was alive and slow is not a fault of its setup."""
 
-    backoff_s: float = registry.RESTART_BACKOFF_S.default
-    max_backoff_s: float = registry.RESTART_MAX_BACKOFF_S.default
-    max_restarts: int = registry.RESTART_LIMIT.default
-    window_s: float = registry.RESTART_WINDOW_S.default
+    backoff_s: float = setting_field(registry.RESTART_BACKOFF_S)
+    max_backoff_s: float = setting_field(registry.RESTART_MAX_BACKOFF_S)
+    max_restarts: int = setting_field(registry.RESTART_LIMIT)
+    window_s: float = setting_field(registry.RESTART_WINDOW_S)
 
     def decide(self, exits: Sequence[float], now: float, kills: Sequence[float] = ()) -> Decision:
         """``exits``: the role's crash times, ``kills``: the times it was killed as stuck, the one just seen
@@ -69,12 +69,7 @@ class RestartPolicy:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RestartPolicy:
-        return cls(
-            backoff_s=settings.role_setting(registry.RESTART_BACKOFF_S),
-            max_backoff_s=settings.role_setting(registry.RESTART_MAX_BACKOFF_S),
-            max_restarts=settings.role_setting(registry.RESTART_LIMIT),
-            window_s=settings.role_setting(registry.RESTART_WINDOW_S),
-        )
+        return config_from(cls, settings)
 
 
 def describe_exit(returncode: int) -> str:

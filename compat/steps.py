@@ -129,7 +129,7 @@ _NOT_FORWARDED = frozenset({
 })
 # X-Claw hints the compat port decides from the path and the registration; the agent's own lose.
 _OWN_HINTS = frozenset({"x-claw-trajectory-id", "x-claw-prompt-group-id", "x-claw-policy-version",
-                        "x-claw-channel", "x-claw-metadata", "x-claw-source"})
+                        "x-claw-channel", "x-claw-metadata", "x-claw-source", "x-claw-key"})
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from clawr1.dashboard.curation import (
 from clawr1.dashboard.decoding import TokenDecoder
 from clawr1.dashboard.live import LiveBusy, LiveFeed, LiveLimits
 from clawr1.dashboard.panels import Dashboard
-from clawr1.gateway.app import INGESTS, encode_items, gateway_state, publish
+from clawr1.gateway.app import INGESTS, caller_kinds, encode_items, gateway_state, publish
 from clawr1.gateway.auth import ANONYMOUS
 from clawr1.gateway.models import FeedbackIn
 from clawr1.gateway.validation import parse_json
@@ -225,7 +225,8 @@ def dashboard_router(store: PoolStore, decoder: TokenDecoder | None = None,
         key = getattr(request.state, "api_key", None)
         items = [FeedbackIn(**item) for item in curation_feedback(body, step_ids)]
         state = gateway_state(request)
-        messages, ids = encode_items(state, _FEEDBACK, items, key.name if key else ANONYMOUS)
+        messages, ids = encode_items(state, _FEEDBACK, items, key.name if key else ANONYMOUS,
+                                     caller_kinds(request))
         if messages:
             await publish(state, messages)
         return JSONResponse({"steps": len(step_ids), "accepted": len(ids), "ids": ids,

@@ -21,7 +21,7 @@ from typing import Any
 from fastapi.concurrency import run_in_threadpool
 
 from clawr1.core.registry import DASHBOARD_LIVE_PER_KEY, DASHBOARD_LIVE_STREAMS
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 from clawr1.pool.store import PoolError
 
 POLL_S = 1.0
@@ -42,13 +42,12 @@ class LiveBusy(RuntimeError):
 
 @dataclass(frozen=True)
 class LiveLimits:
-    per_key: int = DASHBOARD_LIVE_PER_KEY.default
-    max_streams: int = DASHBOARD_LIVE_STREAMS.default
+    per_key: int = setting_field(DASHBOARD_LIVE_PER_KEY)
+    max_streams: int = setting_field(DASHBOARD_LIVE_STREAMS)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LiveLimits:
-        return cls(settings.role_setting(DASHBOARD_LIVE_PER_KEY),
-                   settings.role_setting(DASHBOARD_LIVE_STREAMS))
+        return config_from(cls, settings)
 
 
 class LiveFeed:

@@ -12,66 +12,50 @@ import random
 import re
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clawr1.core import registry
+from clawr1.core.settings import config_from, setting_field
 from clawr1.rewards.rules import format_check, math_answer
-
-ENV_PREFIX = "CLAWR1_DEMO_"
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """Rates and sizes of the demo loop; each field is read from ``CLAWR1_DEMO_<FIELD>`` (upper case).
+    """Rates and sizes of the demo loop; each field is read from its ``CLAWR1_DEMO_*`` variable.
     The defaults fit a 2-core laptop running the whole stack: a few steps per second in total."""
 
-    agents: int = 2
+    agents: int = setting_field(registry.DEMO_AGENTS)
     """Black-box openai-SDK agent threads (one more anthropic agent and one compat agent always run)."""
-    group_size: int = 4
+    group_size: int = setting_field(registry.DEMO_GROUP_SIZE)
     """GRPO rollouts per task (the X-Claw-Prompt-Group-Size the agents declare)."""
-    rounds: int = 2
+    rounds: int = setting_field(registry.DEMO_ROUNDS)
     """User turns per rollout; each is a tool call, the tool's result and a final reply."""
-    agent_pause_s: float = 3.0
+    agent_pause_s: float = setting_field(registry.DEMO_AGENT_PAUSE_S)
     """Pause of each agent between two groups."""
-    whitebox_pause_s: float = 3.0
+    whitebox_pause_s: float = setting_field(registry.DEMO_WHITEBOX_PAUSE_S)
     """Pause of the white-box rollout worker between two groups."""
-    event_pause_s: float = 2.0
+    event_pause_s: float = setting_field(registry.DEMO_EVENT_PAUSE_S)
     """Pause of the black-box service between two posted turns."""
-    human_pause_s: float = 4.0
+    human_pause_s: float = setting_field(registry.DEMO_HUMAN_PAUSE_S)
     """How often the simulated human looks at the newest steps."""
-    human_fraction: float = 0.2
+    human_fraction: float = setting_field(registry.DEMO_HUMAN_FRACTION)
     """Share of the steps the human looked at that it labels (a quarter of those it corrects)."""
-    batch_groups: int = 2
+    batch_groups: int = setting_field(registry.DEMO_BATCH_GROUPS)
     """Prompt groups per trainer batch."""
-    bump_every: int = 3
+    bump_every: int = setting_field(registry.DEMO_BUMP_EVERY)
     """The trainer bumps the policy version after this many batches."""
-    max_staleness: int = 2
+    max_staleness: int = setting_field(registry.DEMO_MAX_STALENESS)
     """The trainer's preset takes steps at most this many versions behind its own."""
-    progress_s: float = 5.0
+    progress_s: float = setting_field(registry.DEMO_PROGRESS_S)
     """Seconds between two progress lines."""
-    seed: int = 7
+    seed: int = setting_field(registry.DEMO_SEED)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DemoConfig:
         """The defaults overridden by ``CLAWR1_DEMO_*`` variables; a malformed one names itself."""
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            raw = env.get(ENV_PREFIX + spec.name.upper(), "").strip()
-            if not raw:
-                continue
-            kind = type(getattr(cls(), spec.name))
-            try:
-                values[spec.name] = kind(raw)
-            except ValueError:
-                name = ENV_PREFIX + spec.name.upper()
-                raise ValueError(f"{name} must be a {kind.__name__}, got {raw!r}") from None
-        config = cls(**values)
-        if config.group_size < 1 or config.rounds < 1 or config.batch_groups < 1 or config.bump_every < 1:
-            raise ValueError("CLAWR1_DEMO_GROUP_SIZE, _ROUNDS, _BATCH_GROUPS and _BUMP_EVERY must be >= 1")
-        if not 0.0 <= config.human_fraction <= 1.0:
-            raise ValueError(f"CLAWR1_DEMO_HUMAN_FRACTION must be in [0, 1], got {config.human_fraction}")
-        return config
+        return config_from(cls, env)
 
 
 class PolicyClock:

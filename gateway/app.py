@@ -26,7 +26,16 @@ from clawr1.core.backpressure import PipelineLag
 from clawr1.core.envelopes import by_partition, fit, halved
 from clawr1.core.settings import Settings
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_STEPS
-from clawr1.gateway.auth import ANONYMOUS, ROUTE_KINDS, KeyRing, parse_api_keys
+from clawr1.gateway.auth import (
+    ANONYMOUS,
+    INGEST_KINDS,
+    KINDS,
+    ROUTE_KINDS,
+    FeedbackRefused,
+    KeyRing,
+    feedback_standing,
+    parse_api_keys,
+)
 from clawr1.gateway.config import GatewayConfig, GatewayTopics
 from clawr1.gateway.docs import docs_router
 from clawr1.gateway.errors import ApiError, ErrorBody, install_error_handlers
@@ -38,7 +47,7 @@ from clawr1.gateway.models import EVENT_TURN_RULE, Accepted, EventIn, FeedbackIn
 from clawr1.gateway.otlp.join import ContentJoin
 from clawr1.gateway.otlp.routes import OtlpIngest, otlp_router
 from clawr1.gateway.publisher import KafkaPublisher, KafkaUnavailable, OutMessage, RecordTooLarge
-from clawr1.gateway.records import Outgoing, event_record, feedback_record, step_record
+from clawr1.gateway.records import Outgoing, curation_only, event_record, feedback_record, step_record
 from clawr1.gateway.validation import (
     Check,
     check_event,
@@ -162,15 +171,15 @@ def _unavailable(message: str, retry_after_s: int) -> ApiError:
 _INLINE_BODY_BYTES = 64 * 1024
 
 
-def _encode(state: GatewayState, ingest: Ingest, raw: bytes,
-            source_name: str) -> tuple[list[OutMessage], list[str]]:
+def _encode(state: GatewayState, ingest: Ingest, raw: bytes, source_name: str,
+            kinds: frozenset[str]) -> tuple[list[OutMessage], list[str]]:
     """Validate the body and turn it into Kafka messages with their ids; ``ApiError`` on bad input."""
     if ingest.kind == "steps" and state.fast_steps:
         fast = _encode_fast(state, raw, source_name)
         if fast is not None:
             return fast
     items = validate_items(parse_json(raw), ingest.model, ingest.check, state.config.max_batch)
-    return encode_items(state, ingest, items, source_name)
+    return encode_items(state, ingest, items, source_name, kinds)
 
 
 def _encode_fast(state: GatewayState, raw: bytes,
@@ -184,17 +193,39 @@ def _encode_fast(state: GatewayState, raw: bytes,
     return messages, [s.step_id for s in steps]
 
 
-def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any],
-                 source_name: str) -> tuple[list[OutMessage], list[str]]:
-    """Validated items as Kafka messages with their ids (also the compat port's way in)."""
+def encode_items(state: GatewayState, ingest: Ingest, items: Sequence[Any], source_name: str,
+                 kinds: frozenset[str] = INGEST_KINDS) -> tuple[list[OutMessage], list[str]]:
+    """Validated items as Kafka messages with their ids (also the compat port's and the dashboard's way
+    in). ``kinds``: the sending key's, which decide what feedback it may send and where it counts."""
     received_at_ms = int(time.time() * 1000)
-    outgoing = [ingest.to_record(item, source_name, received_at_ms) for item in items]
+    if ingest.kind == "feedback":
+        outgoing = [feedback_record(item, source_name, received_at_ms,
+                                    _standing(kinds, source_name, item, index, len(items)))
+                    for index, item in enumerate(items)]
+    else:
+        outgoing = [ingest.to_record(item, source_name, received_at_ms) for item in items]
     try:
         packed = [(o.key, pack_record(ingest.schema, o.record)) for o in outgoing]
     except (TypeError, OverflowError) as exc:
         raise ApiError(422, "invalid_request",
                        f"record does not match schema {ingest.schema!r}: {exc}") from exc
     return envelopes(state, ingest.topic(state.topics), ingest.schema, packed), [o.id for o in outgoing]
+
+
+def _standing(kinds: frozenset[str], source_name: str, item: Any, index: int, count: int) -> bool:
+    """The item's ``privileged`` (``feedback_standing``); 403 naming the item when the key may not send it."""
+    try:
+        return feedback_standing(kinds, labelled=item.label is not None, curation_only=curation_only(item))
+    except FeedbackRefused as exc:
+        which = f"item {index} of this feedback" if count > 1 else "this feedback"
+        message = f"the API key of {source_name!r} may not send {which}: {exc}"
+        raise ApiError(403, "forbidden", message) from exc
+
+
+def caller_kinds(request: Request) -> frozenset[str]:
+    """The kinds of the key ``authorizer`` admitted; every kind without keys (as today: keyless is local)."""
+    key = getattr(request.state, "api_key", None)
+    return KINDS if key is None else frozenset(key.kinds)
 
 
 def envelopes(state: GatewayState, topic: str, schema: str,
@@ -222,11 +253,12 @@ def _encode_batch(codec: AvroCodec, schema: str, records: Sequence[dict[str, Any
         raise ApiError(422, "invalid_request", str(exc)) from exc
 
 
-async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name: str) -> bytes:
+async def _produce(state: GatewayState, ingest: Ingest, raw: bytes, source_name: str,
+                   kinds: frozenset[str]) -> bytes:
     if len(raw) > _INLINE_BODY_BYTES:
-        messages, ids = await asyncio.to_thread(_encode, state, ingest, raw, source_name)
+        messages, ids = await asyncio.to_thread(_encode, state, ingest, raw, source_name, kinds)
     else:
-        messages, ids = _encode(state, ingest, raw, source_name)
+        messages, ids = _encode(state, ingest, raw, source_name, kinds)
     await publish(state, messages)
     return Accepted(accepted=len(ids), ids=ids).model_dump_json().encode()
 
@@ -285,7 +317,7 @@ async def accept(request: Request, ingest: Ingest, source_name: str, idempotency
             return Response(replay, 202, media_type="application/json",
                             headers={"Idempotent-Replayed": "true"})
     try:
-        body = await _produce(state, ingest, raw, source_name)
+        body = await _produce(state, ingest, raw, source_name, caller_kinds(request))
     except BaseException:
         if scope is not None:
             state.idempotency.abandon(scope)
@@ -298,7 +330,7 @@ async def accept(request: Request, ingest: Ingest, source_name: str, idempotency
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in {
         400: "malformed JSON", 401: "missing or invalid API key",
-        403: "the key's kinds do not grant this route",
+        403: "the key's kinds do not grant this route (or, for feedback, this item)",
         409: "the same Idempotency-Key is still in flight", 413: "body, batch or record too large",
         415: "not application/json", 422: "invalid fields (each named with its reason)",
         429: "the pipeline is behind past CLAWR1_MAX_LAG_S: retry after Retry-After seconds",

@@ -3,11 +3,15 @@
 ``CLAWR1_API_KEYS`` holds comma-separated entries ``name:key`` or ``name:key:kind1|kind2``, or
 ``@/path/to/file`` with one entry per line (``#`` comments allowed). Kinds (``KINDS``):
 
-- ``steps``, ``feedback``, ``events``: submit to the ingest route of that name;
+- ``steps``, ``feedback``, ``events``: submit to the ingest route of that name; what a key submits
+  belongs to it, and steps or feedback for a trajectory another source created are not joined
+  (``clawr1.streams.ownership``);
+- ``reward``: feedback on any trajectory, whoever created it (reward services, reward models);
 - ``read``: analyst SQL and the dashboard's data;
 - ``consume``: the consumer SDK: SQL plus writing its own groups' commits and positions and its own
   presets (``owns_group``: ``<key name>`` or ``<key name>:...``);
-- ``curate``: the dashboard's curation writes (labels, exclusions, notes as feedback);
+- ``curate``: the dashboard's curation writes (labels, exclusions, notes as feedback), and labels and
+  notes through ``/v1/feedback``, on any step;
 - ``operate``: the capture proxy's engine routes (``/v1/engines``, drain and resume around a weight
   update), served on its reverse port (``clawr1.proxy.addons.engines``), not by the API.
 
@@ -27,12 +31,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INGEST_KINDS = frozenset({"steps", "feedback", "events"})
-KINDS = INGEST_KINDS | {"read", "consume", "curate", "operate"}
+REWARD = "reward"
+CURATE = "curate"
+KINDS = INGEST_KINDS | {REWARD, "read", "consume", CURATE, "operate"}
 ANONYMOUS = "anonymous"
 
 ROUTE_KINDS: dict[str, frozenset[str]] = {
     "/v1/steps": frozenset({"steps"}),
-    "/v1/feedback": frozenset({"feedback"}),
+    # Labels need ``curate`` and other feedback ``feedback`` or ``reward`` (``feedback_standing``).
+    "/v1/feedback": frozenset({"feedback", REWARD, CURATE}),
     "/v1/events": frozenset({"events"}),
     # OTLP/HTTP (gateway/otlp/): GenAI spans become service turn events, so they take an events key.
     "/v1/traces": frozenset({"events"}),
@@ -116,6 +123,8 @@ def parse_entry(entry: str, where: str) -> ApiKey:
     name, secret = parts[0].strip(), parts[1].strip()
     if not name:
         raise ApiKeyError(f"{where}: empty name")
+    if name == ANONYMOUS:
+        raise ApiKeyError(f"{where}: the name {ANONYMOUS!r} is the source of keyless calls; choose another")
     if not secret:
         raise ApiKeyError(f"{where} ({name}): empty key")
     if len(parts) == 2:
@@ -126,6 +135,24 @@ def parse_entry(entry: str, where: str) -> ApiKey:
         raise ApiKeyError(f"{where} ({name}): kinds must be among {'|'.join(sorted(KINDS))}, "
                           f"got {parts[2].strip()!r}")
     return ApiKey(name, secret, kinds)
+
+
+class FeedbackRefused(ValueError):
+    """The key may not send this feedback; the message says which kind it needs."""
+
+
+def feedback_standing(kinds: frozenset[str], *, labelled: bool, curation_only: bool) -> bool:
+    """Whether feedback from a key of ``kinds`` counts on a trajectory another source created (the
+    record's ``privileged``), or ``FeedbackRefused``. Labels (quality labels, ``excluded``,
+    ``untrainable``) need ``curate``; anything beyond labels and comments (a reward, components, a
+    correction, ``terminal``) needs ``feedback`` or ``reward``. ``reward`` counts everywhere, ``curate``
+    for labels and comments; a plain ``feedback`` key only on its own trajectories."""
+    if labelled and CURATE not in kinds:
+        raise FeedbackRefused("a label (a quality label, an exclusion) needs a key of kind curate")
+    if not curation_only and not kinds & {"feedback", REWARD}:
+        raise FeedbackRefused("a reward, components, a correction or terminal need a key of kind "
+                              "feedback or reward")
+    return REWARD in kinds or (curation_only and CURATE in kinds)
 
 
 def _entries(spec: str) -> Iterable[tuple[str, str]]:

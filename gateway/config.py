@@ -1,7 +1,7 @@
 """What the gateway reads from ``Settings``: limits, delivery timing, idempotency bounds and its topics.
 
 Role-specific knobs (``CLAWR1_GATEWAY_*`` / ``CLAWR1_IDEMPOTENCY_*``) are declared, with their defaults
-and checks, in ``clawr1/core/registry.py`` and read with ``Settings.role_setting``.
+and checks, in ``clawr1/core/registry.py``; each field names the variable it is read from.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from clawr1.core import registry
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 from clawr1.core.topics import RAW_EVENTS, RAW_FEEDBACK, RAW_LLM, RAW_STEPS
 
 # The variables' names, for tests that set them in ``Settings.extra``.
@@ -42,50 +42,36 @@ class GatewayTopics:
 @dataclass(frozen=True)
 class GatewayConfig:
     bootstrap: str
-    registry_url: str
-    topic_partitions: int
-    api_keys: str
-    max_request_bytes: int
-    max_batch: int
+    registry_url: str = setting_field(registry.SCHEMA_REGISTRY_URL)
+    topic_partitions: int = setting_field(registry.TOPIC_PARTITIONS)
+    api_keys: str = setting_field(registry.API_KEYS)
+    max_request_bytes: int = setting_field(registry.MAX_REQUEST_BYTES)
+    max_batch: int = setting_field(registry.MAX_BATCH_STEPS)
     # Messages produced but not yet acknowledged by the broker, over all requests: the memory bound.
-    max_in_flight: int
+    max_in_flight: int = setting_field(registry.GATEWAY_MAX_IN_FLIGHT)
     # librdkafka's message.timeout.ms: a message not acked by then fails, and the request gets a 503.
-    delivery_timeout_s: float
-    idempotency_ttl_s: float
-    idempotency_max_keys: int
-    idempotency_max_bytes: int
-    otlp_join_wait_s: float = registry.OTLP_JOIN_WAIT_S.default
-    otlp_max_records: int = registry.OTLP_MAX_RECORDS.default
-    otlp_join_ttl_s: float = registry.OTLP_JOIN_TTL_S.default
-    otlp_join_max_bytes: int = registry.OTLP_JOIN_MAX_BYTES.default
+    delivery_timeout_s: float = setting_field(registry.GATEWAY_DELIVERY_TIMEOUT_S)
+    idempotency_ttl_s: float = setting_field(registry.IDEMPOTENCY_TTL_S)
+    idempotency_max_keys: int = setting_field(registry.IDEMPOTENCY_MAX_KEYS)
+    idempotency_max_bytes: int = setting_field(registry.IDEMPOTENCY_MAX_BYTES)
+    otlp_join_wait_s: float = setting_field(registry.OTLP_JOIN_WAIT_S)
+    otlp_max_records: int = setting_field(registry.OTLP_MAX_RECORDS)
+    otlp_join_ttl_s: float = setting_field(registry.OTLP_JOIN_TTL_S)
+    otlp_join_max_bytes: int = setting_field(registry.OTLP_JOIN_MAX_BYTES)
     retry_after_s: int = 1
     # Backpressure (clawr1.core.backpressure): 429 while the worker's group is this far behind (0: never).
-    max_lag_s: float = registry.MAX_LAG_S.default
-    streams_group: str = registry.STREAMS_APP_ID.default
+    max_lag_s: float = setting_field(registry.MAX_LAG_S)
+    streams_group: str = setting_field(registry.STREAMS_APP_ID)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GatewayConfig:
+        """The role variables' checks are the registry's; the two shared limits are checked here."""
         max_batch = _positive(settings.max_batch_steps, registry.MAX_BATCH_STEPS.name)
-        knob = settings.role_setting  # the registry checks that each of these is positive
-        return cls(
-            bootstrap=settings.bootstrap_servers,
-            registry_url=settings.schema_registry_url,
-            topic_partitions=settings.topic_partitions,
-            api_keys=settings.api_keys,
+        return config_from(
+            cls, settings, bootstrap=settings.bootstrap_servers, max_batch=max_batch,
             max_request_bytes=_positive(settings.max_request_bytes, registry.MAX_REQUEST_BYTES.name),
-            max_batch=max_batch,
             # A whole batch must always fit, or a maximal batch could never be accepted.
-            max_in_flight=max(max_batch, knob(registry.GATEWAY_MAX_IN_FLIGHT)),
-            delivery_timeout_s=knob(registry.GATEWAY_DELIVERY_TIMEOUT_S),
-            idempotency_ttl_s=knob(registry.IDEMPOTENCY_TTL_S),
-            idempotency_max_keys=knob(registry.IDEMPOTENCY_MAX_KEYS),
-            idempotency_max_bytes=knob(registry.IDEMPOTENCY_MAX_BYTES),
-            otlp_join_wait_s=knob(registry.OTLP_JOIN_WAIT_S),
-            max_lag_s=knob(registry.MAX_LAG_S),
-            streams_group=knob(registry.STREAMS_APP_ID),
-            otlp_max_records=knob(registry.OTLP_MAX_RECORDS),
-            otlp_join_ttl_s=knob(registry.OTLP_JOIN_TTL_S),
-            otlp_join_max_bytes=knob(registry.OTLP_JOIN_MAX_BYTES),
+            max_in_flight=max(max_batch, settings.role_setting(registry.GATEWAY_MAX_IN_FLIGHT)),
         )
 
 

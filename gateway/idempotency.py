@@ -1,7 +1,7 @@
 """Idempotency-Key replay: a retried request gets the first answer back and produces nothing again.
 
 Scope: one gateway process, keyed by (source name, route, key), for ``ttl_s`` after the first
-answer, within ``max_keys`` / ``max_bytes`` (oldest forgotten first). Beyond that scope (another
+answer, within ``max_keys`` / ``max_bytes`` (least recently used forgotten first). Beyond that scope (another
 replica, a restart, an expired key) a retry is produced again, and the deterministic item ids let
 the streams and the pool drop the duplicate. Only accepted (202) answers are remembered: a request
 that failed produced nothing the client was told about, so its retry must run again.
@@ -10,9 +10,10 @@ that failed produced nothing the client was told about, so its retry must run ag
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from cachetools import TTLCache
 
 ScopeKey = tuple[str, str, str]
 
@@ -30,7 +31,10 @@ class IdempotencyConflict(Exception):
 class _Answer:
     fingerprint: str
     body: bytes
-    expires_at: float
+
+
+def _size(answer: _Answer) -> int:
+    return len(answer.body)
 
 
 class IdempotencyStore:
@@ -41,9 +45,8 @@ class IdempotencyStore:
         self.ttl_s = ttl_s
         self.max_keys = max_keys
         self.max_bytes = max_bytes
-        self._clock = clock
-        self._answers: OrderedDict[ScopeKey, _Answer] = OrderedDict()
-        self._bytes = 0
+        # Bounded by bytes here; by count in ``finish``.
+        self._answers: TTLCache[ScopeKey, _Answer] = TTLCache(max_bytes, ttl_s, clock, _size)
         self._in_flight: dict[ScopeKey, str] = {}
 
     def __len__(self) -> int:
@@ -51,12 +54,11 @@ class IdempotencyStore:
 
     @property
     def stored_bytes(self) -> int:
-        return self._bytes
+        return int(self._answers.currsize)
 
     def claim(self, key: ScopeKey, fingerprint: str) -> bytes | None:
         """The remembered answer for a replay, or None when the caller now owns the key and must
         call ``finish`` or ``abandon``."""
-        self._expire()
         running = self._in_flight.get(key)
         if running is not None:
             raise IdempotencyConflict("in_flight" if running == fingerprint else "mismatch")
@@ -72,20 +74,9 @@ class IdempotencyStore:
         fingerprint = self._in_flight.pop(key)
         if len(body) > self.max_bytes:
             return
-        self._answers[key] = _Answer(fingerprint, body, self._clock() + self.ttl_s)
-        self._bytes += len(body)
-        while len(self._answers) > self.max_keys or self._bytes > self.max_bytes:
-            self._drop_oldest()
+        self._answers[key] = _Answer(fingerprint, body)
+        while len(self._answers) > self.max_keys:
+            self._answers.popitem()
 
     def abandon(self, key: ScopeKey) -> None:
         self._in_flight.pop(key, None)
-
-    def _expire(self) -> None:
-        # Insertion order is expiry order: every answer lives exactly ttl_s.
-        now = self._clock()
-        while self._answers and next(iter(self._answers.values())).expires_at <= now:
-            self._drop_oldest()
-
-    def _drop_oldest(self) -> None:
-        _, answer = self._answers.popitem(last=False)
-        self._bytes -= len(answer.body)

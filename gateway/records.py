@@ -129,7 +129,16 @@ def feedback_target(feedback: FeedbackIn) -> tuple[str, str]:
     raise ValueError("feedback without a target")
 
 
-def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int) -> Outgoing:
+def curation_only(feedback: FeedbackIn) -> bool:
+    """Says nothing but labels and a comment: what curation writes, on any step."""
+    return feedback.reward is None and not feedback.components and feedback.correction is None \
+        and not feedback.terminal
+
+
+def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int,
+                    privileged: bool = False) -> Outgoing:
+    """``privileged``: the sender may give feedback on trajectories other sources created
+    (``clawr1.gateway.auth.feedback_standing``); it never enters the id."""
     # terminal enters the id only when set, so feedback without it keeps the ids it always had.
     excluded = {"feedback_id"} if feedback.terminal else {"feedback_id", "terminal"}
     feedback_id = feedback.feedback_id or deterministic_id(
@@ -149,6 +158,7 @@ def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int)
         "correction": feedback.correction,
         "received_at_ms": received_at_ms,
         "terminal": feedback.terminal,
+        "privileged": privileged,
     }
     return Outgoing(feedback_id, target_id, record)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clawr1.core import registry
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 from clawr1.pool.cluster import LOCAL_SUFFIX, cluster_statements
 from clawr1.pool.consumer_tables import COMMITS_TABLE
 from clawr1.pool.migrations import DELIVERY_LOG, STEP_LOOKUP
@@ -40,15 +40,13 @@ LOOKUP_MARGIN_DAYS = 1
 class Retention:
     """Days each kind of pool data is kept; 0 = forever."""
 
-    step_days: int = registry.POOL_STEP_TTL_DAYS.default
-    delivery_log_days: int = registry.POOL_DELIVERY_LOG_TTL_DAYS.default
-    dead_letter_days: int = registry.POOL_DEAD_LETTER_TTL_DAYS.default
+    step_days: int = setting_field(registry.POOL_STEP_TTL_DAYS)
+    delivery_log_days: int = setting_field(registry.POOL_DELIVERY_LOG_TTL_DAYS)
+    dead_letter_days: int = setting_field(registry.POOL_DEAD_LETTER_TTL_DAYS)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Retention:
-        return cls(settings.role_setting(registry.POOL_STEP_TTL_DAYS),
-                   settings.role_setting(registry.POOL_DELIVERY_LOG_TTL_DAYS),
-                   settings.role_setting(registry.POOL_DEAD_LETTER_TTL_DAYS))
+        return config_from(cls, settings)
 
     def table_ttls(self) -> dict[str, str | None]:
         """Each table's TTL expression as ClickHouse prints it in the table's DDL; None = no TTL."""

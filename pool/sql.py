@@ -31,18 +31,18 @@ import re
 import threading
 import time
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import IO, Any, cast
 
-import clickhouse_connect
+from cachetools import LRUCache
 from clickhouse_connect.driver.binding import external_bind_re
 from clickhouse_connect.driver.client import Client
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from clawr1.core import registry
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 from clawr1.pool.sql_guard import (
     CATALOGUE_QUERY,
     COMBINATORS_QUERY,
@@ -52,7 +52,7 @@ from clawr1.pool.sql_guard import (
     check_canonical,
     check_tree,
 )
-from clawr1.pool.store import PoolError, is_embedded, pool_error
+from clawr1.pool.store import PoolError, is_embedded, open_client, pool_error
 
 OUTPUT_FORMATS: dict[str, str] = {
     "JSONEachRow": "application/x-ndjson",
@@ -117,21 +117,19 @@ class Caller:
 class SqlLimits:
     """What one analyst query may cost; each is a session setting, fixed before ``readonly = 1``."""
 
-    max_execution_time: float = registry.SQL_MAX_EXECUTION_TIME.default
-    max_memory_usage: int = registry.SQL_MAX_MEMORY_USAGE.default
-    max_result_rows: int = registry.SQL_MAX_RESULT_ROWS.default
-    max_result_bytes: int = registry.SQL_MAX_RESULT_BYTES.default
-    max_rows_to_read: int = registry.SQL_MAX_ROWS_TO_READ.default
-    max_concurrent: int = registry.SQL_MAX_CONCURRENT.default
-    trainer_concurrent: int = registry.SQL_TRAINER_CONCURRENT.default
-    key_share: float = registry.SQL_KEY_SHARE.default
-    analyst_block_rows: int = registry.SQL_ANALYST_BLOCK_ROWS.default
+    max_execution_time: float = setting_field(registry.SQL_MAX_EXECUTION_TIME)
+    max_memory_usage: int = setting_field(registry.SQL_MAX_MEMORY_USAGE)
+    max_result_rows: int = setting_field(registry.SQL_MAX_RESULT_ROWS)
+    max_result_bytes: int = setting_field(registry.SQL_MAX_RESULT_BYTES)
+    max_rows_to_read: int = setting_field(registry.SQL_MAX_ROWS_TO_READ)
+    max_concurrent: int = setting_field(registry.SQL_MAX_CONCURRENT)
+    trainer_concurrent: int = setting_field(registry.SQL_TRAINER_CONCURRENT)
+    key_share: float = setting_field(registry.SQL_KEY_SHARE)
+    analyst_block_rows: int = setting_field(registry.SQL_ANALYST_BLOCK_ROWS)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlLimits:
-        """``CLAWR1_SQL_<LIMIT IN CAPS>`` (declared in clawr1/core/registry.py) overrides each default."""
-        return cls(**{name: settings.role_setting(registry.REGISTRY[f"CLAWR1_SQL_{name.upper()}"])
-                      for name in cls.__dataclass_fields__})
+        return config_from(cls, settings)
 
     def slots(self, pool: str) -> int:
         return max(1, self.trainer_concurrent if pool == TRAINERS else self.max_concurrent)
@@ -323,7 +321,7 @@ class AnalystSql:
         self._idle: dict[str, list[tuple[Client, str]]] = {TRAINERS: [], ANALYSTS: []}
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
-        self._accepted: OrderedDict[str, Checked] = OrderedDict()
+        self._accepted: LRUCache[str, Checked] = LRUCache(GUARD_CACHE_ENTRIES)
 
     def admit(self, caller: Caller | None = None) -> Admission:
         """A place in the caller's pool, or ``SqlBusy`` naming what is full."""
@@ -413,10 +411,10 @@ class AnalystSql:
         with self._control_lock:
             try:
                 if self._control is None:
-                    self._control = clickhouse_connect.get_client(dsn=self._control_dsn)
+                    self._control = open_client(self._control_dsn, what="the SQL control session")
                 self._control.command("KILL QUERY WHERE query_id = {q:String} OR Settings['log_comment'] = "
                                       "{t:String} ASYNC", parameters={"q": query_id, "t": tag})
-            except ClickHouseError:
+            except (ClickHouseError, PoolError):
                 # Its own limit still stops it between blocks; the caller was answered already.
                 pass
 
@@ -436,13 +434,10 @@ class AnalystSql:
         the text, the pool database and the engine's function catalogue, all fixed for this object)."""
         with self._lock:
             if (known := self._accepted.get(text)) is not None:
-                self._accepted.move_to_end(text)
                 return known
         checked = self._parse_and_check(client, text)
         with self._lock:
             self._accepted[text] = checked
-            if len(self._accepted) > GUARD_CACHE_ENTRIES:
-                self._accepted.popitem(last=False)
         return checked
 
     def _parse_and_check(self, client: Client, text: str) -> Checked:
@@ -498,15 +493,7 @@ def open_session(dsn: str, database: str | None, limits: SqlLimits, pool: str = 
     settings = limits.session_settings(pool)
     if tag and is_embedded(dsn):
         settings = {"log_comment": tag, **settings}
-    kwargs: dict[str, Any] = {"dsn": dsn, "settings": settings}
-    if database:
-        kwargs["database"] = database
-    if not is_embedded(dsn):
-        kwargs["autogenerate_session_id"] = False
-    try:
-        return clickhouse_connect.get_client(**kwargs)
-    except ClickHouseError as exc:
-        raise PoolError(f"cannot open an analyst session on the pool: {pool_error(exc)}") from exc
+    return open_client(dsn, database, settings, what="an analyst session on the pool")
 
 
 def _statement(sql: str, fmt: str) -> str:

@@ -63,11 +63,17 @@ def is_embedded(dsn: str) -> bool:
     return dsn.startswith("chdb:")
 
 
-def open_client(dsn: str, database: str | None = None) -> Client:
-    """A clickhouse-connect client for ``dsn``; ``database`` overrides the DSN's default database."""
+def open_client(dsn: str, database: str | None = None, settings: Mapping[str, Any] | None = None,
+                what: str = "") -> Client:
+    """The one way to a ClickHouse client: ``chdb://`` opens the embedded engine, an ``http(s)://`` DSN a
+    server. ``database`` overrides the DSN's default database; ``settings`` go with every query (on chDB,
+    ``SET`` on the client's own handle, in order); ``what`` names the client in an error (default: the
+    pool at ``dsn``)."""
     kwargs: dict[str, Any] = {"dsn": dsn}
     if database:
         kwargs["database"] = database
+    if settings:
+        kwargs["settings"] = dict(settings)
     if not is_embedded(dsn):
         # No server session: a server refuses concurrent queries on one session, and nothing here
         # relies on session state (every setting travels with its query).
@@ -77,7 +83,9 @@ def open_client(dsn: str, database: str | None = None) -> Client:
     except ClickHouseError as exc:
         hint = (" (chDB opens one data path per process and locks it against other processes: "
                 "reach a pool owned by another process through its HTTP API)") if is_embedded(dsn) else ""
-        raise PoolError(f"cannot open the pool at {dsn}: {exc}{hint}") from exc
+        error = pool_error(exc)
+        raise PoolError(f"cannot open {what or f'the pool at {dsn}'}: {error}{hint}", error.code,
+                        error.name) from exc
 
 
 class PoolStore:

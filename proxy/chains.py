@@ -15,8 +15,9 @@ only and a capture note saying so: flagged, never a silently shortened prompt.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from dataclasses import dataclass
+
+from cachetools import LRUCache
 
 from clawr1.proxy.apis.base import Json
 from clawr1.proxy.apis.openai_responses import request_messages
@@ -37,8 +38,7 @@ class ResponseChains:
     def __init__(self, max_entries: int = 20_000) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be positive, got {max_entries}")
-        self._links: OrderedDict[str, _Link] = OrderedDict()
-        self._max_entries = max_entries
+        self._links: LRUCache[str, _Link] = LRUCache(max_entries)
 
     def prompt(self, request: Json, notes: list[str]) -> list[Json]:
         """The call's effective conversation: its instructions, the history of the chain it continues
@@ -61,9 +61,6 @@ class ResponseChains:
         """Remember a completed call's own part (input and output) under its response id."""
         own = request_messages({**request, "instructions": None})
         self._links[response_id] = _Link(_parent(request), [*own, *reply])
-        self._links.move_to_end(response_id)
-        while len(self._links) > self._max_entries:
-            self._links.popitem(last=False)
 
     def _history(self, response_id: str) -> list[Json] | None:
         """The conversation up to and including ``response_id``'s output; None when any link of the
@@ -72,10 +69,9 @@ class ResponseChains:
         seen: set[str] = set()
         current: str | None = response_id
         while current is not None:
-            link = self._links.get(current)
+            link = self._links.get(current)  # a use: an active chain keeps its ancestors
             if link is None or current in seen:
                 return None
-            self._links.move_to_end(current)  # an active chain keeps its ancestors
             seen.add(current)
             parts.append(link.messages)
             current = link.parent

@@ -147,12 +147,14 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
         PROXY_CALLS_FAILED,
         PROXY_ENGINE_CALLS,
         PROXY_ENGINE_POLICY_VERSION,
+        PROXY_HINTS_IGNORED,
         PROXY_SPOOL_DEPTH,
         MetricsPortError,
         serve_metrics,
     )
     from clawr1.proxy.chains import ResponseChains
     from clawr1.proxy.emitter import Emitter
+    from clawr1.proxy.hints import HINTS_IGNORED
     from clawr1.proxy.record import CapturedCall, build_record, envelope_of, spooled
     from clawr1.proxy.spool import SpoolBusyError
     from clawr1.schemas.codec import codec_for
@@ -172,6 +174,8 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
 
     def count(call: CapturedCall) -> None:
         PROXY_CALLS_CAPTURED.labels(api=call.api).inc()
+        if HINTS_IGNORED in call.notes:
+            PROXY_HINTS_IGNORED.inc()
         if call.engine is not None:
             PROXY_ENGINE_CALLS.labels(engine=call.engine).inc()
             if call.engine_version is not None:

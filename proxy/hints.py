@@ -2,7 +2,7 @@
 
 Agents that can set headers name their trajectory, GRPO prompt group, policy version, agent, channel
 (train | val) and the last call of an episode; everything else is inferred downstream from the
-captured messages.
+captured messages. With API keys configured, hints count only with a credential (``X-Claw-Key``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,11 @@ POLICY_VERSION = "x-claw-policy-version"
 AGENT = "x-claw-agent"
 TERMINAL = "x-claw-terminal"
 CHANNEL = "x-claw-channel"
+# The agent's API key, the proxy credential hints need when keys are configured (clawr1.proxy.addons.hints).
+KEY = "x-claw-key"
+# The capture note of a call whose hints were ignored for want of that credential.
+HINTS_IGNORED = ("X-Claw-* hints ignored: API keys are configured and the call carried no proxy "
+                 "credential (X-Claw-Key with a key of kind steps, or the compat port's seal)")
 HEADER_PREFIX = "x-claw-"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

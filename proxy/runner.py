@@ -85,7 +85,7 @@ def _make_master(config: ProxyConfig, submit: Callable[[CapturedCall], None],
     token_ids = TokenIdPolicy.parse(config.token_id_hosts) if config.capture_token_ids else None
     router = EngineRouter(list(config.engines), config.keys, _engine_files(config, process)) \
         if config.engines else None
-    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret, router)
+    ours = build_addons(submit, token_ids, _upstream_verify(config), config.relay_secret, router, config.keys)
     master = mitm_compat.capture_master(opts, [DestinationGuard(config.destinations)],
                                         [*ours, _Readiness(readiness)])
     # Addon options exist only once their addon is loaded. With several engines the reverse port opens

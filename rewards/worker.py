@@ -23,20 +23,20 @@ import json
 import logging
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
+from cachetools import FIFOCache
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from clawr1.core import registry, topics
 from clawr1.core.backoff import Backoff
 from clawr1.core.kafka_io import consumed_at, ensure_topics, make_consumer, make_producer
 from clawr1.core.metrics import REWARDER_DEAD_LETTERS, REWARDER_FEEDBACK, REWARDER_STEPS
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 from clawr1.gateway.records import deterministic_id
 from clawr1.rewards.loader import RewardFn, RewardFnError, compute_reward, load_reward_fn
 from clawr1.schemas.codec import AvroCodec, CodecError, codec_for
@@ -47,14 +47,20 @@ log = logging.getLogger(__name__)
 Target = Literal["trajectory", "step"]
 TARGETS: tuple[Target, ...] = ("trajectory", "step")
 SOURCE = "reward_fn"
-DEFAULT_GROUP = registry.REWARD_GROUP.default
 _REMEMBERED = 100_000
 # Waits before feedback the broker did not take is produced again: from 0.1 s doubling, at most 1 s.
 _REDELIVERY_BACKOFF = Backoff(0.1, 1.0)
 
 
-def _is_target(value: str) -> TypeGuard[Target]:
-    return value in TARGETS
+def _target(value: str) -> Target:
+    if value not in TARGETS:
+        raise ValueError(f"CLAWR1_REWARD_TARGET must be 'trajectory' or 'step', got {value!r}")
+    return value
+
+
+def _suffixed(topic: str) -> Callable[[str], str]:
+    """``topic`` with ``CLAWR1_TOPIC_SUFFIX`` (a test's own set of topics)."""
+    return lambda suffix: topic + suffix
 
 
 @dataclass(frozen=True)
@@ -64,41 +70,24 @@ class RewarderConfig:
     """``module:function`` of the reward function."""
     name: str
     """The source name in the pool (``reward_fn:<name>``); defaults to the spec."""
-    target: Target = "trajectory"
-    group_id: str = DEFAULT_GROUP
-    steps_topic: str = topics.STEPS.name
-    feedback_topic: str = topics.RAW_FEEDBACK.name
-    dlq_topic: str = topics.DLQ.name
-    skip_rewarded: bool = registry.REWARD_SKIP_REWARDED.default
-    concurrency: int = registry.REWARD_CONCURRENCY.default
+    target: Target = setting_field(registry.REWARD_TARGET, _target)
+    group_id: str = setting_field(registry.REWARD_GROUP)
+    steps_topic: str = setting_field(registry.TOPIC_SUFFIX, _suffixed(topics.STEPS.name))
+    feedback_topic: str = setting_field(registry.TOPIC_SUFFIX, _suffixed(topics.RAW_FEEDBACK.name))
+    dlq_topic: str = setting_field(registry.TOPIC_SUFFIX, _suffixed(topics.DLQ.name))
+    skip_rewarded: bool = setting_field(registry.REWARD_SKIP_REWARDED)
+    concurrency: int = setting_field(registry.REWARD_CONCURRENCY)
     batch_size: int = 64
-    partitions: int = 4
-    registry_url: str = ""
+    partitions: int = setting_field(registry.TOPIC_PARTITIONS)
+    registry_url: str = setting_field(registry.SCHEMA_REGISTRY_URL)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RewarderConfig:
-        knob = settings.role_setting
-        spec = knob(registry.REWARD_FN)
+        spec = settings.role_setting(registry.REWARD_FN)
         if not spec:
             raise RewardFnError("the rewarder needs CLAWR1_REWARD_FN=module:function")
-        target = knob(registry.REWARD_TARGET)
-        if not _is_target(target):
-            raise ValueError(f"CLAWR1_REWARD_TARGET must be 'trajectory' or 'step', got {target!r}")
-        suffix = knob(registry.TOPIC_SUFFIX)
-        return cls(
-            bootstrap=settings.bootstrap_servers,
-            spec=spec,
-            name=knob(registry.REWARD_NAME) or spec,
-            target=target,
-            group_id=knob(registry.REWARD_GROUP),
-            steps_topic=topics.STEPS.name + suffix,
-            feedback_topic=topics.RAW_FEEDBACK.name + suffix,
-            dlq_topic=topics.DLQ.name + suffix,
-            skip_rewarded=knob(registry.REWARD_SKIP_REWARDED),
-            concurrency=knob(registry.REWARD_CONCURRENCY),
-            partitions=settings.topic_partitions,
-            registry_url=settings.schema_registry_url,
-        )
+        return config_from(cls, settings, bootstrap=settings.bootstrap_servers, spec=spec,
+                           name=settings.role_setting(registry.REWARD_NAME) or spec)
 
 
 # -- what to score, and how (pure) -------------------------------------------------------------------
@@ -175,8 +164,8 @@ def _components(extra: Mapping[str, Any]) -> dict[str, float]:
 
 def feedback_of(name: str, kind: str, target_id: str, feedback_id: str, score: float,
                 extra: Mapping[str, Any], scored_at_ms: int) -> dict[str, Any]:
-    """A feedback.avsc record as the gateway writes one: numeric extras become components, the whole
-    extra info is kept as JSON in ``comment``."""
+    """A feedback.avsc record as the gateway writes one for a key of kind reward: numeric extras become
+    components, the whole extra info is kept as JSON in ``comment``."""
     comment = json.dumps(dict(extra), ensure_ascii=False, sort_keys=True, default=str) if extra else None
     return {
         "feedback_id": feedback_id,
@@ -192,6 +181,8 @@ def feedback_of(name: str, kind: str, target_id: str, feedback_id: str, score: f
         "correction": None,
         "received_at_ms": scored_at_ms,
         "terminal": False,  # a score completes nothing: the agent or the compat port says when it ends
+        # The stack's own reward producer scores every trajectory, whoever created it.
+        "privileged": True,
     }
 
 
@@ -213,7 +204,7 @@ class Rewarder:
         self.config = config
         self.fn = fn if fn is not None else load_reward_fn(config.spec)
         self.codec = codec or codec_for(config.registry_url)
-        self._attempted: OrderedDict[str, None] = OrderedDict()
+        self._attempted: FIFOCache[str, None] = FIFOCache(maxsize=_REMEMBERED)
         self._lock = threading.Lock()
         self.scored = 0
         self.dead_letters = 0
@@ -224,8 +215,6 @@ class Rewarder:
             if feedback_id in self._attempted:
                 return False
             self._attempted[feedback_id] = None
-            if len(self._attempted) > _REMEMBERED:
-                self._attempted.popitem(last=False)
             return True
 
     def _dead_letter(self, message: Message, reason: str, stage: str, index: int | None = None,

@@ -1,45 +1,31 @@
-"""The sink's knobs: ``CLAWR1_SINK_*`` variables, declared in ``clawr1/core/registry.py`` and read with
-``Settings.role_setting``."""
+"""The sink's knobs: ``CLAWR1_SINK_*`` variables, declared in ``clawr1/core/registry.py``; each field
+names the one it is read from (``setting_field``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from clawr1.core import registry as r
-from clawr1.core.settings import Settings
+from clawr1.core.settings import Settings, config_from, setting_field
 from clawr1.streams.readiness import ReadinessRule
-
-DEFAULT_GROUP = r.SINK_GROUP.default
 
 
 @dataclass(frozen=True)
 class SinkConfig:
-    steps_topic: str = r.SINK_STEPS_TOPIC.default
-    prefix_nodes_topic: str = r.SINK_PREFIX_NODES_TOPIC.default
-    dlq_topic: str = r.SINK_DLQ_TOPIC.default
-    feedback_topic: str = r.SINK_FEEDBACK_TOPIC.default
-    group_id: str = DEFAULT_GROUP
-    batch_rows: int = r.SINK_BATCH_ROWS.default
-    batch_seconds: float = r.SINK_BATCH_SECONDS.default
+    steps_topic: str = setting_field(r.SINK_STEPS_TOPIC)
+    prefix_nodes_topic: str = setting_field(r.SINK_PREFIX_NODES_TOPIC)
+    dlq_topic: str = setting_field(r.SINK_DLQ_TOPIC)
+    feedback_topic: str = setting_field(r.SINK_FEEDBACK_TOPIC)
+    group_id: str = setting_field(r.SINK_GROUP)
+    batch_rows: int = setting_field(r.SINK_BATCH_ROWS)
+    batch_seconds: float = setting_field(r.SINK_BATCH_SECONDS)
     # A crashed sink's partitions wait this long for their next owner (librdkafka's default is 45 s).
-    session_timeout_ms: int = r.SINK_SESSION_TIMEOUT_MS.default
+    session_timeout_ms: int = setting_field(r.SINK_SESSION_TIMEOUT_MS)
     # Test hook for crash recovery: exit the process right after a batch insert, before its commit.
-    exit_after_insert: bool = r.SINK_EXIT_AFTER_INSERT.default
+    exit_after_insert: bool = setting_field(r.SINK_EXIT_AFTER_INSERT)
     # The worker's rule, for the versions the sink writes itself (``clawr1.sinks.late_feedback``).
-    readiness: ReadinessRule = field(default_factory=ReadinessRule)
+    readiness: ReadinessRule = setting_field(r.READY_RULE, ReadinessRule.parse)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
-        knob = settings.role_setting
-        return cls(
-            steps_topic=knob(r.SINK_STEPS_TOPIC),
-            prefix_nodes_topic=knob(r.SINK_PREFIX_NODES_TOPIC),
-            dlq_topic=knob(r.SINK_DLQ_TOPIC),
-            feedback_topic=knob(r.SINK_FEEDBACK_TOPIC),
-            group_id=knob(r.SINK_GROUP),
-            batch_rows=knob(r.SINK_BATCH_ROWS),
-            batch_seconds=knob(r.SINK_BATCH_SECONDS),
-            session_timeout_ms=knob(r.SINK_SESSION_TIMEOUT_MS),
-            exit_after_insert=knob(r.SINK_EXIT_AFTER_INSERT),
-            readiness=ReadinessRule.parse(knob(r.READY_RULE)),
-        )
+        return config_from(cls, settings)

@@ -6,8 +6,9 @@ dead letter of stage ``expire`` that carries the feedback. The sink stores that 
 other and, in the same flush, before its offsets are committed, finds the targeted steps in the pool,
 folds the feedback into their last version as the worker would have (``clawr1.streams.join.rejoin``)
 and inserts the next version. A replay finds the feedback already in the row and writes nothing.
-Feedback that names no step in the pool (it never arrived, or a response id several steps share)
-stays a dead letter only.
+Feedback that names no step in the pool (it never arrived, or a response id several steps share),
+or a step of another source without being privileged (``clawr1.streams.ownership``), stays a dead
+letter only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import orjson
 from clawr1.pool.store import PoolStore
 from clawr1.schemas.codec import AvroCodec, DecodeError
 from clawr1.streams.join import rejoin
+from clawr1.streams.ownership import counts
 from clawr1.streams.readiness import ReadinessRule
 from clawr1.streams.rewards import feedback_fact
 from clawr1.streams.turns import InvalidEvent
@@ -67,6 +69,10 @@ def rejoined_steps(store: PoolStore, facts: list[dict[str, Any]], rule: Readines
         if fact["target_kind"] == "response" and len(rows) != 1:
             continue  # names several steps, or none: the dead letter says so
         for row in rows:
+            if not counts(row["source_name"], fact):  # the worker's rule (clawr1.streams.ownership)
+                log.warning("late feedback %s of %r not joined to step %s of %r: not its source's",
+                            fact["feedback_id"], fact["source_name"], row["step_id"], row["source_name"])
+                continue
             record = rejoin(latest.get(row["step_id"], row), fact, rule)
             if record is not None:
                 latest[row["step_id"]] = record

@@ -1,13 +1,13 @@
 """The stream worker as a Quix Streams application: exactly-once, one transaction per checkpoint.
 
-Inputs are the four raw topics and the worker's own ``clawr1.internal.work``; each message (one record
-or an envelope of many, ``clawr1.schemas.batch``) is decoded once and its records handed to the
-``Processor``. Every ``commit_interval_ms`` Quix closes a checkpoint: our ``CheckpointFlush`` sink
-writes back the state the checkpoint changed and sends its outputs as envelopes, then Quix produces the
-state changelogs and commits them, the outputs and the input offsets in one Kafka transaction. A crash
-anywhere before that commit aborts the whole checkpoint, and the next owner of its partitions starts
-from the last commit with the state of that commit: nothing lost, nothing twice, with no bookkeeping
-of our own.
+Inputs are the four raw topics and the worker's own work topic (``clawr1.core.topics.WORK``); each
+message (one record or an envelope of many, ``clawr1.schemas.batch``) is decoded once and its records
+handed to the ``Processor``, each with its ``Origin``. Every ``commit_interval_ms`` Quix closes a
+checkpoint: our ``CheckpointFlush`` sink writes back the state the checkpoint changed and sends its
+outputs as envelopes, then Quix produces the state changelogs and commits them, the outputs and the
+input offsets in one Kafka transaction. A crash anywhere before that commit aborts the whole
+checkpoint, and the next owner of its partitions starts from the last commit with the state of that
+commit: nothing lost, nothing twice, with no bookkeeping of our own.
 
 Workers with the same app id (the consumer group) split the partitions; Quix assigns every topic's
 partition ``p`` to one worker (range assignment), which is why one store per partition can serve all
@@ -174,12 +174,12 @@ class StreamsApp:
         self.work.update(lambda value, key, timestamp, headers, state: self._on_work(value, key, timestamp),
                          metadata=True, stateful=True)
         readers: list[tuple[str, str, Callable[[str | None, dict[str, Any], Origin], None]]] = [
-            (names.raw_llm, topics.RAW_LLM.schema, lambda k, r, o: self.processor.on_llm_call(k, r)),
-            (names.raw_events, topics.RAW_EVENTS.schema,
-             lambda k, r, o: self.processor.on_service_event(k, r)),
-            (names.raw_steps, topics.RAW_STEPS.schema, lambda k, r, o: self.processor.on_whitebox_step(r)),
+            (names.raw_llm, topics.RAW_LLM.schema, self.processor.on_llm_call),
+            (names.raw_events, topics.RAW_EVENTS.schema, self.processor.on_service_event),
+            (names.raw_steps, topics.RAW_STEPS.schema,
+             lambda _, record, origin: self.processor.on_whitebox_step(record, origin)),
             (names.raw_feedback, topics.RAW_FEEDBACK.schema,
-             lambda k, r, o: self.processor.on_feedback(r, o)),
+             lambda _, record, origin: self.processor.on_feedback(record, origin)),
         ]
         for name, schema, handle in readers:
             self._dataframe(name).update(self._reader(schema, handle), metadata=True)
@@ -205,7 +205,6 @@ class StreamsApp:
         """A raw topic's handler: decode once, then each record on its own (a bad one is dead-lettered)."""
         def on_message(value: bytes | None, key: Any, timestamp: int, headers: Any) -> None:
             origin = self._origin(key, value, timestamp)
-            self.processor.partition = origin.partition
             try:
                 if value is None:
                     raise InvalidEvent("empty message (no value)")
@@ -227,7 +226,6 @@ class StreamsApp:
 
     def _on_work(self, value: bytes | None, key: Any, timestamp: int) -> None:
         origin = self._origin(key, value, timestamp)
-        self.processor.partition = origin.partition
         try:
             batch = messages.unpack(value or b"")
         except ValueError as exc:
@@ -235,11 +233,10 @@ class StreamsApp:
             return
         STREAM_RECORDS_IN.labels(topic=origin.topic).inc(len(batch))
         for entry_key, message in batch:
-            self._guarded(origin, "join", partial(self.processor.on_work, entry_key, message))
+            self._guarded(origin, "join", partial(self.processor.on_work, entry_key, message, origin))
 
     def _guarded(self, origin: Origin, stage: str, work: Callable[[], None]) -> None:
         """Run ``work``; whatever an event does wrong ends in the dead-letter topic, never a crash."""
-        self.processor.origin = origin
         try:
             work()
         except DecodeError as exc:
@@ -260,8 +257,7 @@ class StreamsApp:
         STREAM_STATE_WRITES.inc(self.processor.flush())
         names = self.config.topics
         try:
-            envelopes = self.outbox.envelopes(self.codec, names.steps, names.prefix_nodes, names.work,
-                                              names.dlq)
+            envelopes = self._envelopes()
         except EncodeError as exc:  # a bug in what the join built: find the records, keep the rest
             log.error("an output envelope did not encode (%s); sending its records one by one", exc)
             envelopes = self._salvage()
@@ -291,6 +287,10 @@ class StreamsApp:
         origin = Origin(self.config.topics.work, -1, -1, None, None, int(time.time() * 1000))
         for name, reason in bad:
             self._dead_letter(origin, "join", f"output {name} does not match its schema: {reason}")
+        return self._envelopes()
+
+    def _envelopes(self) -> list[Envelope]:
+        """What the outbox holds, encoded for the topics it goes to."""
         names = self.config.topics
         return self.outbox.envelopes(self.codec, names.steps, names.prefix_nodes, names.work, names.dlq)
 

@@ -16,13 +16,12 @@ import orjson
 
 from clawr1.core.routing import id_tag, key_hash
 from clawr1.streams import expiry
+from clawr1.streams.namespaces import Namespace, chunk_name
 from clawr1.streams.origin import Origin
 from clawr1.streams.rewards import fact_digest
 from clawr1.streams.store import Store
 from clawr1.streams.targets import TargetState
 from clawr1.streams.trajectory_record import TrajectoryRecord
-
-SEP = "\x1f"  # between a chunked value's name and its chunk number
 
 DeadLetter = Callable[[str, str, Origin], None]  # (stage, reason, origin)
 
@@ -39,8 +38,8 @@ class Expiring:
         self._forget_tree = forget_tree
         self._feedback_topic = feedback_topic
         self._ttl = ttl_setting  # named in dead letters
-        self.held: set[tuple[int, str]] = set()  # H keys written this checkpoint
-        self._markers: set[tuple[int, str]] = set()  # Z keys written this checkpoint
+        self.held: set[tuple[int, str]] = set()  # HELD keys written this checkpoint
+        self._markers: set[tuple[int, str]] = set()  # EXPIRED markers written this checkpoint
         # Checks already in the wheel for the bucket ``_scheduled_in``: a value written by every
         # checkpoint is scheduled once per bucket, not once per checkpoint.
         self._scheduled: set[tuple[int, str, str]] = set()
@@ -50,7 +49,7 @@ class Expiring:
         self.held.clear()
         self._markers.clear()
 
-    def schedule(self, checks: list[tuple[int, expiry.Check]], now: int) -> None:
+    def schedule(self, checks: expiry.Checks, now: int) -> None:
         bucket = self.clock.due_bucket(now, expiry.HOME)
         if bucket != self._scheduled_in:
             self._scheduled.clear()
@@ -78,8 +77,8 @@ class Expiring:
                     self._expire_held(part, name, now)
                 elif kind == expiry.GROUP:
                     self._expire_group(part, name, now)
-                elif kind == expiry.MARKER and self.clock.expired(self.store.get(part, "Z", name), now, kind):
-                    self.store.delete(part, "Z", name)
+                elif kind == expiry.MARKER:
+                    self._expire_marker(part, name, now)
         by_partition: dict[int, list[expiry.Check]] = {}
         for part, name in self._markers:
             by_partition.setdefault(part, []).append((expiry.MARKER, name))
@@ -88,7 +87,7 @@ class Expiring:
 
     def expired_here(self, part: int, name: str) -> bool:
         """Whether ``name`` (a trajectory, a conversation, a scope) expired in ``part`` not long ago."""
-        return self.store.get(part, "Z", name) is not None
+        return self.store.get(part, Namespace.EXPIRED, name) is not None
 
     def dead_letter_fact(self, part: int, fact: dict[str, Any], reason: str) -> None:
         """A dead letter for a feedback fact whose raw event is no longer at hand: it cites the fact."""
@@ -103,39 +102,44 @@ class Expiring:
 
     # ------------------------------------------------------------------ by kind
     def _mark(self, part: int, name: str, now: int) -> None:
-        self.store.put(part, "Z", name, now)
+        self.store.put(part, Namespace.EXPIRED, name, now)
         self._markers.add((part, name))
 
+    def _expire_marker(self, part: int, name: str, now: int) -> None:
+        if self.clock.expired(self.store.get(part, Namespace.EXPIRED, name), now, expiry.MARKER):
+            self.store.delete(part, Namespace.EXPIRED, name)
+
     def _expire_home(self, part: int, name: str, now: int) -> None:
-        record = self.store.get(part, "R", name)
+        record = self.store.get(part, Namespace.HOME, name)
         if record is None or not self.clock.expired(record.get("touched_ms"), now, expiry.HOME):
             return
         for trajectory_id, data in record["t"].items():
             self._expire_trajectory(part, trajectory_id, TrajectoryRecord.from_json(data), now)
         for key in record["l"]:
             self._mark(part, key, now)
-        self.store.delete(part, "R", name)
+        self.store.delete(part, Namespace.HOME, name)
 
     def _expire_kept(self, part: int, trajectory_id: str, now: int) -> None:
         """A trajectory kept under its own hash (``T``); one in its home record goes with the home."""
         name = key_hash(trajectory_id)
-        kept = self.store.get(part, "T", name) or {}
+        kept = self.store.get(part, Namespace.TRAJECTORY, name) or {}
         data = kept.get(trajectory_id)
         if data is None or not self.clock.expired(data.get("touched_ms"), now, expiry.TRAJECTORY):
             return
         self._expire_trajectory(part, trajectory_id, TrajectoryRecord.from_json(data), now)
         del kept[trajectory_id]
         if kept:
-            self.store.put(part, "T", name, kept)
+            self.store.put(part, Namespace.TRAJECTORY, name, kept)
         else:
-            self.store.delete(part, "T", name)
+            self.store.delete(part, Namespace.TRAJECTORY, name)
 
     def _expire_trajectory(self, part: int, trajectory_id: str, record: TrajectoryRecord, now: int) -> None:
         for n in range(record.chunks):
-            self.store.delete(part, "C", f"{trajectory_id}{SEP}{n}")
+            self.store.delete(part, Namespace.CHUNK, chunk_name(trajectory_id, n))
         for step_id in record.steps:
-            if id_tag(step_id) is not None and self.store.get(part, "S", step_id) == trajectory_id:
-                self.store.delete(part, "S", step_id)
+            routable = id_tag(step_id) is not None
+            if routable and self.store.get(part, Namespace.STEP_INDEX, step_id) == trajectory_id:
+                self.store.delete(part, Namespace.STEP_INDEX, step_id)
         for waiting, fact in record.waiting_feedback():
             target = f"step {waiting}" if waiting is not None else "any of its steps"
             self.dead_letter_fact(part, fact, f"feedback for {target} of trajectory {trajectory_id}: the "
@@ -144,17 +148,17 @@ class Expiring:
         self._mark(part, trajectory_id, now)
 
     def _expire_target(self, part: int, target_id: str, now: int) -> None:
-        data = self.store.get(part, "X", target_id)
+        data = self.store.get(part, Namespace.TARGET, target_id)
         if data is None or not self.clock.expired(data.get("touched_ms"), now, expiry.TARGET):
             return
         for held in TargetState.from_json(data).feedback:
             if held.step_id is None and held.refused is None:
                 self._dead_letter("expire", f"feedback for {target_id}: no step with that id arrived before "
                                   f"its state expired ({self._ttl})", Origin.from_json(held.origin))
-        self.store.delete(part, "X", target_id)
+        self.store.delete(part, Namespace.TARGET, target_id)
 
     def _expire_held(self, part: int, step_id: str, now: int) -> None:
-        data = self.store.get(part, "H", step_id)
+        data = self.store.get(part, Namespace.HELD, step_id)
         if data is None or isinstance(data, dict) and not self.clock.expired(data["touched_ms"], now,
                                                                              expiry.HELD):
             return
@@ -162,15 +166,15 @@ class Expiring:
             self._dead_letter("expire", f"feedback for step {step_id}: the step never arrived, or its "
                               f"trajectory's state had expired ({self._ttl})",
                               Origin.from_json(entry["origin"]))
-        self.store.delete(part, "H", step_id)
+        self.store.delete(part, Namespace.HELD, step_id)
 
     def _expire_group(self, part: int, scope_id: str, now: int) -> None:
-        group = self.store.get(part, "G", scope_id)
+        group = self.store.get(part, Namespace.GROUP, scope_id)
         if group is None or not self.clock.expired(group.get("touched_ms"), now, expiry.GROUP):
             return
         for n in range(group["chunks"]):
-            self.store.delete(part, "GC", f"{scope_id}{SEP}{n}")
-        self.store.delete(part, "G", scope_id)
+            self.store.delete(part, Namespace.GROUP_CHUNK, chunk_name(scope_id, n))
+        self.store.delete(part, Namespace.GROUP, scope_id)
         self._forget_tree(scope_id)
         self._mark(part, scope_id, now)
 

@@ -8,15 +8,16 @@ deletes it (tombstones on the changelog), with what hangs off it (chunks, index 
 touched again meanwhile was scheduled again, later, so a stale check is skipped: no clock per key
 needs rewriting, and a checkpoint writes one wheel key per partition, never rewritten.
 
-The wheel, per partition, in namespace ``E``: ``E/<bucket>`` counts the slices scheduled into bucket
-``bucket`` (``bucket_ms`` of wall clock each), ``E/<bucket>.<n>`` is slice ``n`` (the checks one
-checkpoint scheduled there), ``E/cursor`` the next (bucket, slice) to sweep. A bucket is swept once
-the clock has passed its start; since every check lands at least ``ttl_ms`` after it was scheduled,
-nothing is scheduled into a bucket already passed. A sweep handles at most ``max_checks`` checks per
-checkpoint and resumes at its cursor.
+The wheel, per partition, in namespace ``E`` (``Namespace.WHEEL``): ``E/<bucket>`` counts the slices
+scheduled into bucket ``bucket`` (``bucket_ms`` of wall clock each), ``E/<bucket>.<n>`` is slice ``n``
+(the checks one checkpoint scheduled there), ``E/cursor`` the next (bucket, slice) to sweep. A bucket
+is swept once the clock has passed its start; since every check lands at least ``ttl_ms`` after it was
+scheduled, nothing is scheduled into a bucket already passed. A sweep handles at most ``max_checks``
+checks per checkpoint and resumes at its cursor.
 
-Expired trajectories and conversations leave a small marker (namespace ``Z``) for ``marker_ttl_ms``,
-so what arrives for them later is told apart from what is new (``clawr1.streams.processor``).
+Expired trajectories and conversations leave a small marker (namespace ``Z``, ``Namespace.EXPIRED``)
+for ``marker_ttl_ms``, so what arrives for them later is told apart from what is new
+(``clawr1.streams.expiring.Expiring.expired_here``).
 
 Only checkpoints sweep, and Quix closes an empty checkpoint without running it, so the worker sends
 its partitions a tick (``TICK``) every ``bucket_ms``: state expires on an idle stack too.
@@ -28,12 +29,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from clawr1.streams.namespaces import Namespace
+
 # What a check names: the kind of value, and its name in its namespace.
 HOME, TRAJECTORY, TARGET, HELD, GROUP, MARKER = "r", "t", "x", "h", "g", "z"
 KINDS = (HOME, TRAJECTORY, TARGET, HELD, GROUP, MARKER)
 TICK = "tick"  # a work message that only opens a checkpoint (so that it sweeps)
 
 Check = tuple[str, str]  # (kind, name)
+Checks = list[tuple[int, Check]]  # (partition, check): what a checkpoint schedules
 
 
 @dataclass(frozen=True)
@@ -72,14 +76,13 @@ class Clock:
 class PartitionStore(Protocol):
     """What the wheel needs of ``clawr1.streams.store.Store``."""
 
-    def get(self, partition: int, namespace: str, name: str) -> Any: ...
+    def get(self, partition: int, namespace: Namespace, name: str) -> Any: ...
 
-    def put(self, partition: int, namespace: str, name: str, value: Any) -> None: ...
+    def put(self, partition: int, namespace: Namespace, name: str, value: Any) -> None: ...
 
-    def delete(self, partition: int, namespace: str, name: str) -> None: ...
+    def delete(self, partition: int, namespace: Namespace, name: str) -> None: ...
 
 
-WHEEL = "E"
 CURSOR = "cursor"
 MAX_EMPTY_BUCKETS = 10_000  # buckets a sweep steps over per checkpoint (a partition idle for long)
 
@@ -93,22 +96,22 @@ class Wheel:
 
     def schedule(self, partition: int, checks: Iterable[Check], now_ms: int) -> None:
         """Add one slice per due bucket holding ``checks``."""
-        cursor = self.store.get(partition, WHEEL, CURSOR)
+        cursor = self.store.get(partition, Namespace.WHEEL, CURSOR)
         floor = cursor[0] if cursor else 0
         by_bucket: dict[int, list[list[str]]] = {}
         for kind, name in checks:
             bucket = max(self.clock.due_bucket(now_ms, kind), floor)
             by_bucket.setdefault(bucket, []).append([kind, name])
         for bucket, entries in by_bucket.items():
-            slices = self.store.get(partition, WHEEL, str(bucket)) or 0
-            self.store.put(partition, WHEEL, f"{bucket}.{slices}", entries)
-            self.store.put(partition, WHEEL, str(bucket), slices + 1)
+            slices = self.store.get(partition, Namespace.WHEEL, str(bucket)) or 0
+            self.store.put(partition, Namespace.WHEEL, f"{bucket}.{slices}", entries)
+            self.store.put(partition, Namespace.WHEEL, str(bucket), slices + 1)
         if cursor is None and by_bucket:
-            self.store.put(partition, WHEEL, CURSOR, [min(by_bucket), 0])
+            self.store.put(partition, Namespace.WHEEL, CURSOR, [min(by_bucket), 0])
 
     def take(self, partition: int, now_ms: int) -> list[Check]:
         """The due checks of ``partition`` (at most about ``max_checks``), removed from the wheel."""
-        cursor = self.store.get(partition, WHEEL, CURSOR)
+        cursor = self.store.get(partition, Namespace.WHEEL, CURSOR)
         if cursor is None:
             return []
         bucket, n = cursor
@@ -116,17 +119,18 @@ class Wheel:
         taken: list[Check] = []
         stepped = 0
         while bucket <= last and len(taken) < self.clock.max_checks and stepped < MAX_EMPTY_BUCKETS:
-            slices = self.store.get(partition, WHEEL, str(bucket)) or 0
+            slices = self.store.get(partition, Namespace.WHEEL, str(bucket)) or 0
             if n < slices:
                 name = f"{bucket}.{n}"
-                taken += [(str(kind), str(key)) for kind, key in self.store.get(partition, WHEEL, name) or ()]
-                self.store.delete(partition, WHEEL, name)
+                entries = self.store.get(partition, Namespace.WHEEL, name) or ()
+                taken += [(str(kind), str(key)) for kind, key in entries]
+                self.store.delete(partition, Namespace.WHEEL, name)
                 n += 1
                 continue
             if slices:
-                self.store.delete(partition, WHEEL, str(bucket))
+                self.store.delete(partition, Namespace.WHEEL, str(bucket))
             bucket, n = bucket + 1, 0
             stepped += 1
         if [bucket, n] != list(cursor):
-            self.store.put(partition, WHEEL, CURSOR, [bucket, n])
+            self.store.put(partition, Namespace.WHEEL, CURSOR, [bucket, n])
         return taken

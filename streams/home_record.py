@@ -18,14 +18,39 @@ a checkpoint knows that (its flush).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
-from clawr1.core.routing import id_tag, trajectory_named_after
+from clawr1.core.routing import (
+    home_hash,
+    home_partition,
+    id_tag,
+    key_hash,
+    partition_of,
+    trajectory_named_after,
+)
 from clawr1.streams import state_codec
 
 # {"l": raw key -> link state, "t": trajectory id -> record, "touched_ms": when a checkpoint last wrote
 # it (``clawr1.streams.expiry``), "v": ``state_codec.STATE_VERSION``}
 HomeRecord = dict[str, Any]
+
+
+class Home(NamedTuple):
+    """Where a home record is kept: its partition, and the hash that names it in ``Namespace.HOME``."""
+
+    partition: int
+    hash: str
+
+    @classmethod
+    def of_raw_key(cls, key: str, partitions: int) -> Home:
+        """The home of a raw key's link state."""
+        return cls(partition_of(key, partitions), key_hash(key))
+
+    @classmethod
+    def of_trajectory(cls, trajectory_id: str, partitions: int) -> Home:
+        """The home a trajectory is kept in while its link state names it alone (a black-box call's
+        trajectory hashes as its conversation does, ``clawr1.core.routing.home_hash``)."""
+        return cls(home_partition(trajectory_id, partitions), home_hash(trajectory_id))
 
 
 def empty() -> HomeRecord:

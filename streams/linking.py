@@ -237,9 +237,10 @@ class _Place:
 
 
 def _place(state: LinkState, turn: Turn) -> _Place:
-    """Where the turn goes. A start (a trajectory of its own) takes the slot of a failed start with the
-    same prompt instead: nothing can follow a failure, so its slot stays open for the retry."""
-    place = _placement(state, turn)
+    """Where the turn goes: where its messages place it (``_place_by_messages``), except that a start
+    (a trajectory of its own) takes the slot of a failed start with the same prompt instead: nothing can
+    follow a failure, so its slot stays open for the retry."""
+    place = _place_by_messages(state, turn)
     if place.parent or place.sibling or turn.trajectory_id is not None or len(turn.replies) > 1:
         return place
     prompt = _prompt_digest(turn)
@@ -248,7 +249,9 @@ def _place(state: LinkState, turn: Turn) -> _Place:
     return replace(place, sibling=_best(turn, state, failed)) if failed else place
 
 
-def _placement(state: LinkState, turn: Turn) -> _Place:
+def _place_by_messages(state: LinkState, turn: Turn) -> _Place:
+    """Where the turn's messages place it among the key's steps: after the step whose prompt and reply
+    they continue, beside a sibling they repeat, or a start (root, ambiguous or compacted)."""
     scope = {s: n for s, n in state.nodes.items()
              if turn.trajectory_id is None or n.explicit == turn.trajectory_id}
     live = {s: n for s, n in scope.items() if not n.superseded}

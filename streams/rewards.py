@@ -57,6 +57,8 @@ def feedback_fact(record: dict[str, Any]) -> dict[str, Any]:
                                    "received_at_ms")}
     if record["terminal"]:  # only when set: facts stored before the field existed keep their digests
         fact["terminal"] = True
+    if record.get("privileged"):  # as terminal; records of earlier schema versions have no such field
+        fact["privileged"] = True
     return fact
 
 

@@ -5,7 +5,7 @@ transaction as the outputs and the input offsets). Within a checkpoint a key is 
 many events (a trajectory by each of its steps in an envelope), so values are kept decoded here and
 written back once, when the checkpoint flushes: one changelog record per key per checkpoint.
 
-Namespaces (the first bytes of every key) say what a value is; see ``clawr1.streams.processor``.
+Namespaces (the first bytes of every key) say what a value is: ``clawr1.streams.namespaces``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
+
+from clawr1.streams.namespaces import Namespace
 
 _DELETED = object()
 
@@ -37,10 +39,10 @@ class Store:
         self._dirty: set[tuple[int, bytes]] = set()
 
     @staticmethod
-    def key(namespace: str, name: str) -> bytes:
+    def key(namespace: Namespace, name: str) -> bytes:
         return f"{namespace}/{name}".encode()
 
-    def get(self, partition: int, namespace: str, name: str) -> Any:
+    def get(self, partition: int, namespace: Namespace, name: str) -> Any:
         slot = (partition, self.key(namespace, name))
         if slot in self._values:
             value = self._values[slot]
@@ -50,13 +52,13 @@ class Store:
         self._values[slot] = value if value is not None else _DELETED
         return value
 
-    def put(self, partition: int, namespace: str, name: str, value: Any) -> None:
+    def put(self, partition: int, namespace: Namespace, name: str, value: Any) -> None:
         """``value`` must be JSON data; the caller may keep mutating it until the flush."""
         slot = (partition, self.key(namespace, name))
         self._values[slot] = value
         self._dirty.add(slot)
 
-    def delete(self, partition: int, namespace: str, name: str) -> None:
+    def delete(self, partition: int, namespace: Namespace, name: str) -> None:
         slot = (partition, self.key(namespace, name))
         self._values[slot] = _DELETED
         self._dirty.add(slot)

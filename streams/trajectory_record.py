@@ -77,6 +77,9 @@ class TrajectoryRecord:
     # Started again after its earlier state expired: not merged into a prefix tree (the pool holds the
     # tree of the expired state, which a new one would contradict).
     after_expiry: bool = False
+    # The source of its first step, whose trajectory it is (``clawr1.streams.ownership``); None before
+    # any step, and in state written before owners were kept.
+    owner: str | None = None
     open_chunk: int | None = None  # the chunk this checkpoint adds big facts to (never stored)
     open_tokens: int = 0
 
@@ -88,6 +91,8 @@ class TrajectoryRecord:
                 "tail": self.tail, "tail_tokens": self.tail_tokens, "touched_ms": self.touched_ms}
         if self.after_expiry:
             data["after_expiry"] = True
+        if self.owner is not None:
+            data["owner"] = self.owner
         return data
 
     @classmethod
@@ -99,7 +104,7 @@ class TrajectoryRecord:
                    {s: StepEntry.from_json(e) for s, e in data["steps"].items()},
                    None if data["scope"] is None else ScopeState.from_json(data["scope"]), data["chunks"],
                    data.get("tail", {}), data.get("tail_tokens", 0), data.get("touched_ms"),
-                   data.get("after_expiry", False))
+                   data.get("after_expiry", False), data.get("owner"))
 
     def waiting_feedback(self) -> list[tuple[str | None, dict[str, Any]]]:
         """Feedback that never met its step: (step id, fact) for steps whose fact never arrived, and

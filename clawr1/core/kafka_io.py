@@ -29,6 +29,7 @@ from confluent_kafka.admin import (
 )
 
 from clawr1.core import registry, topics
+from clawr1.core.settings import config_from, setting_field
 from clawr1.core.topics import ALL_TOPICS
 
 log = logging.getLogger("clawr1.kafka")
@@ -101,23 +102,22 @@ SEGMENT_MS = HOUR_MS
 TOMBSTONE_MS = HOUR_MS
 
 
+def _ms(hours: float) -> int:
+    return -1 if hours == -1 else round(hours * HOUR_MS)
+
+
 @dataclass(frozen=True)
 class TopicPolicy:
     """How long Kafka keeps each role's topics, in ms (-1: forever); ``from_env`` reads the
     ``CLAWR1_KAFKA_*_RETENTION_H`` settings, which every role that creates topics applies alike."""
 
-    input_ms: int
-    output_ms: int
-    dead_letters_ms: int
+    input_ms: int = setting_field(registry.KAFKA_INPUT_RETENTION_H, _ms)
+    output_ms: int = setting_field(registry.KAFKA_OUTPUT_RETENTION_H, _ms)
+    dead_letters_ms: int = setting_field(registry.KAFKA_DLQ_RETENTION_H, _ms)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TopicPolicy:
-        def ms(option: registry.Option[float]) -> int:
-            hours = option.read(env)
-            return -1 if hours == -1 else round(hours * HOUR_MS)
-
-        return cls(ms(registry.KAFKA_INPUT_RETENTION_H), ms(registry.KAFKA_OUTPUT_RETENTION_H),
-                   ms(registry.KAFKA_DLQ_RETENTION_H))
+        return config_from(cls, env)
 
 
 def topic_config(name: str, policy: TopicPolicy) -> dict[str, str]:

@@ -35,6 +35,8 @@ PROXY_CALLS_FAILED = Counter(
     "clawr1_proxy_calls_failed",
     "captured calls that failed: upstream_error (no answer), http_error (status >= 400), record_error "
     "(no record could be built from it)", ["api", "reason"])
+PROXY_HINTS_IGNORED = Counter("clawr1_proxy_hints_ignored", "captured calls whose X-Claw-* hints were "
+                              "ignored: API keys are configured and the call carried no proxy credential")
 PROXY_RECORDS_DELIVERED = Counter("clawr1_proxy_records_delivered", "records Kafka confirmed")
 PROXY_RECORDS_REJECTED = Counter("clawr1_proxy_records_rejected", "records Kafka refused for good")
 PROXY_ENGINE_CALLS = Counter("clawr1_proxy_engine_calls", "calls the reverse port sent to each of "

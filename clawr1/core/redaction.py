@@ -47,10 +47,11 @@ import hashlib
 import json
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 from urllib.parse import unquote, unquote_plus, urlsplit, urlunsplit
+
+from cachetools import LRUCache
 
 from clawr1.core.json_depth import MAX_JSON_DEPTH, too_deep
 
@@ -147,8 +148,8 @@ class _RecentVerdicts:
         self._predicate = predicate
         self._short = functools.lru_cache(maxsize=16384)(predicate)
         self._budget = budget_chars
-        self._held = 0
-        self._verdicts: OrderedDict[str, bool] = OrderedDict()
+        # text -> (verdict, its length): the budget counts the texts' characters.
+        self._verdicts: LRUCache[str, tuple[bool, int]] = LRUCache(budget_chars, getsizeof=_length)
         self._lock = threading.Lock()
 
     def __call__(self, text: str) -> bool:
@@ -157,18 +158,17 @@ class _RecentVerdicts:
         if len(text) > self._budget // 16:
             return self._predicate(text)
         with self._lock:
-            verdict = self._verdicts.get(text)
-            if verdict is not None:
-                self._verdicts.move_to_end(text)
-                return verdict
+            held = self._verdicts.get(text)
+        if held is not None:
+            return held[0]
         verdict = self._predicate(text)
         with self._lock:
-            if text not in self._verdicts:
-                self._verdicts[text] = verdict
-                self._held += len(text)
-                while self._held > self._budget:
-                    self._held -= len(self._verdicts.popitem(last=False)[0])
+            self._verdicts[text] = (verdict, len(text))
         return verdict
+
+
+def _length(held: tuple[bool, int]) -> int:
+    return held[1]
 
 
 _SHORT = 256

@@ -510,8 +510,8 @@ DEMO_ENGINE_PORT = option("DEMO_ENGINE_PORT", int, 8091, "`clawr1 up --demo`: th
 
 _DEMO = ("demo",)
 DEMO_AGENTS = option("DEMO_AGENTS", int, 2, "black-box openai-SDK agent threads", _DEMO)
-DEMO_GROUP_SIZE = option("DEMO_GROUP_SIZE", int, 4, "GRPO rollouts per task", _DEMO)
-DEMO_ROUNDS = option("DEMO_ROUNDS", int, 2, "user turns per rollout", _DEMO)
+DEMO_GROUP_SIZE = option("DEMO_GROUP_SIZE", int, 4, "GRPO rollouts per task", _DEMO, check=positive)
+DEMO_ROUNDS = option("DEMO_ROUNDS", int, 2, "user turns per rollout", _DEMO, check=positive)
 DEMO_AGENT_PAUSE_S = option("DEMO_AGENT_PAUSE_S", float, 3.0, "pause of each agent between two groups", _DEMO)
 DEMO_WHITEBOX_PAUSE_S = option("DEMO_WHITEBOX_PAUSE_S", float, 3.0,
                                "pause of the white-box rollout worker between two groups", _DEMO)
@@ -520,9 +520,12 @@ DEMO_EVENT_PAUSE_S = option("DEMO_EVENT_PAUSE_S", float, 2.0,
 DEMO_HUMAN_PAUSE_S = option("DEMO_HUMAN_PAUSE_S", float, 4.0,
                             "how often the simulated human looks at the newest steps", _DEMO)
 DEMO_HUMAN_FRACTION = option("DEMO_HUMAN_FRACTION", float, 0.2,
-                             "share of the steps the human looked at that it labels", _DEMO)
-DEMO_BATCH_GROUPS = option("DEMO_BATCH_GROUPS", int, 2, "prompt groups per trainer batch", _DEMO)
-DEMO_BUMP_EVERY = option("DEMO_BUMP_EVERY", int, 3, "batches between two policy-version bumps", _DEMO)
+                             "share of the steps the human looked at that it labels", _DEMO,
+                             check=lambda v: None if 0 <= v <= 1 else f"must be in [0, 1], got {v}")
+DEMO_BATCH_GROUPS = option("DEMO_BATCH_GROUPS", int, 2, "prompt groups per trainer batch", _DEMO,
+                           check=positive)
+DEMO_BUMP_EVERY = option("DEMO_BUMP_EVERY", int, 3, "batches between two policy-version bumps", _DEMO,
+                         check=positive)
 DEMO_MAX_STALENESS = option("DEMO_MAX_STALENESS", int, 2,
                             "the trainer takes steps at most this many versions behind", _DEMO)
 DEMO_PROGRESS_S = option("DEMO_PROGRESS_S", float, 5.0, "seconds between two progress lines", _DEMO)

@@ -5,15 +5,19 @@ service and a local ``clawr1 up`` differ only in environment, never in code. Eac
 once in ``clawr1/core/registry.py`` (type, default, help, check, roles); the shared ones are the fields
 below, a role's own ones are read with ``settings.role_setting(OPTION)``. An unknown ``CLAWR1_*`` name
 is refused by ``load_settings``.
+
+A role's config is a dataclass whose fields name their variable once, ``batch_rows: int =
+setting_field(SINK_BATCH_ROWS)`` (the default is the declaration's), and ``config_from(SinkConfig,
+settings)`` reads them all; what is derived otherwise (a bootstrap list, a parsed rule) is passed by name.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from clawr1.core import registry as r
 from clawr1.core.registry import (
@@ -25,12 +29,20 @@ from clawr1.core.registry import (
     check_environment,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
     "ENV_PREFIX", "Option", "Settings", "SettingsError", "UnknownSettingError", "T", "check_environment",
-    "effective_settings", "env_names", "load_settings", "local_kafka_ports", "settings_to_env",
+    "config_from", "effective_settings", "env_names", "load_settings", "local_kafka_ports", "setting_field",
+    "settings_to_env",
 ]
 
 T = TypeVar("T", str, int, float, bool, Path)
+R = TypeVar("R")
+C = TypeVar("C", bound="DataclassInstance")
+# The key of a config field's metadata that names its variable (and how its value is converted).
+_SETTING = "clawr1.setting"
 
 
 @dataclass(frozen=True)
@@ -164,3 +176,35 @@ def effective_settings(settings: Settings, environ: Mapping[str, str] | None = N
             source = "env" if settings.extra.get(declared.name, "") != "" else "default"
         rows.append((declared, value, source))
     return rows
+
+
+@overload
+def setting_field(option: Option[T]) -> T: ...
+
+
+@overload
+def setting_field(option: Option[T], convert: Callable[[T], R]) -> R: ...
+
+
+def setting_field(option: Option[Any], convert: Callable[[Any], Any] | None = None) -> Any:
+    """A config field read from ``option`` by ``config_from`` (through ``convert``, when the field holds
+    a derived value); its default is the declaration's, so no default is written twice."""
+    default = option.default if convert is None else convert(option.default)
+    return field(default=default, metadata={_SETTING: (option, convert)})
+
+
+def config_from(cls: type[C], source: Settings | Mapping[str, str], **given: Any) -> C:
+    """``cls`` with each ``setting_field`` read from ``source``: ``Settings`` (its shared fields, and the
+    role variables in ``extra``) or an environment; ``given`` holds the fields derived otherwise."""
+    values: dict[str, Any] = {}
+    for spec in fields(cls):
+        declared = spec.metadata.get(_SETTING)
+        if declared is None or spec.name in given:
+            continue
+        option, convert = declared
+        if not isinstance(source, Settings):
+            value = option.read(source)
+        else:
+            value = getattr(source, option.field) if option.shared else source.role_setting(option)
+        values[spec.name] = value if convert is None else convert(value)
+    return cls(**values, **given)

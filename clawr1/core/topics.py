@@ -22,6 +22,7 @@ CHANGELOG = "changelog"
 
 # The worker's messages to its own partitions (clawr1.streams.messages): read within seconds, an input.
 INTERNAL_PREFIX = "clawr1.internal."
+WORK = f"{INTERNAL_PREFIX}work"  # no Avro schema, so not in ALL_TOPICS: the worker creates it (StreamTopics)
 # How Quix names a state store's changelog (clawr1.streams.quix_compat.changelog_topic).
 CHANGELOG_PREFIX = "changelog__"
 

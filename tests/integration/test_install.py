@@ -136,7 +136,7 @@ def test_core_wheel_polls_the_api_without_chdb(tmp_path: Path, api_url: str) -> 
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
                 if line.startswith("Requires-Dist:")]
     core = sorted(canonicalize_name(Requirement(r).name) for r in requires if "extra ==" not in r)
-    assert core == ["fastavro", "httpx", "numpy", "pyarrow"]
+    assert core == ["cachetools", "fastavro", "httpx", "numpy", "pyarrow"]
 
     python = child_venv(tmp_path, wheel, requires)
     script = CHILD_SCRIPT % {"absent": sorted(POOL_ONLY), "bare": sorted(role_packages())}

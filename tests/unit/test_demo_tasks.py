@@ -25,9 +25,9 @@ from clawr1.demo.tasks import (
 
 def test_config_reads_demo_variables_and_names_a_bad_one() -> None:
     config = DemoConfig.from_env({"CLAWR1_DEMO_GROUP_SIZE": "8", "CLAWR1_DEMO_AGENT_PAUSE_S": "0.5",
-                                  "CLAWR1_DEMO_ROUNDS": " ", "OTHER": "x"})
+                                  "CLAWR1_DEMO_ROUNDS": "", "OTHER": "x"})
     assert (config.group_size, config.agent_pause_s, config.rounds) == (8, 0.5, DemoConfig().rounds)
-    with pytest.raises(ValueError, match="CLAWR1_DEMO_AGENTS must be a int, got 'two'"):
+    with pytest.raises(ValueError, match="CLAWR1_DEMO_AGENTS: .*'two'"):
         DemoConfig.from_env({"CLAWR1_DEMO_AGENTS": "two"})
     with pytest.raises(ValueError, match="_BUMP_EVERY"):
         DemoConfig.from_env({"CLAWR1_DEMO_BUMP_EVERY": "0"})

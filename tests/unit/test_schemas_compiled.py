@@ -106,7 +106,8 @@ def test_a_damaged_body_reads_as_fastavro_reads_it(name: str, data: st.DataObjec
 def feedback() -> dict[str, Any]:
     return {"feedback_id": "f1", "target_kind": "step", "target_id": "s1", "reward": 0.5,
             "components": {"a": 1.0}, "final": True, "source": "human", "source_name": "", "label": None,
-            "comment": None, "correction": None, "received_at_ms": 1_760_000_000_000, "terminal": False}
+            "comment": None, "correction": None, "received_at_ms": 1_760_000_000_000, "terminal": False,
+            "privileged": False}
 
 
 def as_fastavro(codec: AvroCodec, name: str, record: Any) -> bytes | str:

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from clawr1.core import registry as r
-from clawr1.core.settings import Settings, env_names, load_settings, settings_to_env
+from clawr1.core.settings import (
+    Settings,
+    config_from,
+    env_names,
+    load_settings,
+    setting_field,
+    settings_to_env,
+)
 
 
 def test_defaults_are_the_embedded_local_stack() -> None:
@@ -69,3 +77,25 @@ def test_role_settings_are_typed_like_their_declaration_and_name_the_variable() 
         load_settings({"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting(r.SINK_BATCH_ROWS)
     with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):
         Settings(extra={"CLAWR1_SINK_BATCH_ROWS": "many"}).role_setting(r.SINK_BATCH_ROWS)
+
+
+@dataclass(frozen=True)
+class _RoleConfig:
+    bootstrap: str
+    partitions: int = setting_field(r.TOPIC_PARTITIONS)
+    batch_rows: int = setting_field(r.SINK_BATCH_ROWS)
+    steps_topic: str = setting_field(r.TOPIC_SUFFIX, lambda suffix: "steps" + suffix)
+    fixed: int = 7
+
+
+def test_a_role_config_reads_each_field_from_the_variable_it_names() -> None:
+    """Defaults are the declarations'; shared fields come from Settings, role ones from its extra or an
+    environment; a converted field holds its derived value; what is given by name wins."""
+    assert (_RoleConfig("k").partitions, _RoleConfig("k").batch_rows) == (4, r.SINK_BATCH_ROWS.default)
+    assert _RoleConfig("k").steps_topic == "steps"
+    env = {"CLAWR1_TOPIC_PARTITIONS": "8", "CLAWR1_SINK_BATCH_ROWS": "9", "CLAWR1_TOPIC_SUFFIX": ".t1"}
+    from_settings = config_from(_RoleConfig, load_settings(env), bootstrap="k")
+    assert from_settings == _RoleConfig("k", 8, 9, "steps.t1")
+    assert config_from(_RoleConfig, env, bootstrap="k", batch_rows=3) == _RoleConfig("k", 8, 3, "steps.t1")
+    with pytest.raises(ValueError, match="CLAWR1_SINK_BATCH_ROWS"):
+        config_from(_RoleConfig, {"CLAWR1_SINK_BATCH_ROWS": "many"}, bootstrap="k")

@@ -17,10 +17,13 @@ from tests.support.waiting import wait_until
 
 KEYS = {"agent": "sk-compat-agent-0123456789", "reader": "sk-compat-reader-0123456789",
         "scorer": "sk-compat-scorer-0123456789", "trainer": "sk-compat-trainer-0123456789",
-        "intruder": "sk-compat-intruder-0123456789"}
-API_KEYS = ",".join(f"{name}:{KEYS[name]}:{kinds}" for name, kinds in
-                    (("agent", "steps|feedback"), ("reader", "read"), ("scorer", "feedback"),
-                     ("trainer", "consume"), ("intruder", "steps|feedback")))
+        "intruder": "sk-compat-intruder-0123456789", "collector": "sk-compat-collector-0123456789",
+        "plain": "sk-compat-plain-0123456789", "rewarder": "sk-compat-rewarder-0123456789"}
+API_KEYS = ",".join([*(f"{name}:{KEYS[name]}:{kinds}" for name, kinds in
+                       (("agent", "steps|feedback"), ("reader", "read"), ("scorer", "feedback"),
+                        ("trainer", "consume"), ("intruder", "steps|feedback"), ("collector", "events"),
+                        ("rewarder", "reward"))),
+                     f"plain:{KEYS['plain']}"])  # no kinds: the ingest kinds
 REWARD_FN = "tests.integration.compat.reward_fns:tokens_over_turns"
 
 
@@ -29,9 +32,10 @@ class Stack:
     api: str
     compat: str
     engine: str
-    # The explicit proxy's and the local broker's ports.
+    # The explicit proxy's, its reverse port's and the local broker's ports.
     proxy_port: int = 0
     kafka_port: int = 0
+    reverse_port: int = 0
 
     def sql(self, query: str) -> list[dict[str, Any]]:
         reply = httpx.post(f"{self.api}/v1/sql", json={"query": query, "format": "JSONEachRow"},
@@ -59,6 +63,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     with live_stack(tmp_path_factory.mktemp("compat") / "data", args=["--capture-token-ids"],
                     env={"CLAWR1_API_KEYS": API_KEYS, "CLAWR1_REWARD_FN": REWARD_FN}) as live:
         running = Stack(api=live.url("api"), compat=live.url("compat"), engine=live.url("engine"),
-                        proxy_port=live.ports["proxy"], kafka_port=live.ports["kafka"])
+                        proxy_port=live.ports["proxy"], kafka_port=live.ports["kafka"],
+                        reverse_port=live.ports["reverse"])
         wait_http(f"{running.compat}/openapi.json", 30, live.up)
         yield running

@@ -26,7 +26,8 @@ from tests.integration.sdk.conftest import Pool, database_dsn, step
 KEYS = {  # kind -> (key name, secret); "" is an entry without kinds
     "steps": ("agent", "key-steps"), "feedback": ("rater", "key-feedback"), "events": ("svc", "key-events"),
     "read": ("analyst", "key-read"), "consume": ("trainer", "key-consume"),
-    "curate": ("curator", "key-curate"), "operate": ("operator", "key-operate"), "": ("plain", "key-plain"),
+    "curate": ("curator", "key-curate"), "operate": ("operator", "key-operate"),
+    "reward": ("scorer", "key-reward"), "": ("plain", "key-plain"),
 }
 SPEC = ",".join(f"{name}:{secret}" + (f":{kind}" if kind else "") for kind, (name, secret) in KEYS.items())
 
@@ -50,8 +51,10 @@ COMMIT = {"group_name": "trainer", "epoch": "e0", "step_id": "s0", "step_version
 INGEST = frozenset({"steps", "feedback", "events", ""})
 MATRIX = [
     Call("POST", "/v1/steps", STEP, frozenset({"steps", ""}), 202),
+    # A curate key passes the route, then its reward is refused (labels and notes are what it may send).
     Call("POST", "/v1/feedback", {"trajectory_id": "t-kinds", "reward": 1.0},
-         frozenset({"feedback", ""}), 202),
+         frozenset({"feedback", "reward", ""}), 202),
+    Call("POST", "/v1/feedback", {"step_id": "s-kinds", "label": "excluded"}, frozenset({"curate"}), 202),
     Call("POST", "/v1/events", {"kind": "user_action", "trajectory_id": "t-kinds", "payload": {}},
          frozenset({"events", ""}), 202),
     Call("POST", "/v1/traces", {"resourceSpans": []}, frozenset({"events", ""}), 200),
@@ -117,7 +120,7 @@ def test_every_route_kind_cell(api: LiveGateway, route: Call, kind: str) -> None
         assert reply.status_code == route.success, reply.text
     else:
         assert reply.status_code == 403, reply.text
-        assert f"the API key of {name!r} may not use" in reply.text
+        assert f"the API key of {name!r} may not " in reply.text
 
 
 @pytest.mark.parametrize("route", MATRIX, ids=lambda r: f"{r.method} {r.path}")

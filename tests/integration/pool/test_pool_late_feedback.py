@@ -17,10 +17,11 @@ TRAJECTORY = "t-expired"
 
 
 def _fact(feedback_id: str, target_kind: str, target_id: str, reward: float, **extra: object) -> bytes:
+    """Feedback of a key that may give it on any trajectory (``privileged``), unless ``extra`` says not."""
     return orjson.dumps({"feedback_id": feedback_id, "target_kind": target_kind, "target_id": target_id,
                          "reward": reward, "components": {}, "final": True, "source": "human",
                          "source_name": "curator", "label": None, "comment": None, "correction": None,
-                         "received_at_ms": 1_760_000_100_000, **extra})
+                         "received_at_ms": 1_760_000_100_000, "privileged": True, **extra})
 
 
 def _letter(dlq_id: str, fact: bytes) -> dict[str, object]:
@@ -52,6 +53,8 @@ def test_expired_feedback_is_joined_in_the_pool_once(kafka_bootstrap: str, uniqu
         ("on-trajectory", _fact("fb-t", "trajectory", TRAJECTORY, 0.75, terminal=True)),
         ("on-step", _fact("fb-s", "step", "e1", 1.0)),
         ("on-nothing", _fact("fb-x", "step", "no-such-step", 1.0)),
+        # Another source's step, unprivileged: as the worker would, the sink leaves it a dead letter only.
+        ("not-owner", _fact("fb-o", "step", "e0", -5.0, privileged=False, source_name="mallory")),
     ]
     produce(kafka_bootstrap, config.dlq_topic, [(k, "dead_letter", _letter(k, f)) for k, f in letters])
     sink_until_committed(settings, pool_store, config)

@@ -191,7 +191,10 @@ def feedback(
     comment: str | None = None,
     correction: str | None = None,
     terminal: bool = False,
+    privileged: bool = True,
 ) -> dict[str, Any]:
+    """Feedback as the gateway writes it; by default from a reward model's key (kind reward), which
+    counts on any source's trajectory (``privileged``)."""
     return decoded(
         "feedback",
         {
@@ -208,6 +211,7 @@ def feedback(
             "correction": correction,
             "received_at_ms": at,
             "terminal": terminal,
+            "privileged": privileged,
         },
     )
 

@@ -192,6 +192,8 @@ EXPECTED_TRAJECTORY_TREE = {
     "tree_tokens": 10,
     "forks": 0,
 }
+# alice's key holds kinds reward and curate: her reward and label count on another source's step.
 FEEDBACK_OF_G0 = [{"feedback_id": "fb-g0", "target_kind": "step", "target_id": "g:0", "reward": 1.0,
                    "components": {}, "final": True, "source": "human", "source_name": "alice",
-                   "label": "good", "comment": "nice", "correction": None, "received_at_ms": 4_100}]
+                   "label": "good", "comment": "nice", "correction": None, "received_at_ms": 4_100,
+                   "privileged": True}]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clawr1.gateway.auth import INGEST_KINDS, ApiKeyError, parse_api_keys
+from clawr1.gateway.auth import INGEST_KINDS, ApiKeyError, FeedbackRefused, feedback_standing, parse_api_keys
 from clawr1.gateway.server import InsecureBindError, bind_address, check_bind, is_loopback
 
 
@@ -48,6 +48,7 @@ def test_empty_spec_disables_auth() -> None:
     ("agent:S3CRET:", "kinds must be among"),
     ("a:S3CRET:steps:x", "expected name:key"),
     ("a:S3CRET,b:S3CRET", "entry 2 \\(b\\): the same key is already given to 'a'"),
+    ("anonymous:S3CRET", "the source of keyless calls"),  # no key may pass for the keyless
 ])
 def test_malformed_entries_are_refused_without_echoing_the_secret(spec: str, reason: str) -> None:
     with pytest.raises(ApiKeyError, match=reason) as error:
@@ -123,3 +124,42 @@ def test_the_security_guide_names_every_keyed_route() -> None:
     guide = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text()
     missing = [route for route in ROUTE_KINDS if route.rsplit("/", 1)[-1] not in guide]
     assert not missing, f"docs/security.md's route x kind matrix lacks {missing}"
+
+
+def test_where_feedback_counts_depends_on_the_keys_kinds() -> None:
+    """A plain agent key rewards only its own trajectories; ``reward`` anyone's; labels need ``curate``,
+    which counts on any step for labels and notes only."""
+    agent, rewarder, curator = INGEST_KINDS, frozenset({"reward"}), frozenset({"curate"})
+    assert feedback_standing(agent, labelled=False, curation_only=False) is False
+    assert feedback_standing(rewarder, labelled=False, curation_only=False) is True
+    assert feedback_standing(curator, labelled=True, curation_only=True) is True
+    assert feedback_standing(agent | curator, labelled=True, curation_only=False) is False
+    refused = ((agent, True, True), (rewarder, True, False), (curator, False, False))
+    for kinds, labelled, curation_only in refused:
+        with pytest.raises(FeedbackRefused):
+            feedback_standing(kinds, labelled=labelled, curation_only=curation_only)
+
+
+def test_labels_and_exclusions_through_the_feedback_route_need_kind_curate() -> None:
+    """The finding: a key with no kinds excluded another key's steps through POST /v1/feedback (any label
+    of 1-128 characters), while the dashboard's curate route needs kind curate."""
+    from fastapi.testclient import TestClient
+
+    from clawr1.core.settings import Settings
+    from clawr1.gateway.app import create_app
+
+    app = create_app(Settings(api_keys="agent:key-agent,curator:key-curator:curate"))
+    client = TestClient(app)  # no lifespan: a refusal comes before Kafka, an admission meets a 503
+
+    def post(key: str, body: object) -> tuple[int, str]:
+        answer = client.post("/v1/feedback", json=body, headers={"Authorization": f"Bearer {key}"})
+        return answer.status_code, answer.json()["message"]
+
+    excluded = {"step_id": "s-victim", "label": "excluded"}
+    status, message = post("key-agent", excluded)
+    assert status == 403 and "needs a key of kind curate" in message
+    status, message = post("key-agent", [{"step_id": "s-own", "reward": 1.0}, {**excluded, "label": "x"}])
+    assert status == 403 and message.startswith("the API key of 'agent' may not send item 1 of this feedback")
+    assert post("key-curator", {"trajectory_id": "t-1", "reward": -5.0})[0] == 403
+    assert post("key-curator", {**excluded, "comment": "off topic"})[0] == 503  # admitted: Kafka is not up
+    assert post("key-agent", {"trajectory_id": "t-own", "reward": 1.0})[0] == 503

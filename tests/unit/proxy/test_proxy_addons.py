@@ -12,8 +12,10 @@ from mitmproxy.test import tflow
 
 from clawr1.core.relay_source import relay_secret, seal
 from clawr1.core.settings import Settings
+from clawr1.gateway.auth import parse_api_keys
 from clawr1.proxy.addons import build_addons
 from clawr1.proxy.addons.hints import UNSEALED_SOURCE
+from clawr1.proxy.hints import HINTS_IGNORED
 from clawr1.proxy.record import CapturedCall
 from clawr1.proxy.token_ids import TokenIdPolicy
 
@@ -156,3 +158,44 @@ def test_the_callers_name_is_taken_only_with_the_compat_ports_seal(tmp_path: Pat
         assert call.hints.source_name == named, value
         assert (UNSEALED_SOURCE in call.notes) == (named is None)
         assert "x-claw-source" not in {k.lower() for k in flow.request.headers}
+
+
+def test_with_keys_hints_need_a_proxy_credential(tmp_path: Path) -> None:
+    """The finding: with keys configured, a call through the reverse port with no key extended another
+    key's trajectory (X-Claw-Trajectory-Id, X-Claw-Metadata, X-Claw-Terminal). Without a credential the
+    call is still relayed and captured, as the proxy's own; with the agent's key (X-Claw-Key, kind
+    steps) or the compat port's seal its hints count, and the key is never forwarded nor recorded."""
+    keys = parse_api_keys("agent:sk-agent-0123:steps,reader:sk-reader-0123:read")
+    secret = relay_secret(Settings(data_dir=tmp_path))
+    attack = {"X-Claw-Trajectory-Id": "t-victim", "X-Claw-Terminal": "true",
+              "X-Claw-Metadata": '{"ground_truth":"ATTACKER"}'}
+    cases = [({}, None), ({"X-Claw-Key": "sk-wrong"}, None), ({"X-Claw-Key": "sk-reader-0123"}, None),
+             ({"X-Claw-Policy-Version": "not a number"}, None),  # unread, so it refuses nothing
+             ({"X-Claw-Key": "sk-agent-0123"}, "agent"),
+             ({"X-Claw-Source": seal(secret, "agent", "t-victim")}, "agent")]
+    for extra, source in cases:
+        captured: list[CapturedCall] = []
+        flow = _flow(headers={**attack, **extra})
+        _run(build_addons(captured.append, None, relay_secret=secret, keys=keys), flow,
+             _json_response({"choices": []}))
+        (call,) = captured
+        assert flow.response is not None and flow.response.status_code == 200, extra  # traffic flows
+        assert not any(k.lower().startswith("x-claw-") for k in flow.request.headers), extra
+        recorded = {k.lower() for k, _ in call.request_headers}
+        assert "x-claw-key" not in recorded
+        hinted = (call.hints.trajectory_id, call.hints.terminal, call.hints.source_name)
+        if source is None:
+            assert hinted == (None, False, None)
+            assert HINTS_IGNORED in call.notes and "x-claw-metadata" not in recorded, extra
+        else:
+            assert hinted == ("t-victim", True, source)
+            assert HINTS_IGNORED not in call.notes and "x-claw-metadata" in recorded
+
+
+def test_without_keys_hints_count_as_before() -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow(headers={"X-Claw-Trajectory-Id": "t-1", "X-Claw-Terminal": "true"})
+    _run(build_addons(captured.append, None), flow, _json_response({"choices": []}))
+    (call,) = captured
+    assert (call.hints.trajectory_id, call.hints.terminal) == ("t-1", True)
+    assert HINTS_IGNORED not in call.notes

@@ -26,8 +26,7 @@ def _tick(harness: Harness, after_ms: int) -> None:
     """Let ``after_ms`` pass, then a tick to every partition and the checkpoint it opens."""
     harness.now_ms += after_ms
     for partition in range(PARTITIONS):
-        harness.processor.partition = partition
-        harness.processor.on_work("", messages.message(expiry.TICK))
+        harness.processor.on_work("", messages.message(expiry.TICK), harness.origin_at(partition))
     harness.checkpoint()
 
 

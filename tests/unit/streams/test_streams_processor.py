@@ -78,21 +78,20 @@ class Harness:
         """A new processor over the same stores, as after a worker restart."""
         self.processor = self._processor()
 
-    def _at(self, partition: int) -> None:
-        self.processor.partition = partition
-        self.processor.origin = Origin("t", partition, 0, None, b"x", 0)
+    @staticmethod
+    def origin_at(partition: int) -> Origin:
+        """An event of ``partition``."""
+        return Origin("t", partition, 0, None, b"x", 0)
 
     def whitebox(self, record: dict[str, Any]) -> None:
-        self._at(partition_of(record["trajectory_id"], PARTITIONS))
-        self.processor.on_whitebox_step(record)
+        origin = self.origin_at(partition_of(record["trajectory_id"], PARTITIONS))
+        self.processor.on_whitebox_step(record, origin)
 
     def llm(self, record: dict[str, Any], key: str) -> None:
-        self._at(partition_of(key, PARTITIONS))
-        self.processor.on_llm_call(key, record)
+        self.processor.on_llm_call(key, record, self.origin_at(partition_of(key, PARTITIONS)))
 
     def feedback(self, record: dict[str, Any]) -> None:
-        self._at(partition_of(record["target_id"], PARTITIONS))
-        self.processor.on_feedback(record, self.processor.origin or Origin("t", 0, 0, None, None, 0))
+        self.processor.on_feedback(record, self.origin_at(partition_of(record["target_id"], PARTITIONS)))
 
     def checkpoint(self) -> None:
         """Flush, keep the published steps, and deliver the worker's messages (more checkpoints)."""
@@ -112,9 +111,8 @@ class Harness:
                 return
             for partition, sent in internal.items():
                 self.hops += 1
-                self._at(partition)
                 for key, message in messages.unpack(messages.pack(sent)):  # as the work topic carries them
-                    self.processor.on_work(key, message)
+                    self.processor.on_work(key, message, self.origin_at(partition))
 
 
 def _whitebox_trajectory(trajectory: str, length: int, reward: float | None = 1.0) -> list[dict[str, Any]]:
