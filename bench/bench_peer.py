@@ -80,18 +80,19 @@ def tool_output(turn: int) -> str:
 # --- Agent Lightning ---------------------------------------------------------------------------------
 
 def python_312(explicit: str | None) -> str:
-    """An interpreter new enough for Agent Lightning: ``explicit``, else python3.12+ on PATH or pyenv's."""
+    """An interpreter new enough for Agent Lightning: ``explicit``, else pyenv's newest 3.12+, else
+    python3.13 or python3.12 on PATH; the first that runs (a pyenv shim of an unselected version does not)."""
     if explicit:
         return explicit
-    for name in ("python3.13", "python3.12"):
-        if found := shutil.which(name):
-            return found
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     versions = sorted((p for p in pyenv.glob("3.1[2-9]*") if (p / "bin" / "python").exists()),
-                      key=lambda p: tuple(int(x) for x in p.name.split(".")[:2]))
-    if not versions:
-        raise SystemExit("Agent Lightning needs Python >= 3.12: none found (give --agl-python)")
-    return str(versions[-1] / "bin" / "python")
+                      key=lambda p: tuple(int(x) for x in p.name.split(".")[:2]), reverse=True)
+    candidates = [str(v / "bin" / "python") for v in versions]
+    candidates += [found for name in ("python3.13", "python3.12") if (found := shutil.which(name))]
+    for candidate in candidates:
+        if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+            return candidate
+    raise SystemExit("Agent Lightning needs Python >= 3.12: none found (give --agl-python)")
 
 
 def agl_venv(venv: Path, python: str) -> Path:
