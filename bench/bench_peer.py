@@ -80,15 +80,15 @@ def tool_output(turn: int) -> str:
 # --- Agent Lightning ---------------------------------------------------------------------------------
 
 def python_312(explicit: str | None) -> str:
-    """An interpreter new enough for Agent Lightning: ``explicit``, else pyenv's newest 3.12+, else
-    python3.13 or python3.12 on PATH; the first that runs (a pyenv shim of an unselected version does not)."""
+    """An interpreter new enough for Agent Lightning: ``explicit``, else pyenv's 3.12+ (oldest first), else
+    python3.12 or python3.13 on PATH; the first that runs (a pyenv shim of an unselected version does not)."""
     if explicit:
         return explicit
     pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     versions = sorted((p for p in pyenv.glob("3.1[2-9]*") if (p / "bin" / "python").exists()),
-                      key=lambda p: tuple(int(x) for x in p.name.split(".")[:2]), reverse=True)
+                      key=lambda p: tuple(int(x) for x in p.name.split(".")[:2]))
     candidates = [str(v / "bin" / "python") for v in versions]
-    candidates += [found for name in ("python3.13", "python3.12") if (found := shutil.which(name))]
+    candidates += [found for name in ("python3.12", "python3.13") if (found := shutil.which(name))]
     for candidate in candidates:
         if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
             return candidate
