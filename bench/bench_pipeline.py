@@ -105,20 +105,21 @@ def step(run: str, n: int, length: int = 10) -> dict[str, Any]:
 class Stack:
     """``clawr1 up`` on a private data dir and free ports, with the stand-in engine as upstream; ``env``:
     settings of the stack's own; its log is kept as ``kept_log`` (default: in bench/results/, by the
-    work dir's name)."""
+    work dir's name); ``repo``: the checkout it runs (another one: an earlier version, side by side)."""
 
     def __init__(self, workdir: Path, kafka_nodes: int = 1, workers: int = 1,
-                 env: Mapping[str, str] | None = None, kept_log: Path | None = None) -> None:
+                 env: Mapping[str, str] | None = None, kept_log: Path | None = None,
+                 repo: Path = REPO) -> None:
         self.api_port, self.kafka_port = free_port(), free_ports(kafka_nodes)
         self.reverse_port, self.engine_port = free_port(), free_port()
         self.api = f"http://127.0.0.1:{self.api_port}"
         self.bootstrap = ",".join(f"127.0.0.1:{self.kafka_port + i}" for i in range(kafka_nodes))
         workdir.mkdir(parents=True, exist_ok=True)
         self.data_dir = workdir / "data"
-        env = {**os.environ, **(env or {}), "CLAWR1_DATA_DIR": str(self.data_dir)}
+        env = {**os.environ, **(env or {}), "CLAWR1_DATA_DIR": str(self.data_dir), "PYTHONPATH": str(repo)}
         env.pop("CLAWR1_KAFKA_BOOTSTRAP", None)
         clawr1 = [sys.executable, "-m", "clawr1.cli"]
-        self.engine = subprocess.Popen([*clawr1, "standin-engine", "--port", str(self.engine_port)], cwd=REPO,
+        self.engine = subprocess.Popen([*clawr1, "standin-engine", "--port", str(self.engine_port)], cwd=repo,
                                        env=env, stdout=(workdir / "engine.log").open("wb"),
                                        stderr=subprocess.STDOUT)
         self.up = subprocess.Popen(
@@ -127,7 +128,7 @@ class Stack:
              "--proxy-port", str(free_port()), "--reverse-port", str(self.reverse_port),
              "--compat-port", str(free_port()),
              "--upstream", f"http://127.0.0.1:{self.engine_port}", "--workers", str(workers)],
-            cwd=REPO, env=env, stdout=(workdir / "stack.log").open("wb"), stderr=subprocess.STDOUT)
+            cwd=repo, env=env, stdout=(workdir / "stack.log").open("wb"), stderr=subprocess.STDOUT)
         self.log = workdir / "stack.log"
         self.kept_log = kept_log or RESULTS.with_name(f"bench_pipeline_stack_{workdir.name}.log")
 

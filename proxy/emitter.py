@@ -52,6 +52,10 @@ T = TypeVar("T")
 # (full jitter).
 _TOPIC_BACKOFF = Backoff(0.25, 2.0)
 _WARN_EVERY_S = 30.0
+# How often the thread looks at Kafka's delivery reports while records await them, and at the stop flag
+# and the topic when nothing does: it otherwise sleeps until an item is submitted or a held envelope is due.
+_ACK_POLL_S = 0.05
+_IDLE_S = 0.5
 
 
 @dataclass
@@ -95,11 +99,12 @@ class Emitter(Generic[T]):
         self._producer_overrides = producer_overrides or {}
         self._max_in_flight = max_in_flight
         self._spool = Spool(spool_dir, segment_records)
-        self._queue: queue.SimpleQueue[T] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[T | None] = queue.SimpleQueue()  # None: only a wake-up
         self._stop = threading.Event()
         self._deadline = 0.0
         self._thread = threading.Thread(target=self._run, name="clawr1-proxy-emitter", daemon=True)
         self._topic_ready = False
+        self._sending = False  # as of the last pass: the topic is there and no pause holds records back
         self._next_topic_try = 0.0
         self._topic_waits = _TOPIC_BACKOFF.delays()
         self._last_warning = 0.0
@@ -128,6 +133,7 @@ class Emitter(Generic[T]):
         """Deliver what Kafka takes within ``timeout``; the rest stays spooled for the next start."""
         self._deadline = time.monotonic() + timeout
         self._stop.set()
+        self._queue.put(None)  # wakes the thread from its wait
         if self._thread.is_alive():
             self._thread.join(timeout + 5.0)
 
@@ -140,12 +146,12 @@ class Emitter(Generic[T]):
                                        **self._producer_overrides)
         try:
             while True:
-                busy = self._spool.pending > 0
-                self._spool_batch(self._take_batch(0.0 if busy else 0.05))
+                self._spool_batch(self._take_batch(self._wait_s()))
                 self._ensure_topic()
-                if self._topic_ready and not self._paused():
+                self._sending = self._topic_ready and not self._paused()
+                if self._sending:
                     self._send_unsent(producers.producer)
-                producers.producer.poll(0.01 if busy else 0)
+                producers.producer.poll(0)
                 if producers.rebuild_if_fatal() is not None:
                     # The old producer's delivery reports put its records back; any it never reported
                     # on are sent again too (at least once: Kafka may hold a copy already).
@@ -165,12 +171,27 @@ class Emitter(Generic[T]):
                 logger.warning("%d records not yet confirmed by Kafka stay spooled in %s",
                                self._pending, self._spool.directory)
 
+    def _wait_s(self) -> float:
+        """How long the next pass may wait for a submitted item before it goes on: until the first held
+        envelope is due (while sending); while records await Kafka (its confirmation, the topic, the end of
+        a pause), ``_ACK_POLL_S`` (the producer reports only when polled); else ``_IDLE_S``. A submitted
+        item (or ``close``) ends the wait at once."""
+        if self._unspooled:
+            return 0.0
+        if self._held and self._sending:
+            return max(0.0, min(self._held_since[p] for p in self._held) + self._batch_s - time.monotonic())
+        return _ACK_POLL_S if self._spool.pending or self._held else _IDLE_S
+
     def _take_batch(self, timeout: float) -> list[T]:
         batch: list[T] = []
         try:
-            batch.append(self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait())
-            while len(batch) < 1000:
-                batch.append(self._queue.get_nowait())
+            item = self._queue.get(timeout=timeout) if timeout else self._queue.get_nowait()
+            while True:
+                if item is not None:
+                    batch.append(item)
+                if len(batch) >= 1000:
+                    break
+                item = self._queue.get_nowait()
         except queue.Empty:
             pass
         return batch

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from clawr1.core.progress import Offsets, ProbeInconclusive, ProgressTracker
+from types import SimpleNamespace
+
+import pytest
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
+
+from clawr1.core.progress import Offsets, ProbeInconclusive, ProgressTracker, group_offsets
 
 P = ("clawr1.raw.steps", 0)
 
@@ -149,3 +154,61 @@ def test_another_members_progress_excuses_nobody_else() -> None:
     alone = ProgressTracker(stall_s=10)
     alone.observe("g", 0, {P: Offsets(0, 50), q: Offsets(0, 50)}, _always)
     assert alone.observe("g", 12, {P: Offsets(0, 50), q: Offsets(20, 50)}, _always) is not None
+
+
+class _Reader:
+    """A consumer's offset calls over fixed logs, counting the requests a look makes."""
+
+    def __init__(self, committed: dict[tuple[str, int], int], logs: dict[tuple[str, int], tuple[int, int]],
+                 leaderless: frozenset[tuple[str, int]] = frozenset()) -> None:
+        self.committed_at, self.logs, self.leaderless = committed, logs, leaderless
+        self.requests: list[str] = []
+
+    def list_topics(self, timeout: float) -> SimpleNamespace:
+        self.requests.append("metadata")
+        topics: dict[str, SimpleNamespace] = {}
+        for topic, partition in self.logs:
+            topics.setdefault(topic, SimpleNamespace(error=None, partitions={})).partitions[partition] = None
+        return SimpleNamespace(topics=topics)
+
+    def committed(self, partitions: list[TopicPartition], timeout: float) -> list[TopicPartition]:
+        self.requests.append("committed")
+        return [TopicPartition(tp.topic, tp.partition, self.committed_at.get((tp.topic, tp.partition), -1001))
+                for tp in partitions]
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float) -> list[SimpleNamespace]:
+        self.requests.append("list_offsets")
+        out = []
+        for tp in partitions:
+            at = (tp.topic, tp.partition)
+            error = KafkaError(KafkaError.LEADER_NOT_AVAILABLE) if at in self.leaderless else None
+            offset = -1 if error else self.logs[at][tp.offset == OFFSET_END]
+            out.append(SimpleNamespace(topic=tp.topic, partition=tp.partition, offset=offset, error=error))
+        return out
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> tuple[int, int]:
+        """The one-partition query a look falls back to when the batched one answered for none."""
+        self.requests.append("watermarks")
+        if (tp.topic, tp.partition) in self.leaderless:
+            raise KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE))
+        return self.logs[(tp.topic, tp.partition)]
+
+
+def test_a_look_asks_once_per_kind_however_many_partitions() -> None:
+    """Committed offsets, log ends, and log starts only where the group never committed; a partition whose
+    leader is away is left out; a topic not there is no partition."""
+    logs = {("a", p): (10 * p, 100 + p) for p in range(8)} | {("b", 0): (0, 5), ("other", 0): (0, 9)}
+    reader = _Reader({("a", p): 50 for p in range(1, 8)}, logs, leaderless=frozenset({("a", 7)}))
+    offsets = group_offsets(reader, ["a", "b", "gone"])  # type: ignore[arg-type]
+    assert reader.requests == ["metadata", "committed", "list_offsets", "list_offsets"]
+    assert offsets[("a", 0)] == Offsets(0, 100, unset=True)
+    assert offsets[("a", 3)] == Offsets(50, 103)
+    assert offsets[("b", 0)] == Offsets(0, 5, unset=True)
+    assert set(offsets) == {("a", p) for p in range(7)} | {("b", 0)}
+
+
+def test_a_look_kafka_answered_for_no_partition_raises() -> None:
+    reader = _Reader({}, {("a", 0): (0, 3)}, leaderless=frozenset({("a", 0)}))
+    with pytest.raises(KafkaException):
+        group_offsets(reader, ["a"])  # type: ignore[arg-type]
+    assert group_offsets(reader, ["gone"]) == {}  # type: ignore[arg-type]

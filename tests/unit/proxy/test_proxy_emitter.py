@@ -4,6 +4,7 @@ acknowledged, and a message Kafka finds too large goes again in halves."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,3 +111,25 @@ def test_while_paused_captures_are_spooled_not_sent_and_go_once_resumed(
         paused[0] = False
         wait_until(lambda: emitter.stats.delivered == 5 and emitter.pending == 0, 10)
     assert sorted(producer.acked) == sorted(f"k{n}:{n}".encode() for n in range(5))
+
+
+def test_the_thread_sleeps_between_passes_instead_of_spinning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a record waits for its window and then for Kafka's confirmation the thread looks every 50 ms
+    or so, and every 0.5 s with nothing pending: an idle proxy's emitter costs next to nothing. (Counted
+    over a one-second window: a rate needs one.)"""
+    with running_emitter(tmp_path, monkeypatch, batch_s=0.3, batch_records=64) as (emitter, producer):
+        producer.healthy = False  # the envelope stays unacknowledged
+        passes: list[float] = []
+        poll = producer.poll
+        monkeypatch.setattr(producer, "poll", lambda timeout=0: passes.append(timeout) or poll(timeout))
+        emitter.submit("k:1")
+        wait_until(lambda: len(producer.held) == 1, 10)
+        passes.clear()
+        time.sleep(1.0)
+        assert len(passes) <= 25
+        producer.healthy = True
+        wait_until(lambda: emitter.stats.delivered == 1 and emitter.pending == 0, 10)
+        passes.clear()
+        time.sleep(1.0)
+        assert len(passes) <= 3
