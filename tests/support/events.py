@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from clawr1.core.conversation import conversation_key
+from clawr1.core.routing import routable_id
 from clawr1.schemas.codec import codec_for
 
 CODEC = codec_for()
@@ -249,3 +250,18 @@ def build_tokenizer(path: str) -> str:
     tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     tokenizer.save(path)
     return path
+
+
+def growing_conversation(trajectory_id: str, turns: int, first_prompt: int, reply: int,
+                         added: int) -> list[dict[str, Any]]:
+    """White-box steps of one conversation without rewards: each turn's prompt is the one before, its reply
+    (``reply`` token ids) and ``added`` new ones, as an agent's context grows."""
+    prompt: list[int] = list(range(first_prompt))
+    steps = []
+    for n in range(turns):
+        response = [50_000 + n] * reply
+        step_id = routable_id(trajectory_id, f"{trajectory_id}/{n}".encode())
+        steps.append(whitebox_step(step_id, trajectory_id, n, prompt_ids=list(prompt), response_ids=response,
+                                   reward=None))
+        prompt += response + [60_000 + n] * added
+    return steps

@@ -12,7 +12,7 @@ import orjson
 from clawr1.core.routing import routable_id
 from clawr1.schemas.batch import pack_ints
 from clawr1.streams.trajectory_record import packed_fact, unpacked_fact
-from tests.support.events import feedback, whitebox_step
+from tests.support.events import feedback, growing_conversation, whitebox_step
 from tests.support.stream_harness import Harness, decoded_state
 
 LOGPROBS = [-0.1, -1e-300, 0.0, float(np.float32(-0.3371)), -17.25]
@@ -97,13 +97,8 @@ def test_state_written_before_packing_is_read_after_a_restart() -> None:
 
 def test_a_rollout_posted_whole_is_sealed_so_its_reward_rewrites_a_small_record() -> None:
     harness = Harness()
-    prompt: list[int] = list(range(1_024))
-    steps = []
-    for n in range(8):  # ~1,000 token ids, then ~400 a turn: past SEAL_TOKENS in one checkpoint
-        reply = [50_000 + n] * 128
-        steps.append(whitebox_step(routable_id("t-roll", f"t-roll/{n}".encode()), "t-roll", n,
-                                   prompt_ids=list(prompt), response_ids=reply, reward=None))
-        prompt += reply + [60_000 + n] * 256
+    # ~1,000 token ids, then ~400 a turn: past SEAL_TOKENS in one checkpoint
+    steps = growing_conversation("t-roll", 8, first_prompt=1_024, reply=128, added=256)
     for step in steps:
         harness.whitebox(step)
     harness.checkpoint()

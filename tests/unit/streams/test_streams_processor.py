@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from clawr1.core.routing import key_hash, routable_id
-from tests.support.events import feedback, llm_call, user, whitebox_step
+from tests.support.events import feedback, growing_conversation, llm_call, user, whitebox_step
 from tests.support.stream_harness import CountingStore, Harness, decoded_state
 
 
@@ -195,13 +195,7 @@ def test_a_conversations_turns_keep_each_token_id_about_once_and_read_back_whole
     """Each turn's prompt is the conversation so far: kept as the part beyond the turn before, 30 turns
     fit the tail, and every fact reads back whole after a restart."""
     harness = Harness()
-    prompt: list[int] = list(range(1_000))
-    steps = []
-    for n in range(30):
-        reply = [50_000 + n] * 100
-        steps.append(whitebox_step(routable_id("t-chat", f"t-chat/{n}".encode()), "t-chat", n,
-                                   prompt_ids=list(prompt), response_ids=reply, reward=None))
-        prompt += reply + [60_000 + n] * 20
+    steps = growing_conversation("t-chat", 30, first_prompt=1_000, reply=100, added=20)
     for record in steps:
         harness.whitebox(record)
         harness.checkpoint()
