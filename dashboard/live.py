@@ -1,11 +1,11 @@
 """The live stream's server side: one pulse computation fanned out to every open stream, and caps.
 
-Each open ``/v1/dashboard/live`` stream used to run its own pulse query every second, so 150 streams on
-one key ran 150 queries a second against the pool and trainer SQL went from 15 ms to 13-14 s. Now one
-task computes the pulse once per ``poll_s`` while any stream is open and hands it to each stream's
-queue; a stream gets the latest pulse at once, then each change, a ``problem`` event when the pool
-cannot answer, and a keep-alive comment after ``keepalive_s`` of quiet (the messages the page reads,
-unchanged). A key opens at most ``per_key`` streams and all keys ``max_streams``; beyond, ``LiveBusy``.
+One task computes the pulse once per ``poll_s`` while any stream is open and hands it to each stream's
+queue, so open streams cost the pool one query a second however many there are (a query per stream, 150
+streams of one key took trainer SQL from 15 ms to 13-14 s). A stream gets the latest pulse at once, then
+each change, a ``problem`` event when the pool cannot answer, and a keep-alive comment after ``keepalive_s``
+of quiet (the messages the page reads, unchanged). A key opens at most ``per_key`` streams and all keys
+``max_streams``; beyond, ``LiveBusy``.
 """
 
 from __future__ import annotations
