@@ -395,7 +395,7 @@ def main() -> int:
         engine_port = free_port()
         stack.enter_context(
             process(
-                [sys.executable, "-m", "clawr1.demo.standin_engine", "--port", str(engine_port)],
+                [sys.executable, "-m", "clawr1.demo.standin.server", "--port", str(engine_port)],
                 ready_line="stand-in engine on",
             )
         )

@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "workers", None) is not None:  # a role setting: it reaches the stack as its variable
         os.environ[registry.WORKERS.name] = str(args.workers)
     if args.command == "standin-engine":
-        from clawr1.demo.standin_engine import main as engine_main
+        from clawr1.demo.standin.server import main as engine_main
 
         return engine_main(["--host", args.host, "--port", str(args.port)])
     try:

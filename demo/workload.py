@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from clawr1.demo.standin_engine import EOS, encode, render_prompt, toy_logprob
+from clawr1.demo.standin.toy import EOS, encode, render_prompt, toy_logprob
 from clawr1.demo.tasks import (
     GREP_TOOL,
     AgentTask,

@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 
 from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings, env_names
-from clawr1.demo.standin_engine import StandinEngine
+from clawr1.demo.standin.server import StandinEngine
 from clawr1.proxy.config import ca_cert_path
 from clawr1.proxy.runner import serve_proxy
 from tests.support.kafka import TopicFollower

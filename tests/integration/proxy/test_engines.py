@@ -19,7 +19,8 @@ import pytest
 from clawr1.cli import main
 from clawr1.consumer_sdk import EngineControl, PoolRequestError
 from clawr1.core.settings import Settings
-from clawr1.demo.standin_engine import DEFAULT_MODEL, StandinEngine
+from clawr1.demo.standin.server import StandinEngine
+from clawr1.demo.standin.toy import DEFAULT_MODEL
 from clawr1.proxy.config import PROCESSES_ENV
 from tests.support.metrics import scrape, total
 from tests.support.ports import free_port

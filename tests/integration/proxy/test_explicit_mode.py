@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from clawr1.demo.standin_engine import DEFAULT_MODEL, make_reply, render_prompt
+from clawr1.demo.standin.toy import DEFAULT_MODEL, make_reply, render_prompt
 from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, client_context, marked
 
 SECRET = "sk-proj-explicit-secret-77aa"

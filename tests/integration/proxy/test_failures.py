@@ -7,7 +7,7 @@ import uuid
 import httpx
 import pytest
 
-from clawr1.demo.standin_engine import DEFAULT_MODEL
+from clawr1.demo.standin.toy import DEFAULT_MODEL
 from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, marked
 
 

@@ -10,7 +10,7 @@ import anthropic
 import httpx
 import openai
 
-from clawr1.demo.standin_engine import DEFAULT_MODEL, REFUSAL, make_reply, render_prompt
+from clawr1.demo.standin.toy import DEFAULT_MODEL, REFUSAL, make_reply, render_prompt
 from clawr1.proxy.token_ids import SGLEXT_HEADERS
 from tests.support.proxy import EmbeddedProxy, Standin, TopicReader, marked
 

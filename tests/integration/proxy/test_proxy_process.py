@@ -16,7 +16,7 @@ import pytest
 
 from clawr1.core.kafka_io import ensure_topics
 from clawr1.core.settings import Settings
-from clawr1.demo.standin_engine import DEFAULT_MODEL
+from clawr1.demo.standin.toy import DEFAULT_MODEL
 from tests.support.ports import free_port
 from tests.support.proxy import (
     REPO_ROOT,

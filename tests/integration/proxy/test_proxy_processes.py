@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from clawr1.core.settings import Settings
-from clawr1.demo.standin_engine import DEFAULT_MODEL
+from clawr1.demo.standin.toy import DEFAULT_MODEL
 from clawr1.proxy.config import PROCESSES_ENV
 from tests.support.kafka import read_topic
 from tests.support.metrics import scrape, total

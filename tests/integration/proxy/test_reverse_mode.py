@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from clawr1.core.conversation import conversation_key
-from clawr1.demo.standin_engine import (
+from clawr1.demo.standin.toy import (
     DEFAULT_MODEL,
     completion_prompt_ids,
     decode,

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from clawr1.compat.engines import EngineFailed, Engines, parse_engines
-from clawr1.demo.standin_engine import StandinEngine
+from clawr1.demo.standin.server import StandinEngine
 from tests.support.ports import free_port
 
 

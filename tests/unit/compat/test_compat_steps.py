@@ -19,7 +19,7 @@ from clawr1.compat.steps import (
     policy_version_of,
     step_in,
 )
-from clawr1.demo.standin_engine import completion_prompts
+from clawr1.demo.standin.toy import completion_prompts
 
 
 def test_a_seed_step_becomes_a_whitebox_step() -> None:

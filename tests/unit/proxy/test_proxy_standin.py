@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from clawr1.demo.standin_engine import EOS, TOOL_CLOSE, decode, encode, make_reply, render_prompt
+from clawr1.demo.standin.toy import EOS, TOOL_CLOSE, decode, encode, make_reply, render_prompt
 
 
 def test_reply_ids_spell_the_text_and_end_with_eos() -> None:
