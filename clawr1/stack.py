@@ -100,7 +100,8 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
                 # Tier 0: stopped after its clients, so they flush into it first.
                 # A JVM prints every thread's stack to its stdout (our log) on SIGQUIT, and goes on.
                 supervisor.add(ProcessRole(cluster.role_name(broker), broker.launch, log_file=broker.log_file,
-                                           stop_timeout_s=60.0, dump_signal=signal.SIGQUIT),
+                                           stop_timeout_s=60.0, dump_signal=signal.SIGQUIT,
+                                           votes=settings.kafka_nodes > 1),
                                tier=0, health=FatalFaultWatch(broker))
             cluster.wait_ready(120.0)
             replicated["CLAWR1_STREAMS_REPLICATION"] = str(cluster.layout.replication.factor)

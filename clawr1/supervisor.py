@@ -81,9 +81,19 @@ def describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+QUORUM_LOST_GRACE_S = 10.0
+STOP_POLL_S = 0.1
+
+
+def quorum_lost(voters: int, stopped: int) -> bool:
+    """Whether most of a quorum's ``voters`` have stopped (none: there is no quorum to lose)."""
+    return voters > 0 and 2 * stopped > voters
+
+
 class Role(Protocol):
     name: str
     stop_timeout_s: float
+    votes: bool
 
     @property
     def pid(self) -> int | None: ...
@@ -101,13 +111,16 @@ class ProcessRole:
     ours and their tail kept; otherwise ``log_file``'s tail is the report); ``on_exit`` runs once per
     exit seen, e.g. to withdraw the role's readiness marker so /healthz names it until it is back.
     ``dump_signal``: sent before a kill so that a process that would not stop (or is stuck) writes where
-    each of its threads is to its log first (the CLI registers ``faulthandler`` on SIGUSR1)."""
+    each of its threads is to its log first (the CLI registers ``faulthandler`` on SIGUSR1). ``votes``: one
+    of a quorum (a Kafka node of a cluster), whose clean stop needs most of its tier still up."""
 
     def __init__(self, name: str, launch: Callable[[], subprocess.Popen[bytes]], *,
                  log_file: Path | None = None, on_exit: Callable[[], None] | None = None,
-                 stop_timeout_s: float = 20.0, dump_signal: signal.Signals | None = None) -> None:
+                 stop_timeout_s: float = 20.0, dump_signal: signal.Signals | None = None,
+                 votes: bool = False) -> None:
         self.name = name
         self.stop_timeout_s = stop_timeout_s
+        self.votes = votes
         self._dump_signal = dump_signal
         self._launch = launch
         self._log_file = log_file
@@ -292,14 +305,34 @@ class Supervisor:
             roles = [w.role for w in reversed(self._watches) if w.tier == tier]
             for role in roles:
                 role.terminate()
-            since = time.monotonic()
-            for role in roles:
-                if not role.wait(max(0.1, since + role.stop_timeout_s - time.monotonic())):
-                    self._log(f"{role.name} did not stop in time; killing it")
-                    role.kill()
+            self._await_stop(roles)
         self._watches.clear()
         if self._state_file is not None:
             self._state_file.unlink(missing_ok=True)
+
+    def _await_stop(self, roles: list[Role]) -> None:
+        """Each role until its stop timeout, then killed. A voter left behind once most of its tier's voters
+        have gone cannot finish a clean stop (a Kafka node's controlled shutdown waits for a controller
+        quorum that no longer exists): it gets ``QUORUM_LOST_GRACE_S`` more, not the rest of its timeout."""
+        since = time.monotonic()
+        deadlines = {id(role): since + role.stop_timeout_s for role in roles}
+        voters = [role for role in roles if role.votes]
+        waiting = list(roles)
+        while waiting:
+            now = time.monotonic()
+            if quorum_lost(len(voters), sum(role.returncode() is not None for role in voters)):
+                for role in voters:
+                    deadlines[id(role)] = min(deadlines[id(role)], now + QUORUM_LOST_GRACE_S)
+                voters = []
+            for role in list(waiting):
+                if role.wait(0.0):
+                    waiting.remove(role)
+                elif now >= deadlines[id(role)]:
+                    self._log(f"{role.name} did not stop in time; killing it")
+                    role.kill()
+                    waiting.remove(role)
+            if waiting:
+                time.sleep(STOP_POLL_S)
 
     def state(self) -> list[dict[str, object]]:
         return [

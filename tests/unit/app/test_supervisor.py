@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from clawr1 import readiness
-from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor, describe_exit
+from clawr1 import supervisor as supervisor_module
+from clawr1.supervisor import ProcessRole, RestartPolicy, Supervisor, describe_exit, quorum_lost
 from tests.support.waiting import wait_until
 
 POLICY = RestartPolicy(backoff_s=1.0, max_backoff_s=5.0, max_restarts=3, window_s=60.0)
@@ -258,3 +259,31 @@ def test_policy_comes_from_settings(name: str, value: str, field: str, expected:
     from clawr1.core.settings import load_settings
 
     assert getattr(RestartPolicy.from_settings(load_settings({name: value})), field) == expected
+
+
+def test_quorum_lost_once_most_voters_stopped() -> None:
+    assert [quorum_lost(3, stopped) for stopped in range(4)] == [False, False, True, True]
+    assert not quorum_lost(0, 0) and not quorum_lost(1, 0) and quorum_lost(1, 1)
+
+
+def test_a_voter_left_behind_by_its_quorum_gets_a_short_grace_not_its_whole_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the last Kafka node of a cluster whose controlled shutdown waits for a quorum that has gone."""
+    monkeypatch.setattr(supervisor_module, "QUORUM_LOST_GRACE_S", 0.5)
+    logs: list[str] = []
+    supervisor = Supervisor(POLICY, log=logs.append)
+    ready = [tmp_path / f"node-{n}" for n in range(3)]
+    stuck = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    nodes = [ProcessRole(f"node-{n}", _python((stuck if n == 0 else "import time; ")
+                                              + f"open({str(ready[n])!r}, 'w').close(); time.sleep(60)"),
+                         stop_timeout_s=30.0, votes=True)
+             for n in range(3)]
+    for node in nodes:
+        supervisor.add(node, tier=0)
+    wait_until(lambda: all(path.exists() for path in ready), 10, message="the nodes' handlers")
+    started = time.monotonic()
+    supervisor.stop_all()
+    assert time.monotonic() - started < 10  # not the 30 s timeout
+    assert nodes[0].returncode() == -signal.SIGKILL
+    assert [node.returncode() for node in nodes[1:]] == [-signal.SIGTERM] * 2
+    assert logs == ["node-0 did not stop in time; killing it"]
