@@ -18,7 +18,6 @@ is printed.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import tempfile
 import time
@@ -28,24 +27,14 @@ from typing import Any
 from bench import bench_pipeline
 from bench.common import cpu_by_role
 
-REPO = Path(__file__).resolve().parent.parent
-
 NOT_STACK = frozenset({"client", "engine"})
 
 
 def start(name: str, checkout: Path, workdir: Path, env: dict[str, str]) -> bench_pipeline.Stack:
     """A healthy stack of ``checkout`` (tried again on a port another job took meanwhile)."""
-    saved = dict(os.environ)
     for attempt in range(4):
-        bench_pipeline.REPO = checkout  # the stack's working directory
-        os.environ["PYTHONPATH"] = str(checkout)  # its roles import the checkout's code
-        try:
-            stack = bench_pipeline.Stack(workdir / f"{name}{attempt}", env=env,
-                                         kept_log=workdir / f"{name}{attempt}.log")
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-            bench_pipeline.REPO = REPO
+        stack = bench_pipeline.Stack(workdir / f"{name}{attempt}", env=env,
+                                     kept_log=workdir / f"{name}{attempt}.log", repo=checkout)
         try:
             stack.wait_healthy()
             return stack
