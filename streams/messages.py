@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 # Trajectory messages (key: trajectory id), applied in the trajectory's partition.
-STEP = "step"  # {"fact": StepFact}
+STEP = "step"  # {"fact": StepFact}, its arrays packed across partitions (``normalize.wire_fact``)
 STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
 SUPERSEDE = "supersede"  # {"step_id"}

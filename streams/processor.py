@@ -56,7 +56,7 @@ from clawr1.streams.join import (
 )
 from clawr1.streams.linking import after_expiry, link_turn, step_ids_of
 from clawr1.streams.namespaces import Namespace
-from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn, wire_fact
 from clawr1.streams.origin import Origin
 from clawr1.streams.outbox import Outbox
 from clawr1.streams.placement import Placement
@@ -136,6 +136,8 @@ class Processor:
         if partition == self._partition:
             self._on_work(key, message)
         else:
+            if "fact" in message:  # a step or group step: its arrays packed for the way
+                message = {**message, "fact": wire_fact(message["fact"])}
             self.outbox.send(partition, key, message)
 
     def to_trajectory(self, trajectory_id: str, message: dict[str, Any]) -> None:
@@ -303,8 +305,8 @@ class Processor:
             return
         topic = getattr(self.config.topics, _RAW_TOPIC.get(step["source_kind"], "raw_events"))
         reason = ownership.group_refusal(step["step_id"], source, (named[0], named[1]), (group_id, owner))
-        original = {**fact, "step": {**step, "prompt_group_id": named[0]}}  # the step as it came
-        self._not_joined(topic, step["trajectory_id"], original, int(step["updated_at_ms"]), reason)
+        original = StepFact.from_json({**fact, "step": {**step, "prompt_group_id": named[0]}})  # as it came
+        self._not_joined(topic, step["trajectory_id"], original.to_json(), int(step["updated_at_ms"]), reason)
 
     # ------------------------------------------------------------------ join
     def _on_trajectory_message(self, trajectory_id: str, message: dict[str, Any]) -> None:
