@@ -19,13 +19,13 @@ with its group, and group ids are often the task's own id (``gsm8k-17``), which 
 on the same data name alike by right, and which a black-box call without hints takes from the
 inferred group of the same prompt, model and tools, whoever sent it. Should that group of its own
 already belong to yet another source (who named it on purpose), the step is a ``not_owner`` dead
-letter, kept whole. A group's owner expires with its state (``CLAWR1_STREAMS_STATE_TTL_S`` after
-its last step): the first step naming it after that names the owner again, as a trajectory's does.
+letter, kept whole. A group's owner expires with its state (``clawr1.streams.scope_merger.claim``
+says when): the first step naming it after that names the owner again, as a trajectory's does.
 
 Keyless calls are all named ``anonymous`` (no key may take that name), so without keys a trajectory
-takes steps and feedback from anyone, as it always did, and their steps never visit their group's partition
-first. State written before owners were kept has
-none: the first step after the upgrade names it, and feedback already joined stays.
+takes steps and feedback from anyone, as it always did, and their steps go to their trajectory without
+passing their group's owner. State written before owners were kept has none: the first step after
+the upgrade names it, and feedback already joined stays.
 """
 
 from __future__ import annotations
