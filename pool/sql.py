@@ -31,7 +31,6 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import IO, Any, cast
 
 from cachetools import LRUCache
@@ -41,8 +40,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from clawr1.core import registry
 from clawr1.core.settings import Settings, config_from, setting_field
-from clawr1.pool import idle
-from clawr1.pool.admission import ANALYSTS, KILLED, TRAINERS, Admission, Caller, Ledger, SqlError
+from clawr1.pool.admission import ANALYSTS, TRAINERS, Admission, Caller, Ledger, SqlError
 from clawr1.pool.sql_guard import (
     CATALOGUE_QUERY,
     COMBINATORS_QUERY,
@@ -105,7 +103,6 @@ class SqlLimits:
     key_share: float = setting_field(registry.SQL_KEY_SHARE)
     analyst_block_rows: int = setting_field(registry.SQL_ANALYST_BLOCK_ROWS)
     os_thread_priority: int = setting_field(registry.SQL_OS_THREAD_PRIORITY)
-    analyst_cgroup: str = setting_field(registry.SQL_ANALYST_CGROUP)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SqlLimits:
@@ -216,11 +213,6 @@ class AnalystSql:
         self._lock = threading.Lock()
         self._catalogue: Catalogue | None = None
         self._accepted: LRUCache[str, Checked] = LRUCache(GUARD_CACHE_ENTRIES)
-        # The embedded engine runs in this process: its analysts' threads are this process's to move.
-        nice = int(self.limits.os_thread_priority)
-        self._idle_sweeper = (idle.IdleSweeper(idle.AnalystCgroup(Path(self.limits.analyst_cgroup)), nice,
-                                               self._analysts_in_engine)
-                              if self.limits.analyst_cgroup and nice and is_embedded(dsn) else None)
 
     def admit(self, caller: Caller | None = None) -> Admission:
         """A place in the caller's pool, or ``SqlBusy`` naming what is full."""
@@ -248,8 +240,6 @@ class AnalystSql:
             checked = self._guard(client, text)
             values = _parameters(checked, parameters or {})
             running = admission.started(tag, float(limits.max_execution_time))
-            if pool == ANALYSTS and self._idle_sweeper is not None:
-                self._idle_sweeper.wake()
             source: IO[bytes]
             if checked.streams:
                 # clickhouse-connect types raw_stream for its sync and async clients together; the sync
@@ -302,15 +292,11 @@ class AnalystSql:
                 # Its own limit still stops it between blocks; the caller was answered already.
                 pass
 
-    def _analysts_in_engine(self) -> bool:
-        """Whether the engine may still run an analyst's query (live, or killed and not yet stopped)."""
-        return bool(self.ledger.running(ANALYSTS) or self.ledger.running(ANALYSTS, state=KILLED))
-
     def close(self) -> None:
         with self._lock:
-            sessions = [client for pool in self._idle.values() for client, _ in pool]
+            idle = [client for sessions in self._idle.values() for client, _ in sessions]
             self._idle = {TRAINERS: [], ANALYSTS: []}
-        for client in sessions:
+        for client in idle:
             client.close()
         with self._control_lock:
             if self._control is not None:

@@ -339,11 +339,6 @@ SQL_OS_THREAD_PRIORITY = option("SQL_OS_THREAD_PRIORITY", int, 19,
                                 "analyst's query only gets the CPU that ingest leaves; `0` = ingest's own",
                                 ("api",),
                                 check=lambda v: None if 0 <= v <= 19 else f"must be in [0, 19], got {v}")
-SQL_ANALYST_CGROUP = option("SQL_ANALYST_CGROUP", str, "",
-                            "analyst SQL on the embedded pool (Linux): a CPU cgroup directory the API may "
-                            "move threads into (e.g. with `cpu.idle` = 1); the engine threads running an "
-                            "analyst's query (those at `CLAWR1_SQL_OS_THREAD_PRIORITY`, when not 0) run "
-                            "in it while they do; empty = off", ("api",))
 DASHBOARD_LIVE_PER_KEY = option("DASHBOARD_LIVE_PER_KEY", int, 8,
                                 "dashboard: `/v1/dashboard/live` streams one key may hold open (more answer "
                                 "429)", ("api",), check=positive)
