@@ -16,7 +16,7 @@ against without (the load waits for each answer, and freshness starts at the gat
 slower gateway shows there): the figures docs/pool.md states.
 
     .venv/bin/python -m bench.bench_analysts [--pairs 3] [--seconds 10] [--rate 40] [--chars 20000]
-        [--limit-s 2] [--env CLAWR1_SQL_OS_THREAD_PRIORITY=0]
+        [--limit-s 2] [--per-row] [--env CLAWR1_SQL_OS_THREAD_PRIORITY=0]
 
 ``--env CLAWR1_SQL_OS_THREAD_PRIORITY=0`` runs the analysts at ingest's priority (as before it was
 lowered). Results: bench/results/bench_analysts.json, the stack's log bench/results/bench_analysts_stack.log.
@@ -115,6 +115,9 @@ def load(api: Api, rate: float, seconds: float) -> tuple[list[float], float]:
 
 def phase(api: Api, with_analysts: bool, args: argparse.Namespace) -> dict[str, Any]:
     query = f"SELECT editDistance(repeat('a', {args.chars}), repeat('b', {args.chars})) AS d"
+    if args.per_row:
+        query = (f"SELECT editDistance(repeat('a', {args.chars} + number), repeat('b', {args.chars})) AS d "
+                 "FROM numbers(1)")
     stop, answers = threading.Event(), Counter[int]()
     analysts = [threading.Thread(target=analyst, args=(api, key, query, stop, answers), daemon=True)
                 for key in (ANALYSTS if with_analysts else [])]
@@ -141,6 +144,9 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=40.0)
     parser.add_argument("--chars", type=int, default=20_000)
     parser.add_argument("--limit-s", type=float, default=2.0)
+    parser.add_argument("--per-row", action="store_true",
+                        help="the call on a row of numbers(1), computed in the engine's pipeline threads, "
+                             "instead of on constants, which the engine folds on the caller's thread")
     parser.add_argument("--env", action="append", default=[], help="CLAWR1_<NAME>=VALUE for the stack")
     args = parser.parse_args()
     env = {"CLAWR1_API_KEYS": ",".join(f"{name}:{key}:{KINDS[name]}" for name, key in KEYS.items()),
