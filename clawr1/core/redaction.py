@@ -420,10 +420,72 @@ def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
     if json_like and "\\u" not in text and not might_hold_token(text) and not _might_name_a_secret(lowered):
         json_like = False  # no anchor, no escape that could spell one, no secret name: nothing to find
     if "=" in body and _FORM.fullmatch(body):
-        return _redact_form(body)
+        cleaned = _redact_form(body)
+        return text if cleaned is body else cleaned  # white space around a clean form text stays
     if "content-disposition" in lowered[:4096]:
         return _redact_documents(_redact_multipart(text))
     return _redact_documents(text) if json_like else redact_tokens(text)
+
+
+def _text_is_clean(text: str) -> bool:
+    return redact_text(text) == text
+
+
+text_is_clean = _RecentVerdicts(_text_is_clean, 8 << 20)
+"""Whether ``redact_text`` keeps a text as it is, remembered for the texts seen lately: a white-box
+step's prompt holds its conversation so far, each earlier turn again."""
+
+
+def _needs_json_rule(value: Any) -> bool:
+    """Whether ``redact_json`` could change anything in ``value``; iterative, allocating nothing."""
+    pending: list[tuple[Any, str | None]] = [(value, None)]
+    while pending:
+        item, parent = pending.pop()
+        if isinstance(item, str):
+            if not text_is_clean(item):
+                return True
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if might_hold_token(key) or _is_hidden(key, child, parent):
+                    return True
+                if isinstance(child, str | dict | list):
+                    pending.append((child, key if key != _SCHEMA_PROPERTIES else _properties_parent(item)))
+        elif isinstance(item, list):
+            pending += [(child, parent) for child in item if isinstance(child, str | dict | list)]
+    return False
+
+
+def redact_json(value: Any) -> Any:
+    """A parsed JSON value (messages, metadata, a payload, a text) as a record's own fields are kept:
+    a secret-named field's value is ``[REDACTED]`` at any depth (the JSON rule, schemas' properties
+    exempt), every key gets the token rule and every string ``redact_text`` (JSON inside a string,
+    tool-call arguments, gets the field rule too). ``value`` itself, not a copy, when nothing needs a
+    change. Iterative, so ``redact_text`` has the whole stack for what a string holds."""
+    if not _needs_json_rule(value):
+        return value
+
+    pending: list[tuple[Any, Any, str | None]] = []
+
+    def copy(item: Any, parent: str | None) -> Any:
+        if isinstance(item, str):
+            return item if text_is_clean(item) else redact_text(item)
+        if isinstance(item, dict | list):
+            out: Any = {} if isinstance(item, dict) else []
+            pending.append((item, out, parent))
+            return out
+        return item
+
+    root = copy(value, None)
+    while pending:
+        source, target, parent = pending.pop()
+        if isinstance(target, dict):
+            for key, item in source.items():
+                hidden = _is_hidden(key, item, parent)
+                below = key if key != _SCHEMA_PROPERTIES else _properties_parent(source)
+                target[redact_tokens(key)] = REDACTED if hidden else copy(item, below)
+        else:
+            target.extend(copy(item, parent) for item in source)
+    return value if root == value else root
 
 
 # Fields the schema types as numbers (ids, logprobs: thousands of items, no text to redact), and
