@@ -20,7 +20,8 @@ way wherever a name meets a value:
   OAuth's ``code`` is secret in URLs only: elsewhere ``code`` is a tool's input.
 - **Secret shapes** (``SECRET_TOKEN``: OpenAI/Anthropic ``sk-``, Hugging Face ``hf_``, GitHub
   ``ghp_``/``gho_``/``github_pat_``, GitLab ``glpat-``, Slack ``xox?-``, AWS ``AKIA``, Google ``AIza``,
-  Stripe, JWTs, ``Bearer`` credentials, PEM private keys) are replaced wherever they appear: URL path,
+  Stripe, JWTs, ``Bearer`` credentials, PEM private keys, a URL's ``user:password@`` in text) are
+  replaced wherever they appear: URL path,
   bodies, prompt and reply text, JSON keys, ids; also when percent-encoded (``sk%2Dproj%2D...``). A
   header or parameter whose value (percent-decoded) holds one, is a credential (``Bearer ...``,
   ``Basic ...``) or, for a header, reads ``user:password``, is dropped whatever its name, and so is
@@ -110,6 +111,7 @@ SECRET_TOKEN = re.compile(
         _START + r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",  # JWT, maybe unsigned
         r"(?i:\bbearer)\s+(?=[A-Za-z0-9._~+/-]*[0-9])[A-Za-z0-9._~+/-]{16,}=*",  # a credential, not prose
         r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
+        r"(?<=://)[^\s/?#@:]+:[^\s/?#@]+(?=@)",                      # a URL's user:password@ in text
     ])
 )
 # A run of URL characters holding a percent escape: decoded, it may spell a token (sk%2Dproj%2D...).
@@ -120,7 +122,7 @@ _NOT_LETTERS = re.compile(r"[^a-z]+")
 # Lower-cased substrings every SECRET_TOKEN alternative contains, and the percent escape that may hide
 # one; none present means no match.
 _TOKEN_ANCHORS = ("sk-", "rk-", "sk_", "rk_", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
-                  "glpat-", "xox", "akia", "asia", "aiza", "eyj", "bearer", "private key", "%")
+                  "glpat-", "xox", "akia", "asia", "aiza", "eyj", "bearer", "private key", "://", "%")
 _FORM = re.compile(r"[\w.%+~\[\]-]+=[^&;\s]*(?:[&;][\w.%+~\[\]-]+=[^&;\s]*)*")
 _MULTIPART_PART = re.compile(
     r'(content-disposition:[^\r\n]*?\bname="([^"]*)"[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n)(.*?)(?=\r?\n--)',
