@@ -127,7 +127,10 @@ _FORM = re.compile(r"[\w.%+~\[\]-]+=[^&;\s]*(?:[&;][\w.%+~\[\]-]+=[^&;\s]*)*")
 _MULTIPART_PART = re.compile(
     r'(content-disposition:[^\r\n]*?\bname="([^"]*)"[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n)(.*?)(?=\r?\n--)',
     re.IGNORECASE | re.DOTALL)
-_JSON_START = re.compile(r"[{\[]")
+# Where a JSON object or array may start: ``raw_decode`` fails anywhere else (``{`` before anything but a
+# key or ``}``, ``[`` before no value), so code full of braces costs a scan, not an exception a brace.
+_JSON_START = re.compile(r"\{(?=\s*[\"}])|\[(?=\s*[\]\[{\"\-0-9tfn])")
+_OBJECT_START = re.compile(r"\{(?=\s*\")")
 # Lower-cased substrings every secret name contains (a token in a name has a _TOKEN_ANCHORS one).
 _NAME_ANCHORS = ("pass", "pwd", "otp", "secret", "cred", "cookie", "sig", "jwt", "key", "auth", "bearer",
                  "private", "session", "sid", "csrf", "xsrf", "token", "access", "amz")
@@ -379,24 +382,29 @@ def _redact_json(text: str, parsed: Any, clean: set[int] | None = None) -> str:
 def _redact_documents(text: str) -> str:
     """Every JSON object or array in ``text`` gets the field rule, the bytes around them the token rule
     (a byte-order mark, trailing bytes, one document per line, JSON inside a log line); ``TOO_DEEP``
-    where they nest past the limit."""
+    where they nest past the limit. A text with no token anchor and no escape that could spell one has
+    no token to find: only its objects are read (for their secret-named fields; an array's objects are
+    found on their own), and its other bytes are kept as they are."""
     if too_deep(text):
         return TOO_DEEP
+    tokens = might_hold_token(text) or "\\u" in text or "\\/" in text
     out: list[str] = []
     position = 0
-    for start in _JSON_START.finditer(text):
+    for start in (_JSON_START if tokens else _OBJECT_START).finditer(text):
         if start.start() < position:
             continue
         try:
             parsed, end = _DECODER.raw_decode(text, start.start())
         except ValueError:
             continue
-        out += [redact_tokens(text[position:start.start()]), _redact_json(text[start.start():end], parsed)]
+        between = text[position:start.start()]
+        out += [redact_tokens(between) if tokens else between, _redact_json(text[start.start():end], parsed)]
         position = end
     if not out:
         return redact_tokens(text)
-    out.append(redact_tokens(text[position:]))
-    return "".join(out)
+    out.append(redact_tokens(text[position:]) if tokens else text[position:])
+    joined = "".join(out)
+    return text if joined == text else joined
 
 
 def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
@@ -419,7 +427,8 @@ def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
             return text if cleaned is body else cleaned
     json_like = "{" in text or "[" in text
     lowered = text.lower()
-    if json_like and "\\u" not in text and not might_hold_token(text) and not _might_name_a_secret(lowered):
+    if json_like and "\\u" not in text and "\\/" not in text and not might_hold_token(text) \
+            and not _might_name_a_secret(lowered):
         json_like = False  # no anchor, no escape that could spell one, no secret name: nothing to find
     if "=" in body and _FORM.fullmatch(body):
         cleaned = _redact_form(body)
@@ -438,23 +447,40 @@ text_is_clean = _RecentVerdicts(_text_is_clean, 8 << 20)
 step's prompt holds its conversation so far, each earlier turn again."""
 
 
+@functools.lru_cache(maxsize=8192)
+def _key_needs_look(key: str) -> bool:
+    """Whether a JSON key may hold a token or name a secret (then its field is judged in full)."""
+    return might_hold_token(key) or is_secret_name(key)
+
+
 def _needs_json_rule(value: Any) -> bool:
-    """Whether ``redact_json`` could change anything in ``value``; iterative, allocating nothing."""
+    """Whether ``redact_json`` could change anything in ``value``; iterative, allocating next to nothing
+    (a white-box step's conversation is walked on every request: this is its cost on clean text)."""
+    if isinstance(value, str):
+        return not text_is_clean(value)
     pending: list[tuple[Any, str | None]] = [(value, None)]
     while pending:
         item, parent = pending.pop()
-        if isinstance(item, str):
-            if not text_is_clean(item):
-                return True
-        elif isinstance(item, dict):
+        if isinstance(item, dict):
             for key, child in item.items():
-                if might_hold_token(key) or _is_hidden(key, child, parent):
+                if _key_needs_look(key) and (might_hold_token(key) or _is_hidden(key, child, parent)):
                     return True
-                if isinstance(child, str | dict | list):
+                if isinstance(child, str):
+                    if not text_is_clean(child):
+                        return True
+                elif isinstance(child, _CONTAINERS):
                     pending.append((child, key if key != _SCHEMA_PROPERTIES else _properties_parent(item)))
-        elif isinstance(item, list):
-            pending += [(child, parent) for child in item if isinstance(child, str | dict | list)]
+        elif isinstance(item, _CONTAINERS):
+            for child in item:
+                if isinstance(child, str):
+                    if not text_is_clean(child):
+                        return True
+                elif isinstance(child, _CONTAINERS):
+                    pending.append((child, parent))
     return False
+
+
+_CONTAINERS = (dict, list)
 
 
 def redact_json(value: Any) -> Any:
