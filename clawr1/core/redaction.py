@@ -91,6 +91,9 @@ URL_ONLY_SECRETS = frozenset({"code"})
 """OAuth's authorization ``code`` in a redirect URL; in JSON ``code`` is a tool's program."""
 _NEVER_RECORDED = frozenset({"x-claw-source"})
 """The compat port's seal on the caller's name (clawr1.core.relay_source): read by the proxy, never kept."""
+_JSON_VALUED = frozenset({"x-claw-metadata"})
+"""Headers whose value is a JSON document the streams read into a step (an agent's or a compat
+registration's metadata): the value gets the field rule, as any other JSON the pool keeps."""
 
 _CREDENTIAL_SCHEME = re.compile(r"^\s*(bearer|basic|digest|token)\s+\S", re.IGNORECASE)
 # ``user:password`` as a header value (X-Forwarded-User: u:S); a port (host:8080) or a time is not.
@@ -263,6 +266,8 @@ def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
         if is_secret_header(name, value):
             continue
         key = name.lower()
+        if key in _JSON_VALUED:
+            value = redact_text(value)
         kept[key] = f"{kept[key]}, {value}" if key in kept else value
     return kept
 
