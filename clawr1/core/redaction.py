@@ -443,13 +443,21 @@ def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
     return _redact_documents(text) if json_like else redact_tokens(text)
 
 
-def _text_is_clean(text: str) -> bool:
+def _structured_is_clean(text: str) -> bool:
     return redact_text(text) == text
 
 
-text_is_clean = _RecentVerdicts(_text_is_clean, 8 << 20)
-"""Whether ``redact_text`` keeps a text as it is, remembered for the texts seen lately: a white-box
-step's prompt holds its conversation so far, each earlier turn again."""
+_structured_verdicts = _RecentVerdicts(_structured_is_clean, 8 << 20)
+
+
+def text_is_clean(text: str) -> bool:
+    """Whether ``redact_text`` keeps a text as it is, remembered for the texts seen lately (a white-box
+    step's prompt holds its conversation so far, each earlier turn again). A text with no ``{``, ``[`` or
+    ``=`` holds no JSON, form or multipart part: only the token rule applies, and its prefilter's
+    verdict is remembered already."""
+    if "{" in text or "[" in text or "=" in text:
+        return _structured_verdicts(text)
+    return not might_hold_token(text) or redact_tokens(text) == text
 
 
 @functools.lru_cache(maxsize=8192)
