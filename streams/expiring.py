@@ -3,8 +3,8 @@ deletes with them (the wheel itself, and why it works as it does, is ``clawr1.st
 
 A home record goes with the trajectory it holds and leaves a marker for each conversation in its link
 state; a trajectory kept under its own hash goes with its chunks and index entries; a prompt group with
-its token chunks; index entries and held feedback alone. Feedback that never met its step is a dead
-letter (stage ``expire``), with the reason, when its state goes.
+its token chunks and its owner; index entries and held feedback alone. Feedback that never met its step
+is a dead letter (stage ``expire``), with the reason, when its state goes.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import orjson
 
 from clawr1.core.routing import id_tag, key_hash
 from clawr1.streams import expiry
+from clawr1.streams.group_record import GroupRecord
 from clawr1.streams.namespaces import Namespace, chunk_name
 from clawr1.streams.origin import Origin
 from clawr1.streams.rewards import fact_digest
@@ -169,10 +170,10 @@ class Expiring:
         self.store.delete(part, Namespace.HELD, step_id)
 
     def _expire_group(self, part: int, scope_id: str, now: int) -> None:
-        group = self.store.get(part, Namespace.GROUP, scope_id)
-        if group is None or not self.clock.expired(group.get("touched_ms"), now, expiry.GROUP):
+        data = self.store.get(part, Namespace.GROUP, scope_id)
+        if data is None or not self.clock.expired(data.get("touched_ms"), now, expiry.GROUP):
             return
-        for n in range(group["chunks"]):
+        for n in range(GroupRecord.from_json(data).chunks):
             self.store.delete(part, Namespace.GROUP_CHUNK, chunk_name(scope_id, n))
         self.store.delete(part, Namespace.GROUP, scope_id)
         self._forget_tree(scope_id)

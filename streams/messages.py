@@ -3,7 +3,7 @@
 Most work happens where its input landed: a white-box trajectory is keyed by its own id, a black-box
 call's trajectory is named after the call (``clawr1.core.routing``), so linking, the join and the
 trajectory's prefix tree share one partition. What belongs elsewhere (an index entry under an engine's
-response id, feedback for a step of another partition, a prompt group's merge scope) goes to that
+response id, feedback for a step of another partition, a step's prompt group, its merge scope) goes to that
 partition as a message of this topic. Only this worker reads the topic, so it carries plain JSON with
 no schema-evolution contract; one message holds a checkpoint's messages for one partition::
 
@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 # Trajectory messages (key: trajectory id), applied in the trajectory's partition.
-STEP = "step"  # {"fact": StepFact}
+STEP = "step"  # {"fact": StepFact}, its arrays packed across partitions (``normalize.wire_fact``)
 STEP_FEEDBACK = "step_feedback"  # {"step_id", "feedback"}
 TRAJECTORY_FEEDBACK = "trajectory_feedback"  # {"feedback"}
 SUPERSEDE = "supersede"  # {"step_id"}
@@ -27,6 +27,10 @@ TARGET = "target"  # {"step_id", "target": Target fields}
 FEEDBACK = "feedback"  # {"feedback", "origin": the raw feedback's position and bytes, for a dead letter}
 # Feedback for a routable step id (key: the id), in the partition the id names.
 ROUTED_FEEDBACK = "routed_feedback"  # {"feedback", "origin"}
+# A step naming a prompt group, before its trajectory: the group's owner decides where it goes (key: the
+# group id; ``clawr1.streams.ownership``). ``named``: [group id, owner] of the group the step named, when
+# the group of the key is the step's own instead.
+GROUP_STEP = "group_step"  # {"fact": StepFact, "named"?}
 # A tokenized step for a prompt group's merge scope (key: scope id).
 SCOPE_STEP = "scope_step"  # ScopeStep.to_message(): token ids packed
 

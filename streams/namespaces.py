@@ -30,7 +30,8 @@ class Namespace(StrEnum):
     HELD = "H"
     # Index entries and held feedback of target ids that are not routable (``clawr1.streams.targets``).
     TARGET = "X"
-    # A prompt group's merge scope (``clawr1.streams.scope_merger``), by scope id.
+    # A prompt group's record (``clawr1.streams.group_record``): its merge scope
+    # (``clawr1.streams.scope_merger``) and its owner, by scope id.
     GROUP = "G"
     # A prompt group's token chunks (``<scope><SEP><n>``).
     GROUP_CHUNK = "GC"

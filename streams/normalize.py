@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from clawr1.schemas.batch import pack_doubles, pack_ints, unpack_doubles, unpack_int_array
 from clawr1.streams.linking import LINKED, ROOT, Assignment, reply_digest, step_ids_of
 from clawr1.streams.rewards import inline_fact
 from clawr1.streams.tokenization import Retokenizer
@@ -33,7 +34,31 @@ class StepFact:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> StepFact:
-        return cls(data["step"], data["feedback"])
+        """``to_json``'s dict, or ``wire_fact``'s: packed arrays are read back as an envelope gives them."""
+        step = data["step"]
+        if any(isinstance(step.get(name), str) for name in _WIRE_ARRAYS):
+            step = dict(step)
+            for name, code in _WIRE_ARRAYS.items():
+                if isinstance(step.get(name), str):
+                    packed = bytes.fromhex(step[name])
+                    step[name] = unpack_int_array(packed) if code == "i" else unpack_doubles(packed)
+        return cls(step, data["feedback"])
+
+
+# A fact's arrays and their packing (int32 ids, float64 logprobs) as a work message carries them.
+_WIRE_ARRAYS = {"prompt_token_ids": "i", "response_token_ids": "i", "response_logprobs": "d"}
+
+
+def wire_fact(fact: dict[str, Any]) -> dict[str, Any]:
+    """A fact (``StepFact.to_json``) as a work message carries it to another partition: its token ids
+    and logprobs as hex of packed int32 and float64, as ``ScopeStep.to_message`` does and for the same
+    reason (a keyed GRPO rollout crosses to its group's owner and back: as JSON lists, parsing its ids
+    was the largest cost of those hops). Packed arrays stay as they are."""
+    step = fact["step"]
+    packed = {name: (pack_ints(value) if code == "i" else pack_doubles(value)).hex()
+              for name, code in _WIRE_ARRAYS.items()
+              if (value := step.get(name)) is not None and not isinstance(value, str)}
+    return {**fact, "step": {**step, **packed}} if packed else fact
 
 
 def _dumps(value: Any) -> str:

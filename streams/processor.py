@@ -6,9 +6,14 @@ namespaces each stage keeps, ``clawr1.streams.namespaces``)::
 
     raw.llm, raw.events --link [HOME]--> step facts --+
     raw.steps -------------------------> step facts --+--> join [HOME/TRAJECTORY, CHUNK] --> steps
+                                                      |  ^ a step naming a prompt group: its owner [GROUP]
                                                       |        +--> trajectory prefix tree [its record]
                                                       |        +--> group prefix tree [GROUP, GROUP_CHUNK]
     raw.feedback --> by target: routable id -> [STEP_INDEX, HELD] / index [TARGET] --> join
+
+A step naming a prompt group passes the group's owner first, in the group's partition (when its source
+is a named one: keyless steps go straight on), so that the owner decides which group it joins before
+the step is published (``clawr1.streams.ownership``).
 
 Each arrow is a call when its key lives in the event's partition and a ``work`` message to that
 partition otherwise. Where things live (``clawr1.core.routing``): a trajectory in ``home_partition`` of
@@ -33,6 +38,7 @@ import orjson
 
 from clawr1.core.conversation import conversation_key
 from clawr1.core.routing import home_partition, id_tag, partition_of, partition_of_hash
+from clawr1.gateway.auth import ANONYMOUS
 from clawr1.streams import expiry, messages, ownership
 from clawr1.streams.config import StreamConfig
 from clawr1.streams.dead_letters import dead_letter
@@ -50,7 +56,7 @@ from clawr1.streams.join import (
 )
 from clawr1.streams.linking import after_expiry, link_turn, step_ids_of
 from clawr1.streams.namespaces import Namespace
-from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn
+from clawr1.streams.normalize import StepFact, step_from_whitebox, steps_from_turn, wire_fact
 from clawr1.streams.origin import Origin
 from clawr1.streams.outbox import Outbox
 from clawr1.streams.placement import Placement
@@ -130,6 +136,8 @@ class Processor:
         if partition == self._partition:
             self._on_work(key, message)
         else:
+            if "fact" in message:  # a step or group step: its arrays packed for the way
+                message = {**message, "fact": wire_fact(message["fact"])}
             self.outbox.send(partition, key, message)
 
     def to_trajectory(self, trajectory_id: str, message: dict[str, Any]) -> None:
@@ -200,8 +208,13 @@ class Processor:
                                  Target(c.trajectory_id, c.created_at_ms, choice=True, continued=True))
 
     def _publish_fact(self, fact: StepFact) -> None:
-        self.to_trajectory(fact.step["trajectory_id"], messages.message(messages.STEP, fact=fact.to_json()))
         step = fact.step
+        group_id = step["prompt_group_id"]
+        if group_id and step["source_name"] != ANONYMOUS:  # its group's owner decides first (keyless: none)
+            self._dispatch(home_partition(group_id, self.partitions), group_id,
+                           messages.message(messages.GROUP_STEP, fact=fact.to_json()))
+        else:
+            self.to_trajectory(step["trajectory_id"], messages.message(messages.STEP, fact=fact.to_json()))
         target = Target(step["trajectory_id"], step["created_at_ms"])
         home = home_partition(step["trajectory_id"], self.partitions)
         for target_id in sorted({step["step_id"], step["response_id"]}):
@@ -226,6 +239,8 @@ class Processor:
             self._resolve(key, message)
         elif kind == messages.ROUTED_FEEDBACK:
             self._resolve_routed(key, message)
+        elif kind == messages.GROUP_STEP:
+            self._on_group_step(key, message)
         elif kind == messages.SCOPE_STEP:
             self.merges.merge_group(ScopeStep.from_message({k: v for k, v in message.items() if k != "kind"}))
         elif kind == expiry.TICK:
@@ -268,6 +283,30 @@ class Processor:
             entry = {"held": held, "touched_ms": self.now_ms()}
             self.store.put(self._partition, Namespace.HELD, step_id, entry)
             self.expiring.held.add((self._partition, step_id))
+
+    # ------------------------------------------------------------------ prompt groups
+    def _on_group_step(self, group_id: str, message: dict[str, Any]) -> None:
+        """A step naming a prompt group, in the group's partition: to its trajectory when the group is its
+        source's (the first step naming it names the owner), else to the group of its own
+        (``clawr1.streams.ownership``); a dead letter when that too is another's."""
+        fact = message["fact"]
+        step = fact["step"]
+        source = step["source_name"]
+        owner = self.merges.claim(group_id, source, self.now_ms())
+        if ownership.may_write(owner, source):
+            self.to_trajectory(step["trajectory_id"], messages.message(messages.STEP, fact=fact))
+            return
+        named = message.get("named")
+        if named is None:
+            own = ownership.own_group(group_id, source)
+            moved = {**fact, "step": {**step, "prompt_group_id": own}}
+            self._dispatch(home_partition(own, self.partitions), own,
+                           messages.message(messages.GROUP_STEP, fact=moved, named=[group_id, owner]))
+            return
+        topic = getattr(self.config.topics, _RAW_TOPIC.get(step["source_kind"], "raw_events"))
+        reason = ownership.group_refusal(step["step_id"], source, (named[0], named[1]), (group_id, owner))
+        original = StepFact.from_json({**fact, "step": {**step, "prompt_group_id": named[0]}})  # as it came
+        self._not_joined(topic, step["trajectory_id"], original.to_json(), int(step["updated_at_ms"]), reason)
 
     # ------------------------------------------------------------------ join
     def _on_trajectory_message(self, trajectory_id: str, message: dict[str, Any]) -> None:

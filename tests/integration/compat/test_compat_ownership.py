@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -82,3 +83,38 @@ def test_another_keys_trajectory_is_never_extended_rewarded_or_curated(stack: St
         f"SELECT metadata_json FROM steps WHERE position(metadata_json, {HINTS_IGNORED[:40]!r}) > 0 "
         "AND position(metadata_json, 'ATTACKER') = 0", bool)
     assert ignored  # the proxy's own call, in a trajectory of its own
+
+
+def test_another_keys_prompt_group_is_never_joined(stack: Stack) -> None:
+    """A key's rollouts naming another key's prompt group form a group of their own; a dead letter when
+    that one too was taken by a third key."""
+    group, taken = f"g-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+
+    def rollout(key: str, group_id: str, trajectory: str, reply: int) -> None:
+        body = {"trajectory_id": trajectory, "step_index": 0, "prompt_group_id": group_id,
+                "prompt_group_size": 2, "prompt_token_ids": [1, 2, 3], "response_token_ids": [reply],
+                "reward": 1.0, "terminal": True}
+        posted = httpx.post(f"{stack.api}/v1/steps", json=body, headers=auth(key), timeout=60)
+        assert posted.status_code == 202, posted.text
+
+    def pooled(prefix: str, n: int) -> list[dict[str, Any]]:
+        return stack.wait_rows(f"SELECT trajectory_id, source_name, prompt_group_id FROM steps WHERE "
+                               f"startsWith(trajectory_id, '{prefix}-') ORDER BY trajectory_id",
+                               lambda rows: len(rows) == n)
+
+    rollout("agent", group, f"{group}-a0", 7)
+    rollout("plain", f"{taken}@intruder", f"{taken}-p0", 7)  # named on purpose, before the intruder
+    rollout("agent", taken, f"{taken}-a0", 7)
+    pooled(group, 1)  # the groups have their owners
+    pooled(taken, 2)
+    rollout("intruder", group, f"{group}-i0", 8)
+    rollout("agent", group, f"{group}-a1", 9)
+    rollout("intruder", taken, f"{taken}-i0", 8)
+    rows = pooled(group, 3)
+    assert [(r["source_name"], r["prompt_group_id"]) for r in rows] == [
+        ("agent", group), ("agent", group), ("intruder", f"{group}@intruder")]
+    (letter,) = stack.wait_rows(
+        f"SELECT reason FROM dead_letters WHERE startsWith(reason, 'not_owner') AND position(reason, "
+        f"'{taken}@intruder') > 0", bool, timeout=60)
+    assert all(f"'{key}'" in letter["reason"] for key in ("intruder", "agent", "plain"))
+    assert [r["source_name"] for r in pooled(taken, 2)] == ["agent", "plain"]
