@@ -33,6 +33,7 @@ from clawr1.core.json_depth import too_deep
 from clawr1.core.routing import routable_id
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, CHANNEL_PATTERN, NAME_MAX, StepIn
 from clawr1.gateway.records import compact_json, digest_of, identity_bytes, packed_bytes
+from clawr1.gateway.redacting import redact_step
 from clawr1.gateway.validation import message_problems
 from clawr1.schemas.codec import current_schema
 
@@ -259,6 +260,16 @@ def _step(item: Any, source_name: str, received_at_ms: int) -> _Step:
         raise _Decline
     if (not prompt and not messages) or (not response and response_text is None):
         raise _Decline
+    # Secrets go before anything is derived from the text, as on the model path (records.step_record).
+    named: dict[str, Any] = {"step_id": step_id, "trajectory_id": trajectory_id, "prompt_group_id": group_id,
+                             "model": model, "agent": agent, "prompt_messages": messages,
+                             "response_text": response_text, "metadata": metadata}
+    changes = redact_step(named, token_ids=bool(prompt) or bool(response))
+    if changes:
+        named.update(changes)
+        step_id, trajectory_id, group_id = named["step_id"], named["trajectory_id"], named["prompt_group_id"]
+        model, agent, messages = named["model"], named["agent"], named["prompt_messages"]
+        response_text, metadata = named["response_text"], named["metadata"]
     metadata_json = compact_json(metadata)  # ValueError (not finite): declined
     messages_json = None if messages is None else compact_json(messages)
     if _ROUNDED in metadata_json or (messages_json is not None and _ROUNDED in messages_json):

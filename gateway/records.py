@@ -24,6 +24,17 @@ from typing import Any
 
 from clawr1.core.routing import routable_id
 from clawr1.gateway.models import EventIn, FeedbackIn, StepIn, TurnPayload
+from clawr1.gateway.redacting import (
+    EVENT_IDS,
+    FEEDBACK_IDS,
+    FEEDBACK_TEXTS,
+    STEP_IDS,
+    STEP_TEXTS,
+    redact_components,
+    redact_fields,
+    redact_payload,
+    redact_step,
+)
 
 ID_NAMESPACE = uuid.UUID("6f1d2c1e-5b0a-4c55-9a36-2f0b7c1e8d42")
 
@@ -92,7 +103,16 @@ def content_digest(step: StepIn, source_name: str) -> str:
     return digest_of(step_identity(step, source_name), rest, logprobs)
 
 
+def redacted_step(step: StepIn) -> StepIn:
+    """``step`` with its secrets replaced (``clawr1.gateway.redacting``); itself when clean."""
+    changes = redact_step({name: getattr(step, name) for name in (*STEP_IDS, *STEP_TEXTS)},
+                          token_ids=bool(step.prompt_token_ids or step.response_token_ids))
+    return step.model_copy(update=changes) if changes else step
+
+
 def step_record(step: StepIn, source_name: str, received_at_ms: int) -> Outgoing:
+    """The step's record, its secrets replaced first: its ids and digest never hash a secret."""
+    step = redacted_step(step)
     step_id = step.step_id or routable_id(step.trajectory_id, step_identity(step, source_name))
     record = {
         "step_id": step_id,
@@ -138,7 +158,14 @@ def curation_only(feedback: FeedbackIn) -> bool:
 def feedback_record(feedback: FeedbackIn, source_name: str, received_at_ms: int,
                     privileged: bool = False) -> Outgoing:
     """``privileged``: the sender may give feedback on trajectories other sources created
-    (``clawr1.gateway.auth.feedback_standing``); it never enters the id."""
+    (``clawr1.gateway.auth.feedback_standing``); it never enters the id. Secrets are replaced first."""
+    changes = redact_fields({name: getattr(feedback, name) for name in (*FEEDBACK_IDS, *FEEDBACK_TEXTS)},
+                            FEEDBACK_IDS)
+    components = redact_components(feedback.components)
+    if components is not feedback.components:
+        changes["components"] = components
+    if changes:
+        feedback = feedback.model_copy(update=changes)
     # terminal enters the id only when set, so feedback without it keeps the ids it always had.
     excluded = {"feedback_id"} if feedback.terminal else {"feedback_id", "terminal"}
     feedback_id = feedback.feedback_id or deterministic_id(
@@ -172,6 +199,14 @@ def event_payload(event: EventIn) -> dict[str, Any]:
 
 
 def event_record(event: EventIn, source_name: str, received_at_ms: int) -> Outgoing:
+    """The event's record, its secrets replaced first (its payload as validated, then redacted)."""
+    validated = event_payload(event)
+    payload = redact_payload(event.kind, validated)
+    changes = redact_fields({name: getattr(event, name) for name in EVENT_IDS}, EVENT_IDS)
+    if payload is not validated:
+        changes["payload"] = payload
+    if changes:
+        event = event.model_copy(update=changes)
     event_id = event.event_id or routable_id(event.trajectory_id, compact_json(
         ["event", source_name, event.model_dump(exclude={"event_id"})]).encode())
     record = {
@@ -181,7 +216,7 @@ def event_record(event: EventIn, source_name: str, received_at_ms: int) -> Outgo
         "step_id": event.step_id,
         "step_index": event.step_index,
         "timestamp_ms": received_at_ms if event.timestamp_ms is None else event.timestamp_ms,
-        "payload_json": compact_json(event_payload(event)),
+        "payload_json": compact_json(payload),
         "source_name": source_name,
         "received_at_ms": received_at_ms,
         "source_kind": "blackbox_service",

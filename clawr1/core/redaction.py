@@ -20,7 +20,8 @@ way wherever a name meets a value:
   OAuth's ``code`` is secret in URLs only: elsewhere ``code`` is a tool's input.
 - **Secret shapes** (``SECRET_TOKEN``: OpenAI/Anthropic ``sk-``, Hugging Face ``hf_``, GitHub
   ``ghp_``/``gho_``/``github_pat_``, GitLab ``glpat-``, Slack ``xox?-``, AWS ``AKIA``, Google ``AIza``,
-  Stripe, JWTs, ``Bearer`` credentials, PEM private keys) are replaced wherever they appear: URL path,
+  Stripe, JWTs, ``Bearer`` credentials, PEM private keys, a URL's ``user:password@`` in text) are
+  replaced wherever they appear: URL path,
   bodies, prompt and reply text, JSON keys, ids; also when percent-encoded (``sk%2Dproj%2D...``). A
   header or parameter whose value (percent-decoded) holds one, is a credential (``Bearer ...``,
   ``Basic ...``) or, for a header, reads ``user:password``, is dropped whatever its name, and so is
@@ -90,6 +91,9 @@ URL_ONLY_SECRETS = frozenset({"code"})
 """OAuth's authorization ``code`` in a redirect URL; in JSON ``code`` is a tool's program."""
 _NEVER_RECORDED = frozenset({"x-claw-source"})
 """The compat port's seal on the caller's name (clawr1.core.relay_source): read by the proxy, never kept."""
+_JSON_VALUED = frozenset({"x-claw-metadata"})
+"""Headers whose value is a JSON document the streams read into a step (an agent's or a compat
+registration's metadata): the value gets the field rule, as any other JSON the pool keeps."""
 
 _CREDENTIAL_SCHEME = re.compile(r"^\s*(bearer|basic|digest|token)\s+\S", re.IGNORECASE)
 # ``user:password`` as a header value (X-Forwarded-User: u:S); a port (host:8080) or a time is not.
@@ -110,6 +114,7 @@ SECRET_TOKEN = re.compile(
         _START + r"eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*",  # JWT, maybe unsigned
         r"(?i:\bbearer)\s+(?=[A-Za-z0-9._~+/-]*[0-9])[A-Za-z0-9._~+/-]{16,}=*",  # a credential, not prose
         r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*?-----END[A-Z ]*PRIVATE KEY-----",
+        r"(?<=://)[^\s/?#@:]+:[^\s/?#@]+(?=@)",                      # a URL's user:password@ in text
     ])
 )
 # A run of URL characters holding a percent escape: decoded, it may spell a token (sk%2Dproj%2D...).
@@ -120,12 +125,15 @@ _NOT_LETTERS = re.compile(r"[^a-z]+")
 # Lower-cased substrings every SECRET_TOKEN alternative contains, and the percent escape that may hide
 # one; none present means no match.
 _TOKEN_ANCHORS = ("sk-", "rk-", "sk_", "rk_", "hf_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_",
-                  "glpat-", "xox", "akia", "asia", "aiza", "eyj", "bearer", "private key", "%")
+                  "glpat-", "xox", "akia", "asia", "aiza", "eyj", "bearer", "private key", "://", "%")
 _FORM = re.compile(r"[\w.%+~\[\]-]+=[^&;\s]*(?:[&;][\w.%+~\[\]-]+=[^&;\s]*)*")
 _MULTIPART_PART = re.compile(
     r'(content-disposition:[^\r\n]*?\bname="([^"]*)"[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n)(.*?)(?=\r?\n--)',
     re.IGNORECASE | re.DOTALL)
-_JSON_START = re.compile(r"[{\[]")
+# Where a JSON object or array may start: ``raw_decode`` fails anywhere else (``{`` before anything but a
+# key or ``}``, ``[`` before no value), so code full of braces costs a scan, not an exception a brace.
+_JSON_START = re.compile(r"\{(?=\s*[\"}])|\[(?=\s*[\]\[{\"\-0-9tfn])")
+_OBJECT_START = re.compile(r"\{(?=\s*\")")
 # Lower-cased substrings every secret name contains (a token in a name has a _TOKEN_ANCHORS one).
 _NAME_ANCHORS = ("pass", "pwd", "otp", "secret", "cred", "cookie", "sig", "jwt", "key", "auth", "bearer",
                  "private", "session", "sid", "csrf", "xsrf", "token", "access", "amz")
@@ -258,6 +266,8 @@ def redact_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
         if is_secret_header(name, value):
             continue
         key = name.lower()
+        if key in _JSON_VALUED:
+            value = redact_text(value)
         kept[key] = f"{kept[key]}, {value}" if key in kept else value
     return kept
 
@@ -377,24 +387,29 @@ def _redact_json(text: str, parsed: Any, clean: set[int] | None = None) -> str:
 def _redact_documents(text: str) -> str:
     """Every JSON object or array in ``text`` gets the field rule, the bytes around them the token rule
     (a byte-order mark, trailing bytes, one document per line, JSON inside a log line); ``TOO_DEEP``
-    where they nest past the limit."""
+    where they nest past the limit. A text with no token anchor and no escape that could spell one has
+    no token to find: only its objects are read (for their secret-named fields; an array's objects are
+    found on their own), and its other bytes are kept as they are."""
     if too_deep(text):
         return TOO_DEEP
+    tokens = might_hold_token(text) or "\\u" in text or "\\/" in text
     out: list[str] = []
     position = 0
-    for start in _JSON_START.finditer(text):
+    for start in (_JSON_START if tokens else _OBJECT_START).finditer(text):
         if start.start() < position:
             continue
         try:
             parsed, end = _DECODER.raw_decode(text, start.start())
         except ValueError:
             continue
-        out += [redact_tokens(text[position:start.start()]), _redact_json(text[start.start():end], parsed)]
+        between = text[position:start.start()]
+        out += [redact_tokens(between) if tokens else between, _redact_json(text[start.start():end], parsed)]
         position = end
     if not out:
         return redact_tokens(text)
-    out.append(redact_tokens(text[position:]))
-    return "".join(out)
+    out.append(redact_tokens(text[position:]) if tokens else text[position:])
+    joined = "".join(out)
+    return text if joined == text else joined
 
 
 def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
@@ -417,13 +432,101 @@ def redact_text(text: str, parsed: dict[str, Any] | list[Any] | None = None,
             return text if cleaned is body else cleaned
     json_like = "{" in text or "[" in text
     lowered = text.lower()
-    if json_like and "\\u" not in text and not might_hold_token(text) and not _might_name_a_secret(lowered):
+    if json_like and "\\u" not in text and "\\/" not in text and not might_hold_token(text) \
+            and not _might_name_a_secret(lowered):
         json_like = False  # no anchor, no escape that could spell one, no secret name: nothing to find
     if "=" in body and _FORM.fullmatch(body):
-        return _redact_form(body)
+        cleaned = _redact_form(body)
+        return text if cleaned is body else cleaned  # white space around a clean form text stays
     if "content-disposition" in lowered[:4096]:
         return _redact_documents(_redact_multipart(text))
     return _redact_documents(text) if json_like else redact_tokens(text)
+
+
+def _structured_is_clean(text: str) -> bool:
+    return redact_text(text) == text
+
+
+_structured_verdicts = _RecentVerdicts(_structured_is_clean, 8 << 20)
+
+
+def text_is_clean(text: str) -> bool:
+    """Whether ``redact_text`` keeps a text as it is, remembered for the texts seen lately (a white-box
+    step's prompt holds its conversation so far, each earlier turn again). A text with no ``{``, ``[`` or
+    ``=`` holds no JSON, form or multipart part: only the token rule applies, and its prefilter's
+    verdict is remembered already."""
+    if "{" in text or "[" in text or "=" in text:
+        return _structured_verdicts(text)
+    return not might_hold_token(text) or redact_tokens(text) == text
+
+
+@functools.lru_cache(maxsize=8192)
+def _key_needs_look(key: str) -> bool:
+    """Whether a JSON key may hold a token or name a secret (then its field is judged in full)."""
+    return might_hold_token(key) or is_secret_name(key)
+
+
+def _needs_json_rule(value: Any) -> bool:
+    """Whether ``redact_json`` could change anything in ``value``; iterative, allocating next to nothing
+    (a white-box step's conversation is walked on every request: this is its cost on clean text)."""
+    if isinstance(value, str):
+        return not text_is_clean(value)
+    pending: list[tuple[Any, str | None]] = [(value, None)]
+    while pending:
+        item, parent = pending.pop()
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if _key_needs_look(key) and (might_hold_token(key) or _is_hidden(key, child, parent)):
+                    return True
+                if isinstance(child, str):
+                    if not text_is_clean(child):
+                        return True
+                elif isinstance(child, _CONTAINERS):
+                    pending.append((child, key if key != _SCHEMA_PROPERTIES else _properties_parent(item)))
+        elif isinstance(item, _CONTAINERS):
+            for child in item:
+                if isinstance(child, str):
+                    if not text_is_clean(child):
+                        return True
+                elif isinstance(child, _CONTAINERS):
+                    pending.append((child, parent))
+    return False
+
+
+_CONTAINERS = (dict, list)
+
+
+def redact_json(value: Any) -> Any:
+    """A parsed JSON value (messages, metadata, a payload, a text) as a record's own fields are kept:
+    a secret-named field's value is ``[REDACTED]`` at any depth (the JSON rule, schemas' properties
+    exempt), every key gets the token rule and every string ``redact_text`` (JSON inside a string,
+    tool-call arguments, gets the field rule too). ``value`` itself, not a copy, when nothing needs a
+    change. Iterative, so ``redact_text`` has the whole stack for what a string holds."""
+    if not _needs_json_rule(value):
+        return value
+
+    pending: list[tuple[Any, Any, str | None]] = []
+
+    def copy(item: Any, parent: str | None) -> Any:
+        if isinstance(item, str):
+            return item if text_is_clean(item) else redact_text(item)
+        if isinstance(item, dict | list):
+            out: Any = {} if isinstance(item, dict) else []
+            pending.append((item, out, parent))
+            return out
+        return item
+
+    root = copy(value, None)
+    while pending:
+        source, target, parent = pending.pop()
+        if isinstance(target, dict):
+            for key, item in source.items():
+                hidden = _is_hidden(key, item, parent)
+                below = key if key != _SCHEMA_PROPERTIES else _properties_parent(source)
+                target[redact_tokens(key)] = REDACTED if hidden else copy(item, below)
+        else:
+            target.extend(copy(item, parent) for item in source)
+    return value if root == value else root
 
 
 # Fields the schema types as numbers (ids, logprobs: thousands of items, no text to redact), and

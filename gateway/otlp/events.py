@@ -9,26 +9,26 @@ Ids: ``clawr1.trajectory_id`` (span, else resource attribute), else ``gen_ai.con
 trace id names the trajectory; ``clawr1.step_index``, ``clawr1.prompt_group_id`` / ``_size``,
 ``clawr1.policy_version`` and ``clawr1.terminal`` place the step when given (docs/otel.md).
 
-Secrets are kept out as the capture proxy keeps them out (``clawr1.core.redaction``, its one list of
-names and shapes): the messages, tool calls and tool definitions get its JSON rule (a secret-named
-field's value becomes ``[REDACTED]`` at any depth), every string its text rule (as the strings of its own
-records: secret-shaped tokens anywhere, the JSON rule for JSON inside a string such as tool arguments),
-``server.address`` loses its userinfo, and an id holding a secret becomes a stable stand-in.
+Secrets are kept out as on every way in (``clawr1.gateway.redacting``, the capture proxy's one list of
+names and shapes): the payload gets the JSON rule (a secret-named field's value becomes ``[REDACTED]``
+at any depth), every string the text rule (secret-shaped tokens anywhere, the JSON rule for JSON inside
+a string such as tool arguments), an id or name holding a secret becomes a stable stand-in, and
+``server.address`` loses its userinfo.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from clawr1.core.ids import id_problem
-from clawr1.core.redaction import redact_id, redact_text, redact_tokens, redact_url
+from clawr1.core.redaction import redact_id, redact_url
 from clawr1.gateway.models import AVRO_INT_LIMIT, AVRO_LONG_LIMIT, ID_MAX, NAME_MAX
 from clawr1.gateway.otlp.genai import ModelCall
 from clawr1.gateway.otlp.wire import OtlpError
 from clawr1.gateway.records import Outgoing, compact_json, deterministic_id
+from clawr1.gateway.redacting import redact_turn
 
 SOURCE_KIND = "otel"
 NO_CONTENT_NOTE = "no message content"
@@ -90,56 +90,15 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _json_rule(value: Any) -> Any:
-    """``value`` (content: messages, tool calls, tool definitions) through the proxy's JSON rule: a
-    secret-named field's value is replaced at any depth."""
-    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    cleaned = redact_text(text)
-    return value if cleaned is text else json.loads(cleaned)
-
-
-def _leaves(value: Any) -> Any:
-    """A copy of ``value`` with every string through the proxy's text rule (as its records' strings: JSON
-    inside a string, tool arguments, gets the field rule too) and every key through its token rule.
-    Iterative, so the rule has the whole stack for what a string holds."""
-    pending: list[tuple[Any, Any]] = []
-
-    def copy(item: Any) -> Any:
-        if isinstance(item, str):
-            return redact_text(item)  # as the proxy redacts a string (too-deep JSON is not kept)
-        if isinstance(item, Mapping | list | tuple):
-            out: Any = {} if isinstance(item, Mapping) else []
-            pending.append((item, out))
-            return out
-        return item
-
-    root = copy(value)
-    while pending:
-        source, target = pending.pop()
-        if isinstance(target, dict):
-            for key, item in source.items():
-                target[redact_tokens(key)] = copy(item)
-        else:
-            target.extend(copy(item) for item in source)
-    return root
-
-
-_CONTENT_FIELDS = frozenset({"prompt_messages", "tool_calls"})
-_ID_FIELDS = ("response_id", "prompt_group_id")
-
-
 def redacted(payload: dict[str, Any]) -> dict[str, Any]:
-    """A turn payload with its secrets replaced (see the module's docstring)."""
-    payload = {key: _json_rule(value) if key in _CONTENT_FIELDS else value for key, value in payload.items()}
-    if "tools" in payload["metadata"]:
-        payload["metadata"] = {**payload["metadata"], "tools": _json_rule(payload["metadata"]["tools"])}
-    out: dict[str, Any] = _leaves(payload)
-    for key in _ID_FIELDS:
-        if isinstance(payload.get(key), str):
-            out[key] = redact_id(payload[key])
+    """A turn payload with its secrets replaced as every way in replaces them (``redact_turn``), and
+    ``server.address`` without its userinfo."""
+    out = redact_turn(payload)
     otel = out["metadata"]["otel"]
     if isinstance(otel.get("server.address"), str):
-        otel["server.address"] = redact_url(f"//{otel['server.address']}")[2:]  # without user:password@
+        address = redact_url(f"//{otel['server.address']}")[2:]  # without user:password@
+        if address != otel["server.address"]:
+            out = {**out, "metadata": {**out["metadata"], "otel": {**otel, "server.address": address}}}
     return out
 
 

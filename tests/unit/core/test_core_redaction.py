@@ -108,3 +108,12 @@ def test_a_value_read_once_is_redacted_as_its_text_would_be() -> None:
                       ["request_body"])
     assert kept["tools"][0]["function"]["parameters"]["properties"] == schema
     assert kept["messages"] == [{"password": REDACTED}]
+
+
+def test_the_metadata_hint_gets_the_field_rule() -> None:
+    """X-Claw-Metadata (an agent's, or a compat registration's) becomes the step's metadata: its
+    secret-named fields are replaced as in any JSON the pool keeps; a clean one is kept as sent."""
+    hinted = redact_headers([("X-Claw-Metadata", '{"password": "hunter2xx", "task": "a"}')])
+    assert hinted == {"x-claw-metadata": '{"password": "[REDACTED]", "task": "a"}'}
+    clean = '{"task":"a","n":1}'
+    assert redact_headers([("X-Claw-Metadata", clean)]) == {"x-claw-metadata": clean}
