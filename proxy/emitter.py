@@ -10,8 +10,9 @@ So do they while ``paused`` says so (the pipeline is behind past ``CLAWR1_MAX_LA
 Envelopes: given ``combine``, records bound for one partition (their key hashed as Kafka's
 partitioner does, over the topic's partition count as the broker has it) are held up to ``batch_s``
 or until ``batch_records`` of them wait, then leave as one message (``combine`` of their spooled
-values), cut to fit Kafka's message size (``clawr1.core.envelopes``); a thin one waits longer, up to
-``thin.wait_s`` after its partition's previous one (``clawr1.core.thin_batch``; spooled meanwhile).
+values), cut to fit Kafka's message size (``clawr1.core.envelopes``); while the emitter holds few
+calls, they wait longer, up to ``thin.wait_s`` after the last envelopes (``clawr1.core.thin_batch``;
+spooled meanwhile).
 Each record stays in the spool until the envelope that carried it is acknowledged; one Kafka refuses
 as too large is sent again in halves, so only a record too large on its own is set aside (``rejected.log``).
 """
@@ -97,7 +98,7 @@ class Emitter(Generic[T]):
         self._held: dict[int, list[SpoolRecord]] = {}
         self._held_since: dict[int, float] = {}
         self._thin = thin
-        self._released: dict[int, float] = {}  # when each partition's last envelope was made
+        self._released = -float("inf")  # when the last envelopes were made
         # ... then envelopes ready for the producer, including the halves of one Kafka found too large.
         self._ready: deque[_Envelope] = deque()
         self._producer_overrides = producer_overrides or {}
@@ -257,20 +258,22 @@ class Emitter(Generic[T]):
             held.append(record)
 
     def _due_at(self, partition: int) -> float:
-        """When a partition's held records are due: ``batch_s`` after the first, later while few."""
-        return self._thin.due_at(self._held_since[partition] + self._batch_s,
-                                 self._released.get(partition, -float("inf")), len(self._held[partition]))
+        """When a partition's held records are due: ``batch_s`` after the first; while the emitter holds
+        few calls in all, not before ``thin.wait_s`` after the last envelopes were made, so the thin ones
+        of every partition leave together (one produce request, one fetch of the worker's)."""
+        return self._thin.due_at(self._held_since[partition] + self._batch_s, self._released,
+                                 sum(len(held) for held in self._held.values()))
 
     def _release_due(self) -> None:
         """Held records whose partition has ``batch_records`` of them or is due (all of them when
         stopping) become envelopes ready to send."""
         now, stopping = time.monotonic(), self._stop.is_set()
-        for partition in list(self._held):
-            held = self._held[partition]
-            if len(held) < self._batch_records and now < self._due_at(partition) and not stopping:
-                continue
-            del self._held[partition]
-            self._released[partition] = now
+        due = [partition for partition, held in self._held.items()
+               if len(held) >= self._batch_records or now >= self._due_at(partition) or stopping]
+        if due:
+            self._released = now
+        for partition in due:
+            held = self._held.pop(partition)
             for start in range(0, len(held), self._batch_records):
                 group = held[start:start + self._batch_records]
                 self._ready.extend((partition, records, value) for records, value in self._fit(group))

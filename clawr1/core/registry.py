@@ -523,12 +523,13 @@ PROXY_BATCH_CALLS = option("PROXY_BATCH_CALLS", int, 64,
                            check=positive)
 
 PROXY_THIN_BATCH_MS = option("PROXY_THIN_BATCH_MS", float, 100.0,
-                             "an envelope of fewer than CLAWR1_PROXY_THIN_BATCH_CALLS calls leaves no sooner "
-                             "than this long after its partition's previous one (calls are spooled, durable, "
-                             "meanwhile); `0` = off", ("proxy",),
+                             "while the emitter holds fewer than CLAWR1_PROXY_THIN_BATCH_CALLS calls, they "
+                             "leave no sooner than this long after its last envelopes, every partition's "
+                             "together (calls are spooled, durable, meanwhile); `0` = off", ("proxy",),
                              check=not_negative)
-PROXY_THIN_BATCH_CALLS = option("PROXY_THIN_BATCH_CALLS", int, 4,
-                                "captured calls that make an envelope leave on CLAWR1_PROXY_BATCH_MS",
+PROXY_THIN_BATCH_CALLS = option("PROXY_THIN_BATCH_CALLS", int, 8,
+                                "captured calls held (all partitions) that make envelopes leave on "
+                                "CLAWR1_PROXY_BATCH_MS",
                                 ("proxy",), check=positive)
 
 # -- clawr1 up: supervision and the demo -------------------------------------------------------------
