@@ -367,7 +367,7 @@ SINK_THIN_BATCH_SECONDS = option("SINK_THIN_BATCH_SECONDS", float, 0.75,
                                 "sooner than this long after the previous insert (a trickle shares an "
                                 "insert's fixed cost; a lone row after a pause goes at once); `0` = off",
                                 _SINK, check=not_negative)
-SINK_THIN_BATCH_ROWS = option("SINK_THIN_BATCH_ROWS", int, 128,
+SINK_THIN_BATCH_ROWS = option("SINK_THIN_BATCH_ROWS", int, 32,
                               "rows that make a batch go on CLAWR1_SINK_BATCH_SECONDS", _SINK, check=positive)
 SINK_SESSION_TIMEOUT_MS = option("SINK_SESSION_TIMEOUT_MS", int, 10_000,
                                  "a crashed sink's partitions wait this long for their next owner", _SINK)
@@ -446,7 +446,7 @@ STREAMS_THIN_COMMIT_INTERVAL_MS = option(
     "this long after the previous commit (a trickle shares a transaction's fixed cost and markers; the first "
     "records after a pause commit at once); `0` = off", ("worker",),
     check=not_negative)
-STREAMS_THIN_COMMIT_RECORDS = option("STREAMS_THIN_COMMIT_RECORDS", int, 64,
+STREAMS_THIN_COMMIT_RECORDS = option("STREAMS_THIN_COMMIT_RECORDS", int, 16,
                                      "input records that make a checkpoint commit on "
                                      "CLAWR1_STREAMS_COMMIT_INTERVAL_MS", ("worker",), check=positive)
 STREAMS_COMMIT_EVERY = option("STREAMS_COMMIT_EVERY", int, 5000,
