@@ -34,7 +34,7 @@ from quixstreams.sinks import BaseSink
 from quixstreams.state.rocksdb import RocksDBOptions
 
 from clawr1.core import topics
-from clawr1.core.kafka_io import COMPRESSION, FETCH_WAIT_MS, make_admin, make_producer
+from clawr1.core.kafka_io import COMPRESSION, make_admin, make_producer
 from clawr1.core.metrics import (
     STREAM_CHECKPOINT_SECONDS,
     STREAM_DEAD_LETTERS,
@@ -126,7 +126,6 @@ def kafka_overrides(config: StreamConfig, client_id: str) -> tuple[dict[str, Any
         "client.id": client_id,
         "session.timeout.ms": int(config.session_timeout_s * 1000),
         "heartbeat.interval.ms": int(min(3.0, config.session_timeout_s / 3) * 1000),
-        "fetch.wait.max.ms": FETCH_WAIT_MS,
     }
     producer: dict[str, Any] = {
         "partitioner": "murmur2_random",  # Java's: where the gateway and the proxy put a key

@@ -38,10 +38,6 @@ log = logging.getLogger("clawr1.kafka")
 # a batch that arrives otherwise, from anyone else's producer). Measured against lz4 and none on step
 # envelopes: docs/scale.md, "Kafka's disk".
 COMPRESSION = "zstd"
-# How long the broker holds a consumer's fetch while it has nothing new (librdkafka's default: 500 ms).
-# New records answer a held fetch at once, so this costs no freshness; it sets how often an idle
-# consumer asks again, and those requests are much of an idle stack's broker CPU.
-FETCH_WAIT_MS = 1000
 
 
 def producer_config(bootstrap: str, **overrides: Any) -> dict[str, Any]:
@@ -71,7 +67,6 @@ def make_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
         "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
         "fetch.max.bytes": 64 * 1024 * 1024,
-        "fetch.wait.max.ms": FETCH_WAIT_MS,
     }
     config.update(overrides)
     return Consumer(config)
