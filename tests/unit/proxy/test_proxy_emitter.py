@@ -69,7 +69,7 @@ def test_calls_of_one_partition_share_a_message_within_the_window(
         assert mine == [f"{key}:0".encode(), f"{key}:1".encode()]
 
 
-def test_a_thin_envelope_waits_until_the_thin_interval_after_its_partitions_previous_one(
+def test_thin_envelopes_wait_until_the_thin_interval_after_the_last_ones(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     options = {"batch_s": 0.0, "batch_records": 64, "thin": ThinWait(1.5, fill=3)}
     with running_emitter(tmp_path, monkeypatch, **options) as (emitter, producer):
