@@ -3,11 +3,12 @@ own ports, all up at once, white-box loads alternated between them; per load, st
 queryable, Kafka messages and CPU per step by process (``bench_pipeline.py``'s measures), and per stack
 its idle floor (its CPU while another stack worked) and its *busy* CPU per step (the stack's, the
 broker's JIT threads and the floor at the load's own rate taken off). Under load a stack's CPU per step
-doubles (the floor over a longer run, smaller checkpoints): only figures from one run compare.
+doubles (the floor over a longer run, smaller checkpoints): only figures from one run compare. ``--fresh``:
+then freshness (posted -> queryable, p50 and p99) at those steps/s, stacks alternated, ``--pairs`` times.
 
     .venv/bin/python -m bench.bench_pipeline_ab NAME=CHECKOUT NAME=CHECKOUT [...] [--steps 3000]
         [--pairs 4] [--warmup 2000] [--batch 100] [--length 10]
-        [--env NAME:CLAWR1_STREAMS_COMMIT_INTERVAL_MS=250 ...]
+        [--env NAME:CLAWR1_STREAMS_COMMIT_INTERVAL_MS=250 ...] [--fresh 100,400 --fresh-seconds 8]
 
 A checkout is a directory with this repository's code (``git worktree add`` or ``git archive | tar -x``,
 with ``.cache`` linked for the broker's jars); its roles run on this venv with ``PYTHONPATH`` set to it.
@@ -18,6 +19,7 @@ is printed.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import tempfile
 import time
@@ -57,6 +59,23 @@ def summary(name: str, runs: list[dict[str, Any]], floors: list[dict[str, float]
             "messages_last_load": runs[-1]["messages"]}
 
 
+def fresh(stacks: dict[str, bench_pipeline.Stack], rates: list[float],
+          args: argparse.Namespace) -> dict[str, dict[float, dict[str, list[float]]]]:
+    """Posted -> queryable p50 and p99 per stack and rate (``bench_pipeline.freshness``), alternated."""
+    names = list(stacks)
+    out: dict[str, dict[float, dict[str, list[float]]]] = {
+        name: {rate: {"p50_ms": [], "p99_ms": []} for rate in rates} for name in names}
+    for pair in range(args.pairs):
+        for rate in rates:
+            for name in names if pair % 2 == 0 else names[::-1]:
+                run = bench_pipeline.freshness(stacks[name], rate, args.fresh_seconds)
+                print(f"{pair} {name} at {rate:g} steps/s: freshness p50 {run['p50_ms']} ms, p99 "
+                      f"{run['p99_ms']} ms ({run['offered_rate']} offered)", flush=True)
+                for key in ("p50_ms", "p99_ms"):
+                    out[name][rate][key].append(run[key])
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("checkouts", nargs="+", help="NAME=DIRECTORY, two or more")
@@ -66,6 +85,9 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--length", type=int, default=10, help="steps per trajectory")
     parser.add_argument("--env", action="append", default=[], help="NAME:VARIABLE=VALUE: one stack's setting")
+    parser.add_argument("--fresh", default="", help="steps/s, comma-separated: freshness at each rate after "
+                                                    "the loads, stacks alternated, --pairs times")
+    parser.add_argument("--fresh-seconds", type=float, default=8.0)
     args = parser.parse_args()
     checkouts = dict(c.split("=", 1) for c in args.checkouts)
     envs: dict[str, dict[str, str]] = {name: {} for name in checkouts}
@@ -100,6 +122,8 @@ def main() -> int:
                       f"{run['kafka_messages_per_step']} messages a step; {by_process}", flush=True)
         for name in names:
             print(summary(name, runs[name], floors[name]), flush=True)
+        if args.fresh:
+            print(json.dumps(fresh(stacks, [float(r) for r in args.fresh.split(",")], args)), flush=True)
     finally:
         for stack in stacks.values():
             stack.stop()

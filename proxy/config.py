@@ -21,12 +21,15 @@ from clawr1.core.registry import (
     PROXY_BATCH_MS,
     PROXY_INSTANCE,
     PROXY_PROCESSES,
+    PROXY_THIN_BATCH_CALLS,
+    PROXY_THIN_BATCH_MS,
     STREAMS_APP_ID,
     UPSTREAM_CA_FILE,
     UPSTREAM_INSECURE,
 )
 from clawr1.core.relay_source import relay_secret
 from clawr1.core.settings import Settings
+from clawr1.core.thin_batch import NEVER, ThinWait
 from clawr1.gateway.auth import ApiKeyError, KeyRing, parse_api_keys
 from clawr1.proxy import engine_files, mitm_compat
 from clawr1.proxy.destinations import (
@@ -76,6 +79,7 @@ class ProxyConfig:
     processes: int = 1
     batch_s: float = 0.0
     batch_calls: int = 1
+    thin: ThinWait = NEVER
     # Backpressure: captures stay spooled while the worker's group is this far behind (0: never).
     max_lag_s: float = MAX_LAG_S.default
     streams_group: str = STREAMS_APP_ID.default
@@ -172,6 +176,8 @@ def proxy_config(settings: Settings) -> ProxyConfig:
         processes=processes,
         batch_s=settings.role_setting(PROXY_BATCH_MS) / 1000,
         batch_calls=settings.role_setting(PROXY_BATCH_CALLS),
+        thin=ThinWait(settings.role_setting(PROXY_THIN_BATCH_MS) / 1000,
+                      settings.role_setting(PROXY_THIN_BATCH_CALLS)),
         max_lag_s=settings.role_setting(MAX_LAG_S),
         streams_group=settings.role_setting(STREAMS_APP_ID),
         engines=tuple(engines),

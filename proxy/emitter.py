@@ -10,9 +10,11 @@ So do they while ``paused`` says so (the pipeline is behind past ``CLAWR1_MAX_LA
 Envelopes: given ``combine``, records bound for one partition (their key hashed as Kafka's
 partitioner does, over the topic's partition count as the broker has it) are held up to ``batch_s``
 or until ``batch_records`` of them wait, then leave as one message (``combine`` of their spooled
-values), cut to fit Kafka's message size (``clawr1.core.envelopes``). Each record stays in the spool
-until the envelope that carried it is acknowledged; one Kafka refuses as too large is sent again in
-halves, so only a record too large on its own is set aside (``rejected.log``).
+values), cut to fit Kafka's message size (``clawr1.core.envelopes``); while the emitter holds few
+calls, they wait longer, up to ``thin.wait_s`` after the last envelopes (``clawr1.core.thin_batch``;
+spooled meanwhile).
+Each record stays in the spool until the envelope that carried it is acknowledged; one Kafka refuses
+as too large is sent again in halves, so only a record too large on its own is set aside (``rejected.log``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from clawr1.core.kafka_io import (
 )
 from clawr1.core.metrics import PROXY_RECORDS_DELIVERED, PROXY_RECORDS_REJECTED
 from clawr1.core.routing import partition_of
+from clawr1.core.thin_batch import NEVER, ThinWait
 from clawr1.proxy.spool import Spool, SpoolRecord, encode_frame
 
 logger = logging.getLogger("clawr1.proxy.emitter")
@@ -80,7 +83,7 @@ class Emitter(Generic[T]):
                  prepare: Callable[[T], tuple[str, bytes]], partitions: int = 4,
                  producer_overrides: dict[str, Any] | None = None, max_in_flight: int = 10_000,
                  segment_records: int = 1000, combine: Callable[[list[bytes]], bytes] | None = None,
-                 batch_s: float = 0.0, batch_records: int = 1,
+                 batch_s: float = 0.0, batch_records: int = 1, thin: ThinWait = NEVER,
                  paused: Callable[[], bool] | None = None) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -94,6 +97,8 @@ class Emitter(Generic[T]):
         # Taken from the spool (in flight to it), waiting for their partition's window to close ...
         self._held: dict[int, list[SpoolRecord]] = {}
         self._held_since: dict[int, float] = {}
+        self._thin = thin
+        self._released = -float("inf")  # when the last envelopes were made
         # ... then envelopes ready for the producer, including the halves of one Kafka found too large.
         self._ready: deque[_Envelope] = deque()
         self._producer_overrides = producer_overrides or {}
@@ -179,7 +184,7 @@ class Emitter(Generic[T]):
         if self._unspooled:
             return 0.0
         if self._held and self._sending:
-            return max(0.0, min(self._held_since[p] for p in self._held) + self._batch_s - time.monotonic())
+            return max(0.0, min(self._due_at(p) for p in self._held) - time.monotonic())
         return _ACK_POLL_S if self._spool.pending or self._held else _IDLE_S
 
     def _take_batch(self, timeout: float) -> list[T]:
@@ -252,16 +257,23 @@ class Emitter(Generic[T]):
                 self._held_since[partition] = now
             held.append(record)
 
+    def _due_at(self, partition: int) -> float:
+        """When a partition's held records are due: ``batch_s`` after the first; while the emitter holds
+        few calls in all, not before ``thin.wait_s`` after the last envelopes were made, so the thin ones
+        of every partition leave together (one produce request, one fetch of the worker's)."""
+        return self._thin.due_at(self._held_since[partition] + self._batch_s, self._released,
+                                 sum(len(held) for held in self._held.values()))
+
     def _release_due(self) -> None:
-        """Held records whose partition has ``batch_records`` of them or waited ``batch_s`` (all of them
-        when stopping) become envelopes ready to send."""
+        """Held records whose partition has ``batch_records`` of them or is due (all of them when
+        stopping) become envelopes ready to send."""
         now, stopping = time.monotonic(), self._stop.is_set()
-        for partition in list(self._held):
-            held = self._held[partition]
-            if len(held) < self._batch_records and now - self._held_since[partition] < self._batch_s \
-                    and not stopping:
-                continue
-            del self._held[partition]
+        due = [partition for partition, held in self._held.items()
+               if len(held) >= self._batch_records or now >= self._due_at(partition) or stopping]
+        if due:
+            self._released = now
+        for partition in due:
+            held = self._held.pop(partition)
             for start in range(0, len(held), self._batch_records):
                 group = held[start:start + self._batch_records]
                 self._ready.extend((partition, records, value) for records, value in self._fit(group))

@@ -28,6 +28,8 @@ from functools import partial
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+from clawr1.core.thin_batch import NEVER, ThinWait
+
 logger = logging.getLogger("clawr1.proxy.emitter")
 # spawn: the proxy process runs threads and an event loop, which a forked child must not inherit.
 SPAWN = multiprocessing.get_context("spawn")
@@ -49,6 +51,8 @@ class EmitterConfig:
     # Captured calls bound for one partition share a message (an envelope) within this window or count.
     batch_s: float = 0.0
     batch_calls: int = 1
+    # A thin envelope waits longer (``clawr1.core.thin_batch``).
+    thin: ThinWait = NEVER
     # Where the emitter serves the proxy's metrics (``clawr1.core.metrics``); port 0 = off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
@@ -190,7 +194,8 @@ def _emitter_main(config: EmitterConfig, readers: list[Connection], status: Conn
     emitter: Emitter[CapturedCall] = Emitter(
         bootstrap=config.bootstrap, topic=config.topic, spool_dir=config.spool_dir, prepare=prepare,
         partitions=config.partitions, combine=partial(envelope_of, codec), batch_s=config.batch_s,
-        batch_records=config.batch_calls, paused=None if lag is None else lambda: lag.verdict().closed)
+        batch_records=config.batch_calls, thin=config.thin,
+        paused=None if lag is None else lambda: lag.verdict().closed)
     PROXY_SPOOL_DEPTH.set_function(lambda: emitter.pending)
     serving = False
 

@@ -115,7 +115,7 @@ async def serve_proxy(settings: Settings, ready: Callable[[], None] | None = Non
         bootstrap=config.bootstrap, topic=topic, spool_dir=config.spool_dir, partitions=config.partitions,
         registry_url=config.registry_url, instance=config.instance, drain_s=drain_s,
         metrics_port=config.metrics_port, metrics_host=config.metrics_host,
-        batch_s=config.batch_s, batch_calls=config.batch_calls, max_lag_s=config.max_lag_s,
+        batch_s=config.batch_s, batch_calls=config.batch_calls, thin=config.thin, max_lag_s=config.max_lag_s,
         streams_group=config.streams_group), senders=processes)
     try:
         await asyncio.to_thread(emitter.start)

@@ -2,10 +2,11 @@
 
 A batch is flushed when it holds ``max_rows`` rows or is ``max_seconds`` old (a message may be an
 envelope of many records: rows are what an insert costs). Its age counts from the previous flush: under
-load that is one insert per ``max_seconds``, and the first message after a pause goes in at once. Its insert
-deduplication token is derived from the offset ranges it covers, so re-inserting the same ranges after
-a crash (before the offsets were committed) is dropped by ClickHouse; replays with other boundaries
-collapse through the tables' version replacement instead.
+load that is one insert per ``max_seconds``, and the first message after a pause goes in at once. A thin
+batch (a trickle of rows) waits longer, up to ``CLAWR1_SINK_THIN_BATCH_SECONDS`` (``clawr1.core.thin_batch``).
+Its insert deduplication token is derived from the offset ranges it covers, so re-inserting the same
+ranges after a crash (before the offsets were committed) is dropped by ClickHouse; replays with other
+boundaries collapse through the tables' version replacement instead.
 
 A table's rows come as row tuples (``rows.py``) or, from envelopes of a columnar route, as records still
 packed that the flush turns into one Arrow block (``columns.py``); each kind is one insert, a ``RowPart``
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from clawr1.core.thin_batch import ThinWait
 from clawr1.sinks.rows import Origin
 
 if TYPE_CHECKING:
@@ -155,16 +157,17 @@ class Batch:
             known.first = min(known.first, origin.offset)
             known.last = max(known.last, origin.offset)
 
-    def is_due(self, max_rows: int, max_seconds: float, now: float | None = None) -> bool:
-        due_in = self.seconds_until_due(max_seconds, now)
+    def is_due(self, max_rows: int, max_seconds: float, thin: ThinWait, now: float | None = None) -> bool:
+        due_in = self.seconds_until_due(max_seconds, thin, now)
         return due_in is not None and (self.rows >= max_rows or due_in == 0.0)
 
-    def seconds_until_due(self, max_seconds: float, now: float | None = None) -> float | None:
-        """How long the batch may still wait for rows; None while it is empty (nothing is due)."""
+    def seconds_until_due(self, max_seconds: float, thin: ThinWait, now: float | None = None) -> float | None:
+        """How long the batch may still wait for rows; None while it is empty (nothing is due). A thin
+        batch waits ``thin.wait_s`` since the previous flush instead of ``max_seconds``."""
         if not self.messages:
             return None
-        age = (time.monotonic() if now is None else now) - self.started
-        return max(0.0, max_seconds - age)
+        due = thin.due_at(self.started + max_seconds, self.started, self.rows)
+        return max(0.0, due - (time.monotonic() if now is None else now))
 
     def commit_offsets(self) -> list[tuple[str, int, int]]:
         """(topic, partition, next offset to read) for every partition the batch consumed."""

@@ -350,7 +350,7 @@ class PoolSink:
                 ready()
             while not stop.is_set():
                 self._poll_once()
-                if self._batch.is_due(self.config.batch_rows, self.config.batch_seconds):
+                if self._batch.is_due(self.config.batch_rows, self.config.batch_seconds, self.config.thin):
                     self.flush(stop)
             self.flush(stop)
         finally:
@@ -365,7 +365,7 @@ class PoolSink:
         comes first, so an empty batch waits for its first message with ``poll`` (which returns at
         once), and an open batch collects more only until it is due."""
         assert self._consumer is not None
-        due_in = self._batch.seconds_until_due(self.config.batch_seconds)
+        due_in = self._batch.seconds_until_due(self.config.batch_seconds, self.config.thin)
         if due_in is None:
             first = self._consumer.poll(_IDLE_POLL_SECONDS)
             if first is None and self._unsettled:

@@ -43,6 +43,7 @@ from clawr1.core.metrics import (
     STREAM_RECORDS_OUT,
     STREAM_STATE_WRITES,
 )
+from clawr1.core.thin_batch import ThinWait
 from clawr1.schemas.codec import DecodeError, EncodeError, codec_for
 from clawr1.streams import expiry, messages, quix_compat
 from clawr1.streams.commit_pacing import CommitPacing
@@ -189,7 +190,9 @@ class StreamsApp:
         # that is wedged (commit_watchdog's doc says where it was seen) and the worker leaves.
         self.watchdog = CommitWatchdog(3 * config.transaction_timeout_ms / 1000)
         quix_compat.wrap_commits(self.work, self.watchdog.watch)
-        self.pacing = CommitPacing(config.busy_commit_interval_ms / 1000, config.commit_every)
+        thin = ThinWait(config.thin_commit_interval_ms / 1000, config.thin_commit_records)
+        self.pacing = CommitPacing(config.busy_commit_interval_ms / 1000, config.commit_every, thin,
+                                   config.commit_interval_ms / 1000)
         quix_compat.wrap_commits(self.work, self.pacing.wrap(partial(quix_compat.open_checkpoint, self.work)))
         self.ticker = _Ticker(config, partitions, self.processor.clock.bucket_ms / 1000)
 
@@ -207,7 +210,6 @@ class StreamsApp:
                 ) -> Callable[[Any, Any, int, Any], None]:
         """A raw topic's handler: decode once, then each record on its own (a bad one is dead-lettered)."""
         def on_message(value: bytes | None, key: Any, timestamp: int, headers: Any) -> None:
-            self.pacing.fed()
             origin = self._origin(key, value, timestamp)
             try:
                 if value is None:
@@ -216,8 +218,10 @@ class StreamsApp:
                 # without a Python int per token (``clawr1.streams.turns.TokenIds``).
                 records = self.codec.decode_records(value, expect=schema, int_arrays=True)
             except (DecodeError, InvalidEvent) as exc:
+                self.pacing.fed()
                 self._dead_letter(origin, "decode" if isinstance(exc, DecodeError) else "validate", str(exc))
                 return
+            self.pacing.fed(max(1, len(records)))
             STREAM_RECORDS_IN.labels(topic=origin.topic).inc(len(records))
             envelope = self.codec.writer_of(value).name != schema
             # An envelope's records each carry their own key fields; only a lone record has the message's.
@@ -229,13 +233,14 @@ class StreamsApp:
         return on_message
 
     def _on_work(self, value: bytes | None, key: Any, timestamp: int) -> None:
-        self.pacing.fed()
         origin = self._origin(key, value, timestamp)
         try:
             batch = messages.unpack(value or b"")
         except ValueError as exc:
+            self.pacing.fed()
             self._dead_letter(origin, "decode", f"unreadable internal message: {exc}")
             return
+        self.pacing.fed(max(1, len(batch)))
         STREAM_RECORDS_IN.labels(topic=origin.topic).inc(len(batch))
         for entry_key, message in batch:
             self._guarded(origin, "join", partial(self.processor.on_work, entry_key, message, origin))

@@ -77,6 +77,9 @@ class StreamConfig:
     commit_interval_ms: int = setting_field(r.STREAMS_COMMIT_INTERVAL_MS)
     # While every poll brings input, a checkpoint stays open up to this long (clawr1.streams.commit_pacing).
     busy_commit_interval_ms: int = setting_field(r.STREAMS_BUSY_COMMIT_INTERVAL_MS)
+    # A checkpoint of a trickle's few records waits this long since the previous commit (commit_pacing).
+    thin_commit_interval_ms: int = setting_field(r.STREAMS_THIN_COMMIT_INTERVAL_MS)
+    thin_commit_records: int = setting_field(r.STREAMS_THIN_COMMIT_RECORDS)
     commit_every: int = setting_field(r.STREAMS_COMMIT_EVERY)
     transaction_timeout_ms: int = setting_field(r.STREAMS_TRANSACTION_TIMEOUT_MS)
     linger_ms: int = setting_field(r.STREAMS_LINGER_MS)

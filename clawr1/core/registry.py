@@ -362,6 +362,13 @@ SINK_GROUP = option("SINK_GROUP", str, "clawr1-pool-sink", "Kafka consumer group
 SINK_BATCH_ROWS = option("SINK_BATCH_ROWS", int, 5000, "rows per insert at most", _SINK)
 SINK_BATCH_SECONDS = option("SINK_BATCH_SECONDS", float, 0.25, "seconds a batch waits for more rows at most",
                             _SINK)
+SINK_THIN_BATCH_SECONDS = option("SINK_THIN_BATCH_SECONDS", float, 0.75,
+                                "a batch of fewer than CLAWR1_SINK_THIN_BATCH_ROWS rows is inserted no "
+                                "sooner than this long after the previous insert (a trickle shares an "
+                                "insert's fixed cost; a lone row after a pause goes at once); `0` = off",
+                                _SINK, check=not_negative)
+SINK_THIN_BATCH_ROWS = option("SINK_THIN_BATCH_ROWS", int, 32,
+                              "rows that make a batch go on CLAWR1_SINK_BATCH_SECONDS", _SINK, check=positive)
 SINK_SESSION_TIMEOUT_MS = option("SINK_SESSION_TIMEOUT_MS", int, 10_000,
                                  "a crashed sink's partitions wait this long for their next owner", _SINK)
 SINK_EXIT_AFTER_INSERT = option("SINK_EXIT_AFTER_INSERT", bool, False,
@@ -433,6 +440,15 @@ STREAMS_BUSY_COMMIT_INTERVAL_MS = option(
     "how long the worker keeps a checkpoint open while every poll brings input (a backlog, a load): fewer, "
     "larger transactions; the first poll that brings nothing commits at CLAWR1_STREAMS_COMMIT_INTERVAL_MS",
     ("worker",), check=positive)
+STREAMS_THIN_COMMIT_INTERVAL_MS = option(
+    "STREAMS_THIN_COMMIT_INTERVAL_MS", int, 500,
+    "a checkpoint holding fewer than CLAWR1_STREAMS_THIN_COMMIT_RECORDS input records commits no sooner than "
+    "this long after the previous commit (a trickle shares a transaction's fixed cost and markers; the first "
+    "records after a pause commit at once); `0` = off", ("worker",),
+    check=not_negative)
+STREAMS_THIN_COMMIT_RECORDS = option("STREAMS_THIN_COMMIT_RECORDS", int, 16,
+                                     "input records that make a checkpoint commit on "
+                                     "CLAWR1_STREAMS_COMMIT_INTERVAL_MS", ("worker",), check=positive)
 STREAMS_COMMIT_EVERY = option("STREAMS_COMMIT_EVERY", int, 5000,
                               "commit early after this many input messages (bounds a checkpoint's memory)",
                               ("worker",), check=positive)
@@ -505,6 +521,16 @@ PROXY_BATCH_MS = option("PROXY_BATCH_MS", float, 25.0,
 PROXY_BATCH_CALLS = option("PROXY_BATCH_CALLS", int, 64,
                            "captured calls that fill an envelope (sent then, whatever the wait)", ("proxy",),
                            check=positive)
+
+PROXY_THIN_BATCH_MS = option("PROXY_THIN_BATCH_MS", float, 100.0,
+                             "while the emitter holds fewer than CLAWR1_PROXY_THIN_BATCH_CALLS calls, they "
+                             "leave no sooner than this long after its last envelopes, every partition's "
+                             "together (calls are spooled, durable, meanwhile); `0` = off", ("proxy",),
+                             check=not_negative)
+PROXY_THIN_BATCH_CALLS = option("PROXY_THIN_BATCH_CALLS", int, 8,
+                                "captured calls held (all partitions) that make envelopes leave on "
+                                "CLAWR1_PROXY_BATCH_MS",
+                                ("proxy",), check=positive)
 
 # -- clawr1 up: supervision and the demo -------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from clawr1.core.backpressure import LagClock, LagGate, pipeline_lag
+from clawr1.core.backpressure import LagClock, LagGate, Verdict, look_interval, pipeline_lag
 from clawr1.core.progress import Offsets
 
 P = ("clawr1.raw.steps", 0)
@@ -78,3 +78,11 @@ def test_a_trailing_commit_marker_is_not_behind() -> None:
 def test_the_pipeline_is_as_far_behind_as_its_stages_together() -> None:
     assert pipeline_lag([2.0, None, 3.5]) == 5.5
     assert pipeline_lag([None, None]) is None
+
+
+def test_a_caught_up_pipeline_is_looked_at_less_often_within_a_third_of_the_closing_lag() -> None:
+    assert look_interval(Verdict(lag_s=0.0), 1.0, bound_s=30.0) == 4.0  # closes at 12 s
+    assert look_interval(Verdict(lag_s=0.0), 1.0, bound_s=15.0) == 2.0  # closes at 6 s
+    assert look_interval(Verdict(lag_s=0.0), 1.0, bound_s=1.0) == 1.0  # never less than the interval
+    assert look_interval(Verdict(lag_s=0.5), 1.0, bound_s=30.0) == 1.0  # behind: every interval
+    assert look_interval(Verdict(lag_s=math.inf), 1.0, bound_s=30.0) == 1.0

@@ -13,6 +13,7 @@ import pytest
 import clawr1.proxy.emitter as emitter_module
 from clawr1.core import kafka_io
 from clawr1.core.routing import partition_of
+from clawr1.core.thin_batch import ThinWait
 from clawr1.proxy.emitter import Emitter
 from tests.support.fake_producer import Factory, FakeProducer
 from tests.support.waiting import holds_for, wait_until
@@ -66,6 +67,22 @@ def test_calls_of_one_partition_share_a_message_within_the_window(
     for key in keys:  # a conversation's calls in their order
         mine = [c for _, value in sent for c in calls_in(value) if c.startswith(f"{key}:".encode())]
         assert mine == [f"{key}:0".encode(), f"{key}:1".encode()]
+
+
+def test_thin_envelopes_wait_until_the_thin_interval_after_the_last_ones(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    options = {"batch_s": 0.0, "batch_records": 64, "thin": ThinWait(1.5, fill=3)}
+    with running_emitter(tmp_path, monkeypatch, **options) as (emitter, producer):
+        emitter.submit("k:0")  # nothing sent before: goes at once
+        wait_until(lambda: producer.acked == [b"k:0"], 10)
+        emitter.submit("k:1")
+        emitter.submit("k:2")
+        holds_for(lambda: len(producer.acked) == 1, 0.5, message="a thin envelope left at once")
+        wait_until(lambda: len(producer.acked) == 2, 10)
+        assert calls_in(producer.acked[1]) == [b"k:1", b"k:2"]
+        for n in range(3, 6):  # three calls fill an envelope: it goes on the usual (no) wait
+            emitter.submit(f"k:{n}")
+        wait_until(lambda: len(producer.acked) == 3, 1.0)
 
 
 def test_an_envelope_too_large_goes_again_in_halves_and_a_lone_call_too_large_is_set_aside(

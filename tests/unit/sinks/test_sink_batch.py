@@ -6,6 +6,7 @@ import pyarrow as pa
 import pytest
 
 from clawr1.core.settings import load_settings
+from clawr1.core.thin_batch import NEVER, ThinWait
 from clawr1.sinks.batch import Batch, ColumnPart, Envelope, RowPart, TableRows
 from clawr1.sinks.config import SinkConfig
 from clawr1.sinks.rows import Origin
@@ -39,19 +40,30 @@ def test_dedup_token_depends_on_the_ranges_not_on_arrival_order() -> None:
 
 def test_due_by_size_or_age() -> None:
     batch = filled([(0, 1), (0, 2)])
-    assert not Batch().is_due(1, 0.0)
-    assert batch.is_due(2, 100.0, now=1.0)
-    assert not batch.is_due(3, 100.0, now=1.0)
-    assert batch.is_due(3, 100.0, now=100.0)
+    assert not Batch().is_due(1, 0.0, NEVER)
+    assert batch.is_due(2, 100.0, NEVER, now=1.0)
+    assert not batch.is_due(3, 100.0, NEVER, now=1.0)
+    assert batch.is_due(3, 100.0, NEVER, now=100.0)
 
 
 def test_an_open_batch_says_how_long_it_may_still_wait() -> None:
     batch = filled([(0, 1)])
     batch.started = 10.0
-    assert Batch().seconds_until_due(0.25) is None
-    assert batch.seconds_until_due(0.25, now=10.1) == pytest.approx(0.15)
-    assert batch.seconds_until_due(0.25, now=11.0) == 0.0
-    assert batch.is_due(100, 0.25, now=10.25)
+    assert Batch().seconds_until_due(0.25, NEVER) is None
+    assert batch.seconds_until_due(0.25, NEVER, now=10.1) == pytest.approx(0.15)
+    assert batch.seconds_until_due(0.25, NEVER, now=11.0) == 0.0
+    assert batch.is_due(100, 0.25, NEVER, now=10.25)
+
+
+def test_a_thin_batch_waits_longer_since_the_previous_flush_and_a_filled_one_does_not() -> None:
+    thin = ThinWait(1.0, fill=3)
+    batch = filled([(0, 1), (0, 2)])
+    batch.started = 10.0  # the previous flush
+    assert batch.seconds_until_due(0.25, thin, now=10.25) == pytest.approx(0.75)
+    assert not batch.is_due(100, 0.25, thin, now=10.5)
+    assert batch.is_due(100, 0.25, thin, now=11.0)
+    batch.add("step_versions", ("step_id",), ("0:3",), origin(0, 3))  # a third row: filled
+    assert batch.is_due(100, 0.25, thin, now=10.25)
 
 
 def test_rows_are_stamped_when_written() -> None:

@@ -1,19 +1,23 @@
 """Commit pacing: a due checkpoint waits while every poll brings input, up to the busy interval or
-``commit_every`` messages; a poll that brings nothing, a forced commit and a revoke commit at once."""
+``commit_every`` records; a poll that brings nothing, a forced commit and a revoke commit at once; a thin
+checkpoint (a trickle) waits until the thin interval has passed since the previous commit."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from clawr1.core.thin_batch import NEVER, ThinWait
 from clawr1.streams.commit_pacing import CommitPacing
 
 
 class Loop:
     """Quix's run loop as the pacing sees it: polls that bring ``n`` messages, then a commit call."""
 
-    def __init__(self, busy_s: float = 0.25, commit_every: int = 100) -> None:
+    def __init__(self, busy_s: float = 0.25, commit_every: int = 100, thin: ThinWait = NEVER) -> None:
         self.now = 0.0
-        self.pacing = CommitPacing(busy_s, commit_every, clock=lambda: self.now)
+        self.pacing = CommitPacing(busy_s, commit_every, thin, usual_s=0.1, clock=lambda: self.now)
         self.checkpoint = object()
         self.commits: list[dict[str, Any]] = []
         self.commit = self.pacing.wrap(lambda: self.checkpoint)(self._commit)
@@ -22,10 +26,10 @@ class Loop:
         self.commits.append({"at": self.now, "force": force, "revoking": revoking})
         self.checkpoint = object()  # committed: Quix opens a new one
 
-    def poll(self, messages: int, seconds: float = 0.05) -> None:
+    def poll(self, messages: int, seconds: float = 0.05, records: int = 1) -> None:
         self.now += seconds
         for _ in range(messages):
-            self.pacing.fed()
+            self.pacing.fed(records)
         self.commit()
 
 
@@ -65,3 +69,23 @@ def test_forced_and_revoking_commits_pass_through() -> None:
     loop.pacing.fed()
     loop.commit(revoking=True)
     assert [(c["force"], c["revoking"]) for c in loop.commits] == [(True, False), (False, True)]
+
+
+def test_a_thin_checkpoint_commits_no_sooner_than_the_thin_interval_after_the_previous_commit() -> None:
+    loop = Loop(busy_s=0.25, thin=ThinWait(0.52, fill=10))
+    loop.poll(1)  # opened at 0.05 s
+    loop.poll(0, seconds=0.1)  # 0.15 s: the first record after a pause commits on the usual interval
+    assert len(loop.commits) == 1
+    while len(loop.commits) == 1 and loop.now < 2.0:  # a trickle: a record a poll, from 0.25 s
+        loop.poll(1, seconds=0.1)
+    assert loop.commits[1]["at"] == pytest.approx(0.85)  # the first poll 0.52 s after the commit was seen
+
+
+def test_a_filled_checkpoint_commits_on_the_usual_interval() -> None:
+    loop = Loop(busy_s=0.25, thin=ThinWait(5.0, fill=10))
+    loop.poll(1)
+    loop.poll(0, seconds=0.1)
+    assert len(loop.commits) == 1
+    loop.poll(1, records=10)  # an envelope of ten records: worth its transaction
+    loop.poll(0, seconds=0.11)  # the checkpoint's usual interval has passed
+    assert len(loop.commits) == 2
