@@ -32,10 +32,11 @@ $(KAFKA_LIB)/.resolved: broker/pom.xml
 run: install
 	$(BIN)/clawr1 up --demo
 
+# Two processes: the integration tests in order on one, the unit tests on the other (tests/conftest.py).
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 lint: install
 	$(BIN)/ruff check .

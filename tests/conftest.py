@@ -9,6 +9,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(INTEGRATION):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``make test`` runs ``-n 2``) the integration tests are one unit of work, so one
+    process runs them in order, on one broker and the shared stacks, exactly as a plain run does; the unit
+    tests, one unit each, go to the other process (most of the integration tests' time is waiting on
+    brokers and processes, so the second core has room). The SDK's integration tests need neither a broker
+    nor a process of their own (the pool in chDB, its API in a thread): they are a unit of their own, run
+    in the other process before the unit tests. xdist's own ``xdist_group`` marker cannot do this on
+    pytest 9 (it rewrites a node id pytest no longer reads)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class IntegrationInOrder(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith("tests/integration/sdk/"):
+                return "integration-sdk"
+            return "integration" if nodeid.startswith("tests/integration/") else nodeid
+
+    return IntegrationInOrder(config, log)
 
 
 @pytest.fixture(scope="session")
