@@ -44,9 +44,11 @@ QUESTION = "Which planet wears the widest rings? (asked by the browser test)"
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("browser-demo") / "data"
-    # A version bump after every trainer batch: the 20 versions arrive within two minutes.
+    # A version bump after every trainer batch, and the demo's agents pausing 1 s between groups (3 s by
+    # default, paced for a person watching): the 20 versions arrive within a minute.
     env = {"CLAWR1_DEMO_ENGINE_PORT": str(free_port()), "CLAWR1_DEMO_PROGRESS_S": "30",
-           "CLAWR1_DEMO_BUMP_EVERY": "1"}
+           "CLAWR1_DEMO_BUMP_EVERY": "1", "CLAWR1_DEMO_AGENT_PAUSE_S": "1",
+           "CLAWR1_DEMO_WHITEBOX_PAUSE_S": "1"}
     with clawr1_up(data, env=env, args=["--demo"], stop_timeout=120) as live:
         yield live.url("api")
 
