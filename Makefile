@@ -35,8 +35,9 @@ run: install
 # Two processes: the integration tests in order on one, the unit tests on the other (tests/conftest.py).
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/mypy
-	$(BIN)/python -m pytest -n 2
+	@# mypy checks beside pytest (one core's work for ~30 s, while the integration tests mostly wait);
+	@# either failing fails the target.
+	$(BIN)/mypy & mypy=$$!; $(BIN)/python -m pytest -n 2; tests=$$?; wait $$mypy && exit $$tests
 
 lint: install
 	$(BIN)/ruff check .

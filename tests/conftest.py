@@ -28,21 +28,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.integration)
 
 
+WITHOUT_A_BROKER = (
+    "tests/integration/sdk/",
+    "tests/integration/dashboard/test_dashboard_channel.py",
+    "tests/integration/dashboard/test_dashboard_trajectory.py",
+    "tests/integration/pool/test_pool_api.py",
+    "tests/integration/pool/test_pool_id_lookup.py",
+    "tests/integration/pool/test_pool_indexes.py",
+    "tests/integration/pool/test_pool_sink_columns.py",
+    "tests/integration/pool/test_pool_sql_guard.py",
+    "tests/integration/pool/test_pool_store.py",
+)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under pytest-xdist (``make test`` runs ``-n 2``) the integration tests are one unit of work, so one
     process runs them in order, on one broker and the shared stacks, exactly as a plain run does; the unit
     tests, one unit each, go to the other process (most of the integration tests' time is waiting on
-    brokers and processes, so the second core has room). The SDK's integration tests need neither a broker
-    nor a process of their own (the pool in chDB, its API in a thread): they are a unit of their own, run
-    in the other process before the unit tests. xdist's own ``xdist_group`` marker cannot do this on
-    pytest 9 (it rewrites a node id pytest no longer reads)."""
+    brokers and processes, so the second core has room). The integration tests in ``WITHOUT_A_BROKER``
+    need neither a broker nor a process of their own (the pool in chDB, an API in a thread): they are a
+    unit of their own, run in the other process before the unit tests (one listed here that came to need
+    a broker would start its own in that process: slower, still right). xdist's own ``xdist_group`` marker
+    cannot do this on pytest 9 (it rewrites a node id pytest no longer reads)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class IntegrationInOrder(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.startswith("tests/integration/sdk/"):
-                return "integration-sdk"
+            if nodeid.startswith(WITHOUT_A_BROKER):
+                return "integration-without-a-broker"
             return "integration" if nodeid.startswith("tests/integration/") else nodeid
 
     return IntegrationInOrder(config, log)
