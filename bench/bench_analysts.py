@@ -18,8 +18,10 @@ slower gateway shows there): the figures docs/pool.md states.
     .venv/bin/python -m bench.bench_analysts [--pairs 3] [--seconds 10] [--rate 40] [--chars 20000]
         [--limit-s 2] [--per-row] [--env CLAWR1_SQL_OS_THREAD_PRIORITY=0]
 
-``--env CLAWR1_SQL_OS_THREAD_PRIORITY=0`` runs the analysts at ingest's priority (as before it was
-lowered). Results: bench/results/bench_analysts.json, the stack's log bench/results/bench_analysts_stack.log.
+Analysts' queries run in analyst processes over snapshots (the embedded pool's default);
+``--env CLAWR1_SQL_ANALYST_SNAPSHOT_S=0`` runs them in the API process instead, at nice 19, and adding
+``--env CLAWR1_SQL_OS_THREAD_PRIORITY=0`` at ingest's priority (as before either). Results:
+bench/results/bench_analysts.json, the stack's log bench/results/bench_analysts_stack.log.
 """
 
 from __future__ import annotations

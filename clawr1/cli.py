@@ -266,6 +266,7 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     from clawr1.gateway.app import create_app
     from clawr1.gateway.metrics import RequestMetrics, metrics_router
     from clawr1.gateway.server import serve
+    from clawr1.pool.analyst_processes import analyst_processes
     from clawr1.pool.api import pool_router
     from clawr1.pool.retention import migrate_with_retention
     from clawr1.pool.sql import AnalystSql, SqlLimits
@@ -280,9 +281,11 @@ def _cmd_api(settings: Settings, expect_parts: list[str], with_sink: bool) -> in
     store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
     migrate_with_retention(store, settings)
     sink_store = PoolStore(settings.pool_dsn, cluster=settings.clickhouse_cluster)
-    # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set).
-    analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database,
-                         SqlLimits.from_settings(settings), control_dsn=settings.pool_dsn)
+    # Analyst SQL on read-only sessions of its own (the server's read-only user when CLAWR1_SQL_DSN is set);
+    # on the embedded pool, keyed analysts' queries in processes of their own over snapshots.
+    limits = SqlLimits.from_settings(settings)
+    analyst = AnalystSql(settings.sql_dsn or settings.pool_dsn, store.database, limits,
+                         control_dsn=settings.pool_dsn, processes=analyst_processes(settings, store, limits))
     stop = threading.Event()
     sink_ready = threading.Event()
     sink = threading.Thread(

@@ -30,6 +30,10 @@ class SqlError(ValueError):
     """The query failed or is malformed; the message says why (HTTP 400)."""
 
 
+class WriteRefused(SqlError):
+    """The query would write, change settings, or reach outside the pool (HTTP 403)."""
+
+
 class SqlBusy(SqlError):
     """The caller's pool, or the caller's share of it, is in use (HTTP 429)."""
 
@@ -64,8 +68,9 @@ class Ledger:
     the pool with them, and the engine never runs more than twice the pool's queries.
     """
 
-    def __init__(self, shares: Shares, kill: Callable[[str, str], None]) -> None:
-        """``kill(query_id, tag)`` stops a running query without waiting (``AnalystSql.kill``)."""
+    def __init__(self, shares: Shares, kill: Callable[[str, str], bool]) -> None:
+        """``kill(query_id, tag)`` stops a running query (``AnalystSql.kill``): True when it has stopped
+        (its process is gone), False when the engine will stop it later, without waiting for that."""
         self.shares = shares
         self.kill = kill
         self._pool: Counter[tuple[str, str]] = Counter()  # (LIVE or KILLED, pool)
@@ -171,4 +176,5 @@ class Admission:
 
     def _kill(self) -> None:
         assert self._tag is not None
-        self._ledger.kill(self._query_id, self._tag)
+        if self._ledger.kill(self._query_id, self._tag):
+            self.release()  # nothing of it runs on: its place is free before its caller hears of it

@@ -27,6 +27,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from clawr1.pool.admission import ANALYSTS, TRAINERS, Admission, Caller, SqlBusy, SqlError, overran
+from clawr1.pool.analyst_processes import AnalystProcessError
 from clawr1.pool.consumer_tables import CONSUMER_WRITABLE_TABLES, OWNER_COLUMNS
 from clawr1.pool.sql import MAX_QUERY_CHARS, OUTPUT_FORMATS, AnalystSql, SqlStream, WriteRefused
 from clawr1.pool.store import PoolError, PoolStore
@@ -122,6 +123,7 @@ def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRoute
         400: {"description": "bad SQL (ClickHouse's error text), unknown format, limits exceeded"},
         403: {"description": "refused: not a read of the pool (writes, settings, files, network, system)"},
         429: {"description": "the caller's pool (trainers or analysts), or its key's share of it, is busy"},
+        503: {"description": "an analyst process could not start, or ended before its answer"},
     })
     async def sql(request: SqlRequest, http: Request) -> Response:
         """The result streams; an error past the first chunk ends the body with the error's text. A
@@ -133,6 +135,8 @@ def pool_router(store: PoolStore, analyst: AnalystSql | None = None) -> APIRoute
             raise HTTPException(403, str(exc)) from exc
         except SqlBusy as exc:
             raise HTTPException(429, str(exc)) from exc
+        except AnalystProcessError as exc:
+            raise HTTPException(503, str(exc)) from exc
         except SqlError as exc:
             raise HTTPException(400, str(exc)) from exc
         return StreamingResponse(_chunks(result, admission), media_type=OUTPUT_FORMATS[request.format])

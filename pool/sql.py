@@ -14,11 +14,10 @@ Results stream from the engine in chunks instead of being held whole (formats wi
 footer, such as Arrow, Parquet and JSON, are assembled by the engine within ``max_result_bytes``).
 
 Who may run a query, and for how long: ``clawr1.pool.admission`` (the pools of sessions, each key's
-share, the deadline; ``clawr1.pool.watchdog`` keeps the deadlines). Every analyst session runs at the
-lowest OS priority (``os_thread_priority``): the engine shares the API process with the gateway and the
-sink (chDB opens its data path in one process only), does not hold the GIL while it runs, and cannot stop
-inside one function call, so what keeps ingest fresh while such a call runs on is that it only gets the
-CPU that ingest leaves (docs/security.md).
+share, the deadline; ``clawr1.pool.watchdog`` keeps the deadlines). On the embedded pool, keyed analysts'
+queries run in processes of their own over snapshots (``clawr1.pool.analyst_processes``), niced and killed
+at their limit as a whole, since the engine cannot stop inside one function call; everyone else's run
+here, analysts' at the lowest OS priority (``os_thread_priority``).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
-from typing import IO, Any, cast
+from typing import IO, Any, Protocol, cast
 
 from cachetools import LRUCache
 from clickhouse_connect.driver.binding import external_bind_re
@@ -40,7 +39,8 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 
 from clawr1.core import registry
 from clawr1.core.settings import Settings, config_from, setting_field
-from clawr1.pool.admission import ANALYSTS, TRAINERS, Admission, Caller, Ledger, SqlError
+from clawr1.pool.admission import ANALYSTS, TRAINERS, Admission, Caller, Ledger, SqlError, WriteRefused
+from clawr1.pool.analyst_processes import AnalystKilled, AnalystProcesses
 from clawr1.pool.sql_guard import (
     CATALOGUE_QUERY,
     COMBINATORS_QUERY,
@@ -83,10 +83,6 @@ GUARD_CACHE_ENTRIES = 1024
 CHUNK_BYTES = 256 * 1024
 _PARAMETER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _PARSE_SCOPE = re.compile(r":? In scope SELECT (?:parseQueryToJSON|formatQuerySingleLine)\(.*", re.DOTALL)
-
-
-class WriteRefused(SqlError):
-    """The query would write, change settings, or reach outside the pool (HTTP 403)."""
 
 
 @dataclass(frozen=True)
@@ -140,10 +136,17 @@ class SqlLimits:
         }
 
 
+class ByteSource(Protocol):
+    """Where a result's bytes come from: the engine's response, or an analyst process's answer."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+    def close(self) -> None: ...
+
+
 class SqlStream:
     """One running query's result: iterate for chunks; ``close()`` ends it early and frees its session."""
 
-    def __init__(self, first: bytes, source: IO[bytes], done: Any,
+    def __init__(self, first: bytes, source: ByteSource, done: Any,
                  admission: Admission | None = None) -> None:
         self._first = first
         self._source = source
@@ -154,6 +157,13 @@ class SqlStream:
     def __iter__(self) -> Iterator[bytes]:
         """The chunks; a failure past the first chunk ends the body with the error text on a line of its
         own, as a ClickHouse server does over HTTP (the status is already sent)."""
+        try:
+            yield from self.chunks()
+        except SqlError as exc:
+            yield f"\n{exc}\n".encode()
+
+    def chunks(self) -> Iterator[bytes]:
+        """The chunks; a failure past the first chunk raises (as ``SqlError``) instead of ending the bytes."""
         broken = True
         try:
             if self._first:
@@ -162,29 +172,20 @@ class SqlStream:
                 while chunk := _read(self._source):
                     yield chunk
             except Exception as exc:
-                yield f"\n{self._error(exc)}\n".encode()
-                return
+                raise self._error(exc) from exc
             broken = False
         finally:
             self._finish(broken)
 
     def read_all(self) -> bytes:
         """The whole result; a failure past the first chunk raises instead of ending the bytes."""
-        chunks = [self._first] if self._first else []
-        try:
-            while chunk := _read(self._source):
-                chunks.append(chunk)
-        except Exception as exc:
-            self._finish(broken=True)
-            raise self._error(exc) from exc
-        self._finish(broken=False)
-        return b"".join(chunks)
+        return b"".join(self.chunks())
 
     def close(self) -> None:
         self._finish(broken=True)
 
     def _error(self, exc: BaseException) -> SqlError:
-        return _sql_error(exc, self._admission.reason if self._admission is not None else None)
+        return as_sql_error(exc, self._admission.reason if self._admission is not None else None)
 
     def _finish(self, broken: bool) -> None:
         if not self._closed:
@@ -198,11 +199,13 @@ class AnalystSql:
     few sessions each, a key holding at most its share of its pool."""
 
     def __init__(self, dsn: str, database: str | None = None, limits: SqlLimits | None = None,
-                 control_dsn: str | None = None) -> None:
+                 control_dsn: str | None = None, processes: AnalystProcesses | None = None) -> None:
         """``database`` is the pool's; ``None`` means the DSN's own (its current database).
         ``control_dsn`` kills overrunning queries (``KILL QUERY``; default ``dsn``): on a server, a user
-        allowed to, where ``dsn`` is the analysts' read-only one."""
+        allowed to, where ``dsn`` is the analysts' read-only one. ``processes``: where keyed analysts'
+        queries run instead of this process (the embedded pool; see ``clawr1.pool.analyst_processes``)."""
         self.dsn = dsn
+        self.processes = processes
         self.database = database
         self.limits = limits or SqlLimits()
         self._control_dsn = control_dsn or dsn
@@ -230,6 +233,8 @@ class AnalystSql:
             admission.release()
             raise
         pool = admission.caller.pool
+        if self.processes is not None and pool == ANALYSTS and admission.caller.limited:
+            return self._stream_apart(self.processes, text, fmt, parameters or {}, max_rows, admission)
         limits = self.limits
         if max_rows is not None and max_rows < limits.max_result_rows:
             limits = replace(limits, max_result_rows=max_rows)
@@ -254,7 +259,7 @@ class AnalystSql:
             self._release(session, limits, pool, broken=True)
             admission.release()
             if isinstance(exc, Exception):
-                raise _sql_error(exc, admission.reason) from exc
+                raise as_sql_error(exc, admission.reason) from exc
             raise
 
         def done(broken: bool) -> None:
@@ -262,6 +267,20 @@ class AnalystSql:
             admission.release()
 
         return SqlStream(first, source, done, admission)
+
+    def _stream_apart(self, processes: AnalystProcesses, text: str, fmt: str, parameters: Mapping[str, Any],
+                      max_rows: int | None, admission: Admission) -> SqlStream:
+        """The query in an analyst process of its own; killing that process stops it at its limit."""
+        tag = f"clawr1-sql-{uuid.uuid4().hex}"
+        try:
+            first, source = processes.stream(text, fmt, parameters, max_rows, admission,
+                                             float(self.limits.max_execution_time), tag)
+        except BaseException as exc:
+            admission.release()
+            if isinstance(exc, Exception):
+                raise as_sql_error(exc, admission.reason) from exc
+            raise
+        return SqlStream(first, source, lambda _broken: admission.release(), admission)
 
     def run(self, sql: str, fmt: str = "JSONEachRow", parameters: Mapping[str, Any] | None = None,
             max_rows: int | None = None) -> bytes:
@@ -275,13 +294,16 @@ class AnalystSql:
         try:
             return self._guard(session[0], text)
         except Exception as exc:
-            raise _sql_error(exc) from exc
+            raise as_sql_error(exc) from exc
         finally:
             self._release(session, self.limits, ANALYSTS, broken=False)
 
-    def kill(self, query_id: str, tag: str) -> None:
+    def kill(self, query_id: str, tag: str) -> bool:
         """``KILL QUERY`` the query ``query_id`` (a server's) or the one running on the session ``tag``
-        (chDB's), without waiting: the engine stops it at its next block."""
+        (chDB's), without waiting: the engine stops it at its next block; one in an analyst process ends
+        with that process."""
+        if self.processes is not None and self.processes.kill(tag):
+            return True
         with self._control_lock:
             try:
                 if self._control is None:
@@ -291,8 +313,11 @@ class AnalystSql:
             except (ClickHouseError, PoolError):
                 # Its own limit still stops it between blocks; the caller was answered already.
                 pass
+        return False
 
     def close(self) -> None:
+        if self.processes is not None:
+            self.processes.close()
         with self._lock:
             idle = [client for sessions in self._idle.values() for client, _ in sessions]
             self._idle = {TRAINERS: [], ANALYSTS: []}
@@ -401,13 +426,15 @@ def _parameters(checked: Checked, given: Mapping[str, Any]) -> dict[str, Any]:
     return dict(given)
 
 
-def _read(source: IO[bytes]) -> bytes:
+def _read(source: ByteSource) -> bytes:
     return source.read(CHUNK_BYTES) or b""
 
 
-def _sql_error(exc: BaseException, cancelled: str | None = None) -> SqlError:
+def as_sql_error(exc: BaseException, cancelled: str | None = None) -> SqlError:
     """Our error for whatever stopped a query: refusals are 403s, everything else is a bad request.
     ``cancelled``: why the query was killed, when it was (the engine only says that it was)."""
+    if cancelled is not None and isinstance(exc, AnalystKilled):
+        return SqlError(cancelled)
     if isinstance(exc, SqlError):
         return exc
     if isinstance(exc, GuardRefusal):

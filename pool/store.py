@@ -14,6 +14,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import clickhouse_connect
@@ -61,6 +62,11 @@ def pool_error(exc: ClickHouseError) -> PoolError:
 
 def is_embedded(dsn: str) -> bool:
     return dsn.startswith("chdb:")
+
+
+def embedded_path(dsn: str) -> Path:
+    """The engine's data path of a ``chdb://`` DSN."""
+    return Path(dsn.removeprefix("chdb:").removeprefix("//")).resolve()
 
 
 def open_client(dsn: str, database: str | None = None, settings: Mapping[str, Any] | None = None,

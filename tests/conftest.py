@@ -35,6 +35,7 @@ WITHOUT_A_BROKER = (
     "tests/integration/dashboard/test_dashboard_steps.py",
     "tests/integration/dashboard/test_dashboard_summary.py",
     "tests/integration/dashboard/test_dashboard_trajectory.py",
+    "tests/integration/pool/test_pool_analyst_processes.py",
     "tests/integration/pool/test_pool_api.py",
     "tests/integration/pool/test_pool_id_lookup.py",
     "tests/integration/pool/test_pool_indexes.py",

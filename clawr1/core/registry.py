@@ -339,6 +339,11 @@ SQL_OS_THREAD_PRIORITY = option("SQL_OS_THREAD_PRIORITY", int, 19,
                                 "analyst's query only gets the CPU that ingest leaves; `0` = ingest's own",
                                 ("api",),
                                 check=lambda v: None if 0 <= v <= 19 else f"must be in [0, 19], got {v}")
+SQL_ANALYST_SNAPSHOT_S = option("SQL_ANALYST_SNAPSHOT_S", float, 5.0,
+                                "embedded pool: keyed analysts' (`read` keys') queries run in processes of "
+                                "their own over a snapshot of the pool at most this old (seconds), killed at "
+                                "their limit; `0` = in the API process on the live pool", ("api",),
+                                check=lambda v: None if v >= 0 else f"must be >= 0, got {v}")
 DASHBOARD_LIVE_PER_KEY = option("DASHBOARD_LIVE_PER_KEY", int, 8,
                                 "dashboard: `/v1/dashboard/live` streams one key may hold open (more answer "
                                 "429)", ("api",), check=positive)

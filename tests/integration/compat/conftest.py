@@ -38,8 +38,9 @@ class Stack:
     reverse_port: int = 0
 
     def sql(self, query: str) -> list[dict[str, Any]]:
+        # As a trainer: the live pool (an analyst's `read` key reads a snapshot, seconds old).
         reply = httpx.post(f"{self.api}/v1/sql", json={"query": query, "format": "JSONEachRow"},
-                           headers=auth("reader"), timeout=60)
+                           headers=auth("trainer"), timeout=60)
         assert reply.status_code == 200, reply.text
         return [json.loads(line) for line in reply.text.splitlines() if line.strip()]
 

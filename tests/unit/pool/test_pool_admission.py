@@ -9,9 +9,14 @@ from clawr1.pool.admission import ANALYSTS, KILLED, Caller, Ledger, SqlBusy, ove
 from clawr1.pool.sql import SqlLimits
 
 
-def ledger(kills: list[tuple[str, str]], sessions: int = 2) -> Ledger:
-    return Ledger(SqlLimits(max_concurrent=sessions, key_share=0.5),
-                  lambda query_id, tag: kills.append((query_id, tag)))
+def ledger(kills: list[tuple[str, str]], sessions: int = 2, stops: bool = False) -> Ledger:
+    """``stops``: a kill ends the query there and then (an analyst process's), not at the engine's next
+    block (``KILL QUERY``)."""
+    def kill(query_id: str, tag: str) -> bool:
+        kills.append((query_id, tag))
+        return stops
+
+    return Ledger(SqlLimits(max_concurrent=sessions, key_share=0.5), kill)
 
 
 ALICE = Caller("alice", ANALYSTS, limited=True)
@@ -66,3 +71,17 @@ def test_a_query_cancelled_before_it_starts_is_killed_as_it_starts() -> None:
     assert [tag for _, tag in kills] == ["tag-2"]
     admission.release()
     assert places.running(ANALYSTS, state=KILLED) == 0 and places.running(ANALYSTS, "bob") == 0
+
+
+def test_a_query_whose_kill_stops_it_frees_everything_at_once() -> None:
+    """An analyst process killed at the limit: nothing runs on, so nothing counts apart."""
+    kills: list[tuple[str, str]] = []
+    places = ledger(kills, sessions=4, stops=True)
+    first, second = places.admit(ALICE), places.admit(ALICE)
+    first.started("tag-3", 2.0)
+    first.cancel(overran(2.0))
+    assert [tag for _, tag in kills] == ["tag-3"]
+    assert places.running(ANALYSTS, "alice") == 1 and places.running(ANALYSTS, "alice", KILLED) == 0
+    first.release()  # the stream's own end after the kill changes nothing
+    second.release()
+    assert places.running(ANALYSTS) == 0 and places.running(ANALYSTS, state=KILLED) == 0
