@@ -25,6 +25,7 @@ from typing import Any
 
 READY, CHUNK, DONE, FAILED = b"R", b"C", b"D", b"F"
 PARENT_CHECK_S = 1.0
+LOWEST_NICE = 19
 
 
 def main(argv: list[str]) -> int:
@@ -75,8 +76,13 @@ def _answer(conn: Connection, analyst: Any, request: dict[str, Any]) -> None:
 def _lowest_priority(nice: int) -> None:
     """Nice this process before the engine starts its threads (they inherit it). Under the kernel's
     autogroup scheduling a nice value only ranks a process within its session's group, which is the API's:
-    a session of its own, with that group niced, ranks it below every other role's group too."""
+    a session of its own, with that group niced, ranks it below every other role's group too. At the
+    lowest nice value the process also takes ``SCHED_IDLE`` (only CPU nothing else wants): safe in a
+    process of its own, where no thread of ingest's can wait on one of its locks or the GIL."""
     os.nice(nice - os.nice(0))
+    if nice >= LOWEST_NICE and hasattr(os, "SCHED_IDLE"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     with contextlib.suppress(OSError):
         os.setsid()
         with open("/proc/self/autogroup", "w") as group:
