@@ -7,14 +7,8 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
-from clawr1.core.progress import (
-    Offsets,
-    ProbeInconclusive,
-    ProgressTracker,
-    caught_up,
-    group_offsets,
-    look_interval,
-)
+from clawr1.core.offsets import Offsets, group_offsets
+from clawr1.core.progress import ProbeInconclusive, ProgressTracker, caught_up, look_interval
 
 P = ("clawr1.raw.steps", 0)
 
