@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from confluent_kafka import Consumer
 
 from clawr1.core.metrics import PIPELINE_LAG_SECONDS
-from clawr1.core.progress import Offsets, Partition, group_offsets, group_reader
+from clawr1.core.offsets import Offsets, Partition, group_offsets, group_reader
 
 log = logging.getLogger(__name__)
 

@@ -36,6 +36,15 @@ in its group: a worker process that has not been a member for ``stall_s`` is stu
 ``ProgressTracker`` is the rule (pure, tested without Kafka); ``ProgressWatch`` samples the offsets and
 the members in a background thread for ``/healthz`` (the API) and for the supervisor (which restarts a
 stuck worker).
+
+Each look is four requests per group the broker answers (describe, metadata, committed offsets, log
+ends: ~5 ms of its CPU, and ~3 ms of the watcher's), and two watches look (the supervisor's and the
+API's): at a look every 2 s, most of an idle stack's requests. So while the last look found every group
+caught up (nothing waiting beyond a trailing commit marker, its members as the look before), the next
+comes later (``look_interval``): a fifth of ``stall_s``, 6 s at most, never sooner than ``interval_s``.
+Records that arrive meanwhile start their clock at the look that first sees them, so a worker that
+wedges on them is named at most that much later than ``stall_s`` after they arrived (36 s instead of 32
+at the default 30 s); a group with anything waiting is looked at every ``interval_s`` as before.
 """
 
 from __future__ import annotations
@@ -47,25 +56,16 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from clawr1.core.metrics import CONSUMER_STALLED_SECONDS
+from clawr1.core.offsets import Offsets, Partition, group_offsets, group_reader
 
 log = logging.getLogger(__name__)
 
-Partition = tuple[str, int]
-
-
-@dataclass(frozen=True)
-class Offsets:
-    committed: int  # the group's committed offset (the log's start when it never committed)
-    end: int  # the high watermark
-    unset: bool = False  # the group never committed here
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.end - self.committed)
+CAUGHT_UP_SHARE = 0.2  # of stall_s: the look interval while every group is caught up
+CAUGHT_UP_MAX_S = 6.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,22 @@ class ProgressTracker:
                    for p, member in owners.items() if member == owner)
 
 
+def caught_up(offsets: Mapping[Partition, Offsets], members: Mapping[str, set[Partition]] | None,
+              before: Mapping[str, set[Partition]] | None) -> bool:
+    """Whether a look found nothing to watch closely: every partition behind by one offset at most (a
+    transactional producer's trailing commit marker), and the group described with the members and
+    assignments of the description before."""
+    return members is not None and members == before and all(at.lag <= 1 for at in offsets.values())
+
+
+def look_interval(caught_up: bool, interval_s: float, stall_s: float) -> float:
+    """Seconds to the next look: ``interval_s`` unless every group was caught up at the last look; then
+    ``CAUGHT_UP_SHARE`` of ``stall_s`` (at most ``CAUGHT_UP_MAX_S``), never less than ``interval_s``."""
+    if not caught_up:
+        return interval_s
+    return max(interval_s, min(CAUGHT_UP_MAX_S, stall_s * CAUGHT_UP_SHARE))
+
+
 @dataclass
 class _Blindness:
     """How long each group has gone without an answer to one kind of look; logged, not hidden."""
@@ -186,8 +202,9 @@ class _Blindness:
 
 
 class ProgressWatch:
-    """Samples the committed offsets of ``groups`` (group -> its input topics) every ``interval_s`` with a
-    consumer that never joins them; ``stalls()`` is the latest verdict per group.
+    """Samples the committed offsets of ``groups`` (group -> its input topics) every ``interval_s`` (less
+    often while all are caught up: ``look_interval``) with a consumer that never joins them; ``stalls()``
+    is the latest verdict per group.
 
     The watch must not go blind quietly: a group that cannot be looked at or described for ``stall_s``
     is logged (and again every ``stall_s``), and the watch's Kafka clients are made anew while its looks
@@ -199,7 +216,9 @@ class ProgressWatch:
         self._groups = {group: list(topics) for group, topics in groups.items()}
         self._tracker = ProgressTracker(stall_s)
         self._interval = interval_s
-        self._stale_s = max(5.0, 3 * interval_s)  # members described longer ago than this: no verdict
+        self._stale_s = max(5.0, 3 * interval_s)  # looks failing for longer than this: new clients
+        # Members described longer ago than this: no verdict (three looks, one of them a caught-up one).
+        self._described_within_s = self._stale_s + look_interval(True, interval_s, stall_s) - interval_s
         self._stalls: dict[str, Stall] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -235,7 +254,7 @@ class ProgressWatch:
         if now - since < self._tracker.stall_s:
             return None
         with self._lock:
-            described = now - self._described.get(group, -float("inf")) <= self._stale_s
+            described = now - self._described.get(group, -float("inf")) <= self._described_within_s
             stall = self._stalls.get(group)
             owned = self._members.get(group, {}).get(client_id)
             seen = max(since, self._last_seen.get((group, client_id), since))
@@ -247,28 +266,31 @@ class ProgressWatch:
         return None
 
     def _run(self) -> None:
+        wait = self._interval
         try:
-            while not self._stop.wait(self._interval):
-                for group, topics in self._groups.items():
-                    self._look(group, topics)
+            while not self._stop.wait(wait):
+                calm = [self._look(group, topics) for group, topics in self._groups.items()]
+                wait = look_interval(all(calm), self._interval, self._tracker.stall_s)
         finally:
             self._close_clients()
 
-    def _look(self, group: str, topics: list[str]) -> None:
+    def _look(self, group: str, topics: list[str]) -> bool:
+        """Look at ``group`` once; whether it was caught up (``caught_up``)."""
         members = self._describe(group)
         with self._lock:
-            known = members if members is not None else self._members.get(group, {})
+            before = self._members.get(group)
+            known = members if members is not None else before or {}
         owners = {partition: member for member, owned in known.items() for partition in owned}
         try:
-            stall = self._tracker.observe(group, time.monotonic(), self._offsets(group, topics),
-                                          self._first_record, owners)
+            offsets = self._offsets(group, topics)
+            stall = self._tracker.observe(group, time.monotonic(), offsets, self._first_record, owners)
         except Exception as exc:  # noqa: BLE001 - Kafka away: no verdict, and the clocks pause
             self._tracker.unseen(group)
             with self._lock:
                 self._stalls.pop(group, None)
             if self._unlooked.failed(group, exc) > self._stale_s:
                 self._renew_clients()
-            return
+            return False
         self._unlooked.answered(group)
         with self._lock:
             if stall is None:
@@ -281,6 +303,7 @@ class ProgressWatch:
                 self._described[group] = now
                 self._last_seen.update({(group, m): now for m in members})
         CONSUMER_STALLED_SECONDS.labels(group=group).set(0 if stall is None else stall.seconds)
+        return stall is None and caught_up(offsets, members, before)
 
     def _describe(self, group: str) -> dict[str, set[Partition]] | None:
         """The group's members (client id -> assigned partitions), None when the broker did not say."""
@@ -344,69 +367,3 @@ class ProgressWatch:
             consumer.close()
         self._readers.clear()
         self._probe = self._admin = None
-
-
-def group_reader(bootstrap: str, group: str) -> Consumer:
-    """A consumer that reads ``group``'s committed offsets and never joins it (it moves nothing)."""
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-
-
-def group_offsets(reader: Consumer, topics: Iterable[str]) -> dict[Partition, Offsets]:
-    """The offsets of the partitions of ``topics`` Kafka answered for (a partition between leaders, or a
-    topic not there, is left out); raises when it answered for none of them.
-
-    One metadata request, one for the committed offsets and one for the ends of every partition at once
-    (a fourth for the starts of partitions the group never committed), instead of a request per topic and
-    per partition: the API looks every second, and the per-partition queries cost the broker ~5x the CPU
-    (8 ms a look at 36 partitions, against 1.3-2.3 ms). When the batch fails (a leader away makes the
-    whole request time out), the partitions are asked one by one, so the others still answer."""
-    wanted = list(topics)
-    described = reader.list_topics(timeout=5.0).topics
-    partitions = [TopicPartition(topic, p) for topic in wanted
-                  if (found := described.get(topic)) is not None and found.error is None
-                  for p in found.partitions]
-    if not partitions:
-        return {}
-    committed = reader.committed(partitions, timeout=5.0)
-    try:
-        ends = _log_offsets(reader, committed, OFFSET_END)
-        unset = [tp for tp in committed if tp.offset < 0]
-        starts = _log_offsets(reader, unset, OFFSET_BEGINNING) if unset else {}
-    except KafkaException:
-        return _group_offsets_one_by_one(reader, committed)
-    offsets: dict[Partition, Offsets] = {}
-    for tp in committed:
-        at = (tp.topic, tp.partition)
-        if at not in ends:
-            continue
-        if tp.offset >= 0:
-            offsets[at] = Offsets(tp.offset, ends[at])
-        elif at in starts:
-            offsets[at] = Offsets(starts[at], ends[at], True)
-    if not offsets:
-        return _group_offsets_one_by_one(reader, committed)
-    return offsets
-
-
-def _log_offsets(reader: Consumer, partitions: list[TopicPartition], which: int) -> dict[Partition, int]:
-    """The end (``OFFSET_END``) or the start (``OFFSET_BEGINNING``) of each partition's log, in one
-    request per leader (a list-offsets request for the latest or earliest offset is what a watermark
-    query sends, for one partition); partitions answered with an error are left out."""
-    asked = [TopicPartition(tp.topic, tp.partition, which) for tp in partitions]
-    return {(tp.topic, tp.partition): tp.offset for tp in reader.offsets_for_times(asked, timeout=5.0)
-            if tp.error is None and tp.offset >= 0}
-
-
-def _group_offsets_one_by_one(reader: Consumer, committed: list[TopicPartition]) -> dict[Partition, Offsets]:
-    offsets: dict[Partition, Offsets] = {}
-    failed: Exception | None = None
-    for tp in committed:
-        try:
-            low, high = reader.get_watermark_offsets(tp, timeout=5.0, cached=False)
-        except Exception as exc:  # noqa: BLE001 - this partition's leader is away: judged next look
-            failed = exc
-            continue
-        offsets[(tp.topic, tp.partition)] = Offsets(tp.offset if tp.offset >= 0 else low, high, tp.offset < 0)
-    if failed is not None and not offsets:
-        raise failed
-    return offsets

@@ -7,7 +7,7 @@ from __future__ import annotations
 from confluent_kafka import TopicPartition
 
 from clawr1.core.kafka_io import ensure_topics, make_admin, make_consumer, make_producer
-from clawr1.core.progress import Offsets, group_offsets, group_reader
+from clawr1.core.offsets import Offsets, group_offsets, group_reader
 
 
 def test_group_offsets_read_committed_start_and_end_of_every_partition(kafka_bootstrap: str,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import httpx
 
-from clawr1.core.progress import group_offsets, group_reader
+from clawr1.core.offsets import group_offsets, group_reader
 from clawr1.core.registry import MAX_LAG_S, STREAMS_APP_ID
 from clawr1.core.settings import Settings
 from clawr1.gateway.config import GatewayTopics

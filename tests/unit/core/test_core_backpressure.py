@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from clawr1.core.backpressure import LagClock, LagGate, Verdict, look_interval, pipeline_lag
-from clawr1.core.progress import Offsets
+from clawr1.core.offsets import Offsets
 
 P = ("clawr1.raw.steps", 0)
 Q = ("clawr1.raw.steps", 1)

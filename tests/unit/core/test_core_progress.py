@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, TopicPartition
 
-from clawr1.core.progress import Offsets, ProbeInconclusive, ProgressTracker, group_offsets
+from clawr1.core.offsets import Offsets, group_offsets
+from clawr1.core.progress import ProbeInconclusive, ProgressTracker, caught_up, look_interval
 
 P = ("clawr1.raw.steps", 0)
 
@@ -154,6 +155,24 @@ def test_another_members_progress_excuses_nobody_else() -> None:
     alone = ProgressTracker(stall_s=10)
     alone.observe("g", 0, {P: Offsets(0, 50), q: Offsets(0, 50)}, _always)
     assert alone.observe("g", 12, {P: Offsets(0, 50), q: Offsets(20, 50)}, _always) is not None
+
+
+def test_a_group_is_caught_up_with_at_most_a_trailing_marker_waiting_and_its_members_unchanged() -> None:
+    q = ("clawr1.raw.steps", 1)
+    members = {"w-0": {P}, "w-1": {q}}
+    assert caught_up({P: Offsets(7, 7), q: Offsets(3, 4)}, members, dict(members))
+    assert not caught_up({P: Offsets(7, 9), q: Offsets(3, 4)}, members, members)  # records wait
+    assert not caught_up({P: Offsets(7, 7)}, members, None)  # no description before to compare with
+    assert not caught_up({P: Offsets(7, 7)}, None, members)  # not described this time
+    assert not caught_up({P: Offsets(7, 7)}, {"w-0": {P, q}}, members)  # a member left
+    assert not caught_up({P: Offsets(7, 7)}, {"w-0": {q}, "w-1": {P}}, members)  # reassigned
+
+
+def test_a_caught_up_watch_looks_less_often_within_a_fifth_of_the_stall_window() -> None:
+    assert look_interval(True, 2.0, stall_s=30.0) == 6.0
+    assert look_interval(True, 2.0, stall_s=300.0) == 6.0  # at most 6 s
+    assert look_interval(True, 2.0, stall_s=10.0) == 2.0  # never less than the interval
+    assert look_interval(False, 2.0, stall_s=30.0) == 2.0  # anything waiting: every interval
 
 
 class _Reader:
