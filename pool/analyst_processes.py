@@ -31,13 +31,15 @@ from typing import Any
 from clawr1.core import registry
 from clawr1.core.settings import Settings
 from clawr1.pool.admission import Admission, SqlError, WriteRefused
-from clawr1.pool.analyst_worker import CHUNK, DONE, FAILED, READY
 from clawr1.pool.snapshot import remove_snapshot
 from clawr1.pool.store import PoolStore, embedded_path
 from clawr1.pool.watchdog import WATCHDOG
 
 log = logging.getLogger(__name__)
 
+# The frames a worker sends (``Connection.send_bytes``): ``READY`` once its snapshot is open; per query
+# ``CHUNK`` + bytes, then ``DONE``, or ``FAILED`` + a JSON ``{"refused": bool, "message": str}`` at any point.
+READY, CHUNK, DONE, FAILED = b"R", b"C", b"D", b"F"
 START_TIMEOUT_S = 120.0
 ENDED = "the analyst process ended ({why}) before the query's answer was complete"
 

@@ -6,9 +6,7 @@ process links its snapshot of them (``clawr1.pool.snapshot``) and opens it. It r
 value (``os_thread_priority``, 19 by default: the lowest CPU priority) and is the first the kernel's OOM
 killer picks, so an analyst's query only gets what ingest leaves; a query past its limit is ended by
 killing this process (the engine cannot stop inside one function call). It leaves when its parent does.
-
-Frames to the parent (``Connection.send_bytes``): ``READY`` once the engine is open; per query ``CHUNK`` +
-bytes, then ``DONE``, or ``FAILED`` + a JSON ``{"refused": bool, "message": str}`` at any point.
+It answers in the frames ``clawr1.pool.analyst_processes`` reads.
 """
 
 from __future__ import annotations
@@ -23,7 +21,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-READY, CHUNK, DONE, FAILED = b"R", b"C", b"D", b"F"
+from clawr1.pool.analyst_processes import CHUNK, DONE, FAILED, READY
+
 PARENT_CHECK_S = 1.0
 LOWEST_NICE = 19
 
