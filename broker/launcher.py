@@ -51,7 +51,6 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 CLUSTER_SESSION_TIMEOUT_MS = 6000
 LONE_SESSION_TIMEOUT_MS = 30_000
 FENCING_SESSION_TIMEOUT_MS = 2000
-METADATA_IDLE_INTERVAL_MS = 5000
 FENCED_LINE = "Fencing broker {node_id} at epoch"
 ACTIVE_LINE = "Becoming the active controller"
 
@@ -185,12 +184,6 @@ def node_settings(data_dir: Path, node: Node, layout: ClusterLayout) -> dict[str
         "broker.session.timeout.ms": str(
             LONE_SESSION_TIMEOUT_MS if layout.lone else CLUSTER_SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": "1000",
-        # The active controller appends a no-op record to the metadata log this often while nothing else
-        # changes, so the nodes' metrics can tell a stale metadata log (Kafka's default is 500 ms). Each
-        # one is an append, a commit and a publish on every node: 0.024 -> 0.017 of a core for an idle
-        # lone node here, the largest part of an idle stack's floor. Fencing and elections do not wait on
-        # it (heartbeats and their session timeouts do).
-        "metadata.max.idle.interval.ms": str(METADATA_IDLE_INTERVAL_MS),
         "log.retention.hours": "168",
         "log.segment.bytes": str(256 * 1024 * 1024),
     }

@@ -66,7 +66,6 @@ def test_single_node_settings_keep_internal_topics_on_one_replica() -> None:
     for key in (*INTERNAL_FACTORS, *INTERNAL_MIN_ISR):
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
-    assert props["metadata.max.idle.interval.ms"] == "5000"  # an idle controller's no-ops: 10x fewer
 
 
 def test_replication_is_three_copies_two_in_sync_from_three_nodes_on() -> None:
