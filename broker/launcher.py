@@ -51,6 +51,10 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 CLUSTER_SESSION_TIMEOUT_MS = 6000
 LONE_SESSION_TIMEOUT_MS = 30_000
 FENCING_SESSION_TIMEOUT_MS = 2000
+# How long past that session the fencing controller's line may take before the crashed run is taken to
+# have been fenced already: generous, since a broker started too early is refused as a duplicate and leads
+# its partitions meanwhile, while waiting only costs a run that crashed before it was unfenced (rare).
+FENCED_LINE_MARGIN_S = 10.0
 FENCED_LINE = "Fencing broker {node_id} at epoch"
 ACTIVE_LINE = "Becoming the active controller"
 
@@ -353,7 +357,7 @@ class KafkaBroker:
                     active_at = time.monotonic()
                 # Already fenced (it crashed before it was unfenced): no line comes, the session's
                 # length says so.
-                if active_at is not None and time.monotonic() - active_at > session_s + 3:
+                if active_at is not None and time.monotonic() - active_at > session_s + FENCED_LINE_MARGIN_S:
                     return
                 time.sleep(0.2)
             raise BrokerError(f"the crashed run of broker {node.node_id} was not fenced within "
