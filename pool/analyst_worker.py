@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from clawr1.pool.analyst_processes import CHUNK, DONE, FAILED, READY
+from clawr1.pool.snapshot import link_snapshot
+from clawr1.pool.sql import AnalystSql, SqlLimits, WriteRefused, as_sql_error
+from clawr1.pool.store import open_client
 
 PARENT_CHECK_S = 1.0
 LOWEST_NICE = 19
@@ -33,9 +36,6 @@ def main(argv: list[str]) -> int:
     _lowest_priority(int(limits["os_thread_priority"]))
     _first_for_oom_killer()
     _leave_with_parent(os.getppid())
-    from clawr1.pool.snapshot import link_snapshot
-    from clawr1.pool.sql import AnalystSql, SqlLimits
-    from clawr1.pool.store import open_client
 
     conn = Connection(int(fd))
     # The parent names the parts active now; linking them is this process's work, at its priority.
@@ -54,9 +54,7 @@ def main(argv: list[str]) -> int:
         _answer(conn, analyst, request)
 
 
-def _answer(conn: Connection, analyst: Any, request: dict[str, Any]) -> None:
-    from clawr1.pool.sql import WriteRefused, as_sql_error
-
+def _answer(conn: Connection, analyst: AnalystSql, request: dict[str, Any]) -> None:
     try:
         result = analyst.stream(request["sql"], request["format"], request["parameters"], request["max_rows"])
         for chunk in result.chunks():
