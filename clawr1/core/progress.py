@@ -105,6 +105,7 @@ class ProgressTracker:
     _seen: dict[tuple[str, Partition], _Seen] = field(default_factory=dict)
     _moved: dict[tuple[str, Partition], float] = field(default_factory=dict)  # when its offset last moved
     _looked: dict[str, float] = field(default_factory=dict)  # group -> its last look that succeeded
+    _owner: dict[tuple[str, Partition], str] = field(default_factory=dict)  # its member at the last look
     _blind: set[str] = field(default_factory=set)  # groups with a failed look since then
 
     def unseen(self, group: str) -> None:
@@ -119,7 +120,9 @@ class ProgressTracker:
 
         ``probe(partition, offset)``: the offset of the first committed record at or after ``offset``
         (None: none), or ``ProbeInconclusive``. ``owners``: each partition's member as last described
-        (a partition left out has none known, and is judged alone).
+        (a partition left out has none known, and is judged alone). A partition that changed hands
+        starts its clock again: its new owner gets the window of its own (it rebuilds the partition's
+        state first), not what is left of its last owner's.
         """
         last = self._looked.get(group)
         if group in self._blind and last is not None:
@@ -133,6 +136,8 @@ class ProgressTracker:
             seen = self._seen.get((group, partition))
             if seen is None or seen.committed != at.committed:
                 self._moved[(group, partition)] = now
+            if self._changed_hands(group, partition, owners):
+                seen = None
             if seen is None or seen.committed != at.committed or at.lag == 0 or not seen.waiting:
                 self._seen[(group, partition)] = _Seen(at.committed, now, at.lag > 0, at.end)
                 continue
@@ -149,6 +154,16 @@ class ProgressTracker:
             return None
         return Stall(group, sum(at.lag for _, at, _ in stalled), max(s for _, _, s in stalled),
                      tuple(sorted(f"{t}[{p}]" for (t, p), _, _ in stalled)))
+
+    def _changed_hands(self, group: str, partition: Partition,
+                       owners: Mapping[Partition, str] | None) -> bool:
+        """Whether ``partition`` has another owner than at the last look that named one."""
+        owner = None if owners is None else owners.get(partition)
+        if owner is None:
+            return False
+        before = self._owner.get((group, partition))
+        self._owner[(group, partition)] = owner
+        return before is not None and before != owner
 
     def _owner_progressed(self, group: str, partition: Partition, now: float,
                           owners: Mapping[Partition, str] | None) -> bool:

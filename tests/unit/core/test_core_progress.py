@@ -157,6 +157,22 @@ def test_another_members_progress_excuses_nobody_else() -> None:
     assert alone.observe("g", 12, {P: Offsets(0, 50), q: Offsets(20, 50)}, _always) is not None
 
 
+def test_a_partition_that_changed_hands_gives_its_new_owner_a_window_of_its_own() -> None:
+    """A partition taken over from a frozen member (rebalance, then the state rebuilt from its changelog)
+    is not blamed on its new owner for the time it waited under the old one; the new owner still
+    stalls once it sits on it for a whole window itself."""
+    tracker = ProgressTracker(stall_s=10)
+    tracker.observe("g", 0, {P: Offsets(0, 50)}, _always, {P: "w1"})
+    assert tracker.observe("g", 9, {P: Offsets(0, 50)}, _always, {P: "w1"}) is None
+    assert tracker.observe("g", 12, {P: Offsets(0, 50)}, _always, {P: "w2"}) is None  # w1 would be stuck
+    assert tracker.observe("g", 21, {P: Offsets(0, 50)}, _always, {P: "w2"}) is None
+    stall = tracker.observe("g", 22, {P: Offsets(0, 50)}, _always, {P: "w2"})
+    assert stall is not None and stall.seconds == 10
+    # A look that names no owner (the group not described) is no change of hands.
+    assert tracker.observe("g", 23, {P: Offsets(0, 50)}, _always) is not None
+    assert tracker.observe("g", 24, {P: Offsets(0, 50)}, _always, {P: "w2"}) is not None
+
+
 def test_a_group_is_caught_up_with_at_most_a_trailing_marker_waiting_and_its_members_unchanged() -> None:
     q = ("clawr1.raw.steps", 1)
     members = {"w-0": {P}, "w-1": {q}}
