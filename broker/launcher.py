@@ -51,6 +51,8 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 CLUSTER_SESSION_TIMEOUT_MS = 6000
 LONE_SESSION_TIMEOUT_MS = 30_000
 FENCING_SESSION_TIMEOUT_MS = 2000
+# How often the broker looks for open transactions past their timeout to abort them (Kafka: 10 s).
+TIMED_OUT_TRANSACTION_CHECK_MS = 1000
 # How long past that session the fencing controller's line may take before the crashed run is taken to
 # have been fenced already: generous, since a broker started too early is refused as a duplicate and leads
 # its partitions meanwhile, while waiting only costs a run that crashed before it was unfenced (rare).
@@ -185,6 +187,11 @@ def node_settings(data_dir: Path, node: Node, layout: ClusterLayout) -> dict[str
         "share.coordinator.state.topic.replication.factor": str(copies.factor),
         "share.coordinator.state.topic.min.isr": str(copies.min_insync),
         "group.initial.rebalance.delay.ms": "0",
+        # A dead or frozen worker's open transaction holds back every reader of the partitions it wrote
+        # (read_committed) until the broker aborts it: checked every 10 s by default, so up to 10 s past
+        # the transaction timeout; a healthy worker taking over its partitions waited meanwhile to rebuild
+        # their state and was judged stuck too.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": str(TIMED_OUT_TRANSACTION_CHECK_MS),
         "broker.session.timeout.ms": str(
             LONE_SESSION_TIMEOUT_MS if layout.lone else CLUSTER_SESSION_TIMEOUT_MS),
         "broker.heartbeat.interval.ms": "1000",

@@ -66,6 +66,8 @@ def test_single_node_settings_keep_internal_topics_on_one_replica() -> None:
     for key in (*INTERNAL_FACTORS, *INTERNAL_MIN_ISR):
         assert props[key] == "1", key
     assert props["group.initial.rebalance.delay.ms"] == "0"
+    # A dead worker's open transaction is aborted within a second of its timeout, not up to 10 s later.
+    assert props["transaction.abort.timed.out.transaction.cleanup.interval.ms"] == "1000"
 
 
 def test_replication_is_three_copies_two_in_sync_from_three_nodes_on() -> None:
