@@ -285,12 +285,12 @@ def strip_cost_us(upstream: str, loops: int = 100, repeats: int = 7) -> dict[str
     import functools
     from dataclasses import replace
 
-    from clawr1.proxy.stream import SseRewriter
-    from clawr1.proxy.token_ids import inject_body, strip_body, strip_chunk
+    from clawr1.proxy.stream import token_id_rewriter
+    from clawr1.proxy.token_ids import inject_body, strip_body
 
     def stream_path(injection: Any) -> Any:
         def run(raw: bytes) -> bytes:
-            rewriter = SseRewriter(functools.partial(strip_chunk, injection=injection))
+            rewriter = token_id_rewriter(injection)
             return rewriter.feed(raw) + rewriter.flush()
         return run
 

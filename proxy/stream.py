@@ -7,13 +7,14 @@ fly (an event is held back only until its own terminating blank line arrives).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from clawr1.proxy.sse import event_lines, split_events
-from clawr1.proxy.token_ids import dump, load
+from clawr1.proxy.token_ids import DROPPED, Injection, rewrite_json, strip_chunk
 
 Json = dict[str, Any]
 logger = logging.getLogger("clawr1.proxy")
@@ -24,12 +25,13 @@ class SseRewriter:
 
     ``transform`` edits the object in place and says whether it changed it, or None to drop the event.
     The data is parsed with ``token_ids.load`` (orjson where it reads exactly what the standard library
-    would). An event that cannot be rewritten passes unchanged: the agent's stream never breaks because
-    of the rewrite.
+    would), its id lists cut first when ``cut`` (``token_ids.rewrite_json``). An event that cannot be
+    rewritten passes unchanged: the agent's stream never breaks because of the rewrite.
     """
 
-    def __init__(self, transform: Callable[[Json], bool | None]) -> None:
+    def __init__(self, transform: Callable[[Json], bool | None], cut: bool = False) -> None:
         self._transform = transform
+        self._cut = cut
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -75,15 +77,12 @@ class SseRewriter:
         """The event with its data stripped (``framed`` puts new data in place), as it came when nothing
         changed or the data is not a JSON object, nothing when the transform drops it."""
         try:
-            obj = load(data)
+            out = rewrite_json(data, self._transform, self._cut)
         except ValueError:
             return raw
-        if not isinstance(obj, dict):
-            return raw
-        changed = self._transform(obj)
-        if changed is None:
+        if out is DROPPED:
             return b""
-        return framed(dump(obj)) if changed else raw
+        return framed(out) if isinstance(out, bytes) else raw
 
 
 def _one_data_line(raw: bytes) -> tuple[int, int] | None:
@@ -95,6 +94,11 @@ def _one_data_line(raw: bytes) -> tuple[int, int] | None:
     if raw[end:].strip(b"\r\n"):
         return None
     return (6 if raw.startswith(b"data: ") else 5), end
+
+
+def token_id_rewriter(injection: Injection) -> SseRewriter:
+    """The rewriter that takes what ``injection`` added out of each event of a stream."""
+    return SseRewriter(functools.partial(strip_chunk, injection=injection), cut=injection.token_ids)
 
 
 class StreamTee:

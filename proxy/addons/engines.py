@@ -144,8 +144,12 @@ class EngineRouter:
         state = call_state(flow)
         if state is not None:
             state.engine, state.engine_version = placed.engine.url, placed.engine.policy_version
-        scheme, host, port = self._origins[placed.engine.url]
-        flow.request.scheme, flow.request.host, flow.request.port = scheme, host, port
+        origin = self._origins[placed.engine.url]
+        request = flow.request
+        # The reverse mode's upstream is there already (and its Host header): each setter would write
+        # that header again (~25 µs a call).
+        if (request.scheme, request.host, request.port) != origin:
+            request.scheme, request.host, request.port = origin
         self._sending[flow.client_conn.id] = flow
 
     async def server_connect(self, data: ServerConnectionHookData) -> None:

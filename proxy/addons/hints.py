@@ -50,7 +50,9 @@ class ClawHints:
         self._keys = keys or KeyRing()
 
     def request(self, flow: http.HTTPFlow) -> None:
-        names = hint_header_names(flow.request.headers.keys())
+        # The names as sent (``headers.keys()`` looks each one up again: ~20 µs a call, every call).
+        names = hint_header_names(name.decode("utf-8", "surrogateescape")
+                                  for name, _ in flow.request.headers.fields)
         if not names:
             return
         state = call_state(flow)
@@ -59,7 +61,7 @@ class ClawHints:
             state.request_headers = tuple((n, v) for n, v in state.request_headers if n.lower() != KEY)
             self._read(flow, state)
         for name in names:
-            del flow.request.headers[name]
+            flow.request.headers.pop(name, None)  # gone already when sent in two spellings
 
     def _read(self, flow: http.HTTPFlow, state: CallState) -> None:
         try:

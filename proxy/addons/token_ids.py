@@ -8,16 +8,14 @@ agent receives that answer, and the upstream is not asked again for the rest of 
 
 from __future__ import annotations
 
-import functools
 import ssl
 import time
-from dataclasses import replace
 
 import httpx
 from mitmproxy import http
 
 from clawr1.proxy.addons.state import CallState, call_state, is_encoded, is_event_stream
-from clawr1.proxy.stream import SseRewriter
+from clawr1.proxy.stream import token_id_rewriter
 from clawr1.proxy.token_ids import (
     SGLEXT_HEADERS,
     TOKEN_ID_APIS,
@@ -26,17 +24,13 @@ from clawr1.proxy.token_ids import (
     inject_body,
     refused_field,
     strip_body,
-    strip_chunk,
     wants_sglext,
 )
 
+_SGLEXT_ASKED = tuple((name.encode(), b"1") for name in SGLEXT_HEADERS)
 # Headers that describe one hop's connection or framing, never the request or response itself.
 _HOP_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                           "proxy-connection", "te", "upgrade"})
-
-
-def _rewriter(injection: Injection) -> SseRewriter:
-    return SseRewriter(functools.partial(strip_chunk, injection=injection))
 
 
 class TokenIdCapture:
@@ -49,18 +43,23 @@ class TokenIdCapture:
         state = call_state(flow)
         if state is None or state.skip or flow.response is not None or state.api.name not in TOKEN_ID_APIS:
             return
-        reason = self._policy.skip_reason(flow.request.host, flow.request.port)
+        request = flow.request
+        reason = self._policy.skip_reason(request.host, request.port)
         if reason is not None:
             state.notes.append(reason)
             return
         injected = inject_body(state.api.name, state.request_body)
         injection = Injection(token_ids=False, logprobs=False)
         if injected is not None:
-            flow.request.content, injection = injected
-        if not wants_sglext(flow.request.headers, state.request_body):
-            for name in SGLEXT_HEADERS:
-                flow.request.headers[name] = "1"
-            injection = replace(injection, sglext=True)
+            request.content, injection = injected
+        sent = [(name.lower(), value) for name, value in state.request_headers]
+        if not wants_sglext({name for name, value in sent if value}, state.request_body):
+            if any(name in SGLEXT_HEADERS for name, _ in sent):  # sent empty: replaced
+                for name in SGLEXT_HEADERS:
+                    request.headers[name] = "1"
+            else:  # in one step: each header set scans every header
+                request.headers.fields += _SGLEXT_ASKED
+            injection = Injection(injection.token_ids, injection.logprobs, sglext=True)
         state.injection = injection
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
@@ -69,7 +68,7 @@ class TokenIdCapture:
             return
         # A compressed stream cannot be rewritten chunk by chunk: it is then buffered and stripped whole.
         if is_event_stream(flow.response) and not is_encoded(flow.response):
-            state.rewriter = _rewriter(state.injection)
+            state.rewriter = token_id_rewriter(state.injection)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         state = call_state(flow)
@@ -81,7 +80,7 @@ class TokenIdCapture:
             await self._retry_without_injection(flow, state, refused)
             return
         if is_event_stream(flow.response):
-            rewriter = _rewriter(state.injection)
+            rewriter = token_id_rewriter(state.injection)
             stripped: bytes | None = rewriter.feed(body) + rewriter.flush()
         else:
             stripped = strip_body(body, state.injection)

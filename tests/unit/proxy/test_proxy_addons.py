@@ -7,6 +7,7 @@ import inspect
 import json
 from pathlib import Path
 
+import pytest
 from mitmproxy import http
 from mitmproxy.test import tflow
 
@@ -17,7 +18,7 @@ from clawr1.proxy.addons import build_addons
 from clawr1.proxy.addons.hints import UNSEALED_SOURCE
 from clawr1.proxy.hints import HINTS_IGNORED
 from clawr1.proxy.record import CapturedCall
-from clawr1.proxy.token_ids import TokenIdPolicy
+from clawr1.proxy.token_ids import SGLEXT_HEADERS, TokenIdPolicy
 
 CHAT_URL = "http://up:8000/v1/chat/completions"
 
@@ -93,6 +94,31 @@ def test_plain_reply_is_stripped_for_the_agent_and_kept_whole_for_the_record() -
     assert json.loads(call.request_body) == {"model": "m", "messages": []}
     assert json.loads(call.engine_body or b"") == engine
     assert call.response_body == flow.response.raw_content
+
+
+@pytest.mark.parametrize(("sent", "asked", "injected"), [
+    ({}, ["1", "1"], True),  # added
+    ({"X-SGLext-Return-Input-Ids": ""}, ["1", "1"], True),  # sent empty: replaced, once
+    ({"x-sglext-return-output-ids": "1"}, [None, "1"], False),  # the agent's own: left alone
+])
+def test_sglang_ids_are_asked_for_by_header_unless_the_agent_did(sent: dict, asked: list,
+                                                                 injected: bool) -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow(headers=sent)
+    _run(build_addons(captured.append, _policy()), flow, _json_response({"choices": []}))
+    assert [flow.request.headers.get(name) for name in SGLEXT_HEADERS] == asked
+    assert len(flow.request.headers.get_all("x-sglext-return-input-ids")) == (asked[0] is not None)
+    (call,) = captured
+    assert call.injection is not None and call.injection.sglext is injected
+
+
+def test_a_hint_sent_in_two_spellings_is_read_once_and_never_forwarded() -> None:
+    captured: list[CapturedCall] = []
+    flow = _flow(headers={"X-Claw-Agent": "a", "x-claw-agent": "b"})
+    _run(build_addons(captured.append, None), flow, _json_response({"choices": []}))
+    assert not any(k.lower().startswith("x-claw") for k in flow.request.headers)
+    (call,) = captured
+    assert call.hints.agent == "a"
 
 
 def test_streamed_reply_is_teed_and_rewritten_live() -> None:

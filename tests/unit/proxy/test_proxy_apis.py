@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from array import array
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clawr1.proxy.apis import (
     anthropic_messages,
@@ -14,6 +17,7 @@ from clawr1.proxy.apis import (
     openai_completions,
     openai_responses,
 )
+from clawr1.proxy.apis.base import token_list
 from clawr1.proxy.sse import SseEvent, parse_stream
 
 
@@ -478,3 +482,22 @@ def test_a_lone_surrogate_in_a_stream_reads_as_a_replacement_character() -> None
     assert choice.text == "cut \ufffd"
     assert json.loads(choice.tool_calls[0]["function"]["arguments"]) == {"q": "\ufffd"}
     json.dumps(streamed.response, ensure_ascii=False).encode()  # would raise on a lone surrogate
+
+
+def _array_ids(value: Any) -> list[int]:
+    """What ``token_list`` gave when it read the list through ``array`` alone."""
+    try:
+        return array("i", value).tolist()
+    except (TypeError, OverflowError):
+        return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(-2**31, 2**31 - 1), st.integers(), st.booleans(), st.floats(),
+                          st.none(), st.text(max_size=2)), max_size=8)
+       | st.lists(st.integers(0, 2**31 - 1), min_size=1000, max_size=1200))
+def test_token_list_reads_what_array_reads(value: list[Any]) -> None:
+    ids = token_list(value)
+    assert ids == _array_ids(value)
+    assert all(type(i) is int for i in ids)  # noqa: E721 - a bool sent as an id is read as the int it is
+    assert token_list(tuple(value)) == token_list("x") == []

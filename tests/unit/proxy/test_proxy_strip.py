@@ -14,8 +14,18 @@ from hypothesis import strategies as st
 from clawr1.core.json_depth import MAX_JSON_DEPTH, JsonTooDeep
 from clawr1.core.redaction import redact_record
 from clawr1.proxy.apis import openai_chat
-from clawr1.proxy.stream import SseRewriter
-from clawr1.proxy.token_ids import Injection, dump, inject_body, load, strip_body, strip_chunk, strip_json
+from clawr1.proxy.stream import SseRewriter, token_id_rewriter
+from clawr1.proxy.token_ids import (
+    Injection,
+    cut_id_lists,
+    dump,
+    inject_body,
+    load,
+    rewrite_json,
+    strip_body,
+    strip_chunk,
+    strip_json,
+)
 
 ALL = Injection(token_ids=True, logprobs=True, sglext=True)
 VLLM = Injection(token_ids=True, logprobs=True)
@@ -51,7 +61,7 @@ def stdlib_body(data: bytes, injection: Injection) -> bytes | None:
 
 
 def rewrite(upstream: bytes, injection: Injection, size: int) -> bytes:
-    rewriter = SseRewriter(lambda obj: strip_chunk(obj, injection))
+    rewriter = token_id_rewriter(injection)
     out = b"".join(rewriter.feed(upstream[i:i + size]) for i in range(0, len(upstream), size))
     return out + rewriter.flush()
 
@@ -130,6 +140,70 @@ def test_unusual_bodies_are_stripped_as_the_standard_library_reads_them(body: by
     assert strip_body(body, ALL) == stdlib_body(body, ALL)
     if b"\n" not in body:
         assert rewrite(b"data: " + body + b"\n\n", ALL, 7) == stdlib_event(body, ALL)
+
+
+# -- id lists cut before parsing ----------------------------------------------------------------
+
+CUT = b'["\\u0000clawr1: ids cut"]'
+
+
+def whole_text(body: bytes, injection: Injection) -> bytes | None:
+    """``strip_body`` with nothing cut: the whole text through the same path."""
+    try:
+        out = rewrite_json(body, lambda obj: strip_json(obj, injection))
+    except ValueError:
+        return None
+    return out if isinstance(out, bytes) else None
+
+
+@pytest.mark.parametrize(("body", "cut"), [
+    (b'{"prompt_token_ids":[1,20,0,300],"choices":[{"token_ids":[0],"response_token_ids":[5,6]}]}',
+     b'{"prompt_token_ids":' + CUT + b',"choices":[{"token_ids":' + CUT + b',"response_token_ids":' + CUT
+     + b"}]}"),
+    (b'{"x":"\\"prompt_token_ids\\":[1]","token_ids":[2]}',  # in a string: escaped
+     b'{"x":"\\"prompt_token_ids\\":[1]","token_ids":' + CUT + b"}"),
+    (b'{"prompt_token_ids": [1],"xtoken_ids":[1],"choices":[]}', None),  # spaced; another key
+    (b'{"a_token_ids":[1],"token_ids":[],"prompt_token_ids":[-1],"response_token_ids":[1.5]}', None),
+    (b'{"token_ids":[01],"prompt_token_ids":[1,,2],"response_token_ids":[1,]}', None),  # not JSON integers
+    (b'{"token_ids":[0,00]}', None), (b'{"token_ids":[[1]]}', None), (b'{"token_ids":[1', None),
+    (b'"token_ids":[1]', None), (b'{"token_ids":["1"]}', None),
+])
+def test_only_compact_integer_lists_under_an_id_key_are_cut(body: bytes, cut: bytes | None) -> None:
+    assert cut_id_lists(body) == (body if cut is None else cut)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet="0123456789, -", max_size=24))
+def test_an_id_list_is_cut_only_when_json_reads_integers_from_it(items: str) -> None:
+    try:
+        read = json.loads(f"[{items}]")
+        integers = bool(read) and all(isinstance(i, int) and i >= 0 for i in read) and " " not in items \
+            and "-" not in items
+    except ValueError:
+        integers = False
+    body = f'{{"token_ids":[{items}]}}'.encode()
+    assert (cut_id_lists(body) != body) is integers
+
+
+@pytest.mark.parametrize("body", [
+    b'{"choices":[{"message":{"token_ids":[1,2]}}],"prompt_token_ids":[3]}',  # where strip never looks
+    b'{"token_ids":[1,2],"choices":[]}',  # at the top, not in a choice: kept
+    b'{"prompt_token_ids":[1],"choices":[],"x":"\\u0000clawr1: ids cut"}',  # the mark in the engine's text
+    b'{"prompt_token_ids":[1],"choices":[],"x":NaN}', b'{"prompt_token_ids":[1],"choices":[]',
+])
+def test_a_cut_list_the_transform_keeps_sends_the_whole_text_through(body: bytes) -> None:
+    assert cut_id_lists(body) != body
+    assert strip_body(body, ALL) == whole_text(body, ALL) == stdlib_body(body, ALL)
+    if body.endswith(b"}"):
+        assert rewrite(b"data: " + body + b"\n\n", ALL, 9) == stdlib_event(body, ALL)
+
+
+def test_ids_the_agent_asked_for_are_not_cut() -> None:
+    """Without injected ids nothing removes the lists: cutting them would only read the text twice."""
+    body = dump(vllm_plain(True))
+    own = Injection(token_ids=False, logprobs=True)
+    assert strip_body(body, own) == stdlib_body(body, own)
+    assert b'"prompt_token_ids":[0,3,6' in (strip_body(body, own) or b"")
 
 
 # -- differential: random replies in several layouts --------------------------------------------
