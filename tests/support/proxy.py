@@ -24,6 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from mitmproxy import ctx as mitmproxy_ctx
 
 from clawr1.core.routing import partition_of
 from clawr1.core.settings import Settings, env_names
@@ -110,8 +111,16 @@ def client_context(ca: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca))
 
 
+_CTX_NAMES = ("master", "options", "log")
+
+
 class EmbeddedProxy:
-    """``serve_proxy`` on its own loop thread; a context manager that waits until every mode listens."""
+    """``serve_proxy`` on its own loop thread; a context manager that waits until every mode listens.
+
+    mitmproxy serves every new connection with the master its module-global ``ctx`` names, which each
+    master sets to itself when made: a proxy made while another runs in this process (a module's beside
+    the package's) leaves the other's connections to its own addons, stopped or not. So leaving gives
+    ``ctx`` back to what it named before: proxies that nest each serve their own."""
 
     def __init__(self, settings: Settings, topic: str) -> None:
         self.settings = settings
@@ -119,6 +128,7 @@ class EmbeddedProxy:
         self._loop = LoopThread()
         self._stop: asyncio.Event | None = None
         self._future: Any = None
+        self._ctx_before: dict[str, Any] = {}
 
     @property
     def reverse_url(self) -> str:
@@ -133,6 +143,7 @@ class EmbeddedProxy:
         return ca_cert_path(self.settings)
 
     def __enter__(self) -> EmbeddedProxy:
+        self._ctx_before = {n: vars(mitmproxy_ctx)[n] for n in _CTX_NAMES if n in vars(mitmproxy_ctx)}
         ready = threading.Event()
 
         async def make_stop() -> asyncio.Event:
@@ -159,6 +170,9 @@ class EmbeddedProxy:
             self._future.result(30)
         finally:
             self._loop.close()
+            for name in _CTX_NAMES:
+                if name in self._ctx_before:
+                    setattr(mitmproxy_ctx, name, self._ctx_before[name])
 
 
 def settings_env(settings: Settings) -> dict[str, str]:
