@@ -33,13 +33,26 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
   <Appenders>
     <File name="file" fileName="{log_file}"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>
-    <Console name="console" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %p %m%n"/></Console>
+    <Console name="console" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %p %m%n"/></Console>{appenders}
   </Appenders>
-  <Loggers>
+  <Loggers>{loggers}
     <Root level="INFO"><AppenderRef ref="file"/><AppenderRef ref="console" level="ERROR"/></Root>
   </Loggers>
 </Configuration>
 """
+# Kafka's request logger at DEBUG writes one JSON line per request served ("Completed request:{...}").
+_REQUEST_APPENDER = """
+    <File name="requests" fileName="{requests_file}"><PatternLayout pattern="%m%n"/></File>"""
+_REQUEST_LOGGER = """
+    <Logger name="kafka.request.logger" level="DEBUG" additivity="false"><AppenderRef ref="requests"/></Logger>"""
+
+
+def log4j2_xml(log_file: Path, requests_file: Path | None = None) -> str:
+    """The broker's logging: INFO to ``log_file``, errors to stderr; with ``requests_file``, every
+    request it serves there too (``CLAWR1_KAFKA_REQUEST_LOG``, for ``bench/broker_requests.py``)."""
+    appenders = _REQUEST_APPENDER.format(requests_file=requests_file) if requests_file else ""
+    return _LOG4J2_XML.format(log_file=log_file, appenders=appenders,
+                              loggers=_REQUEST_LOGGER if requests_file else "")
 
 
 # How long the controllers wait for a node's heartbeat before they fence it (Kafka's default is 9 s).
@@ -242,6 +255,7 @@ class KafkaBroker:
     layout: ClusterLayout | None = None
     cluster_id_file: Path | None = None
     log_offset: int = 0  # where the current process's lines start in ``log_file``
+    request_log: bool = False  # every request served, to ``requests_file``
 
     @property
     def bootstrap(self) -> str:
@@ -250,6 +264,10 @@ class KafkaBroker:
     @property
     def log_file(self) -> Path:
         return self.data_dir / "kafka.log"
+
+    @property
+    def requests_file(self) -> Path:
+        return self.data_dir / "kafka.log.requests"
 
     def _java(self) -> str:
         java_home = os.environ.get("JAVA_HOME")
@@ -271,7 +289,8 @@ class KafkaBroker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "server.properties"
         config.write_text(server_properties(self.data_dir.resolve(), node, layout))
-        (self.data_dir / "log4j2.xml").write_text(_LOG4J2_XML.format(log_file=self.log_file.resolve()))
+        (self.data_dir / "log4j2.xml").write_text(
+            log4j2_xml(self.log_file.resolve(), self.requests_file.resolve() if self.request_log else None))
         if not (self.data_dir / "logs" / "meta.properties").exists():
             cluster_id_file = self.cluster_id_file or self.data_dir / "cluster.id"
             if not cluster_id_file.exists():
@@ -453,15 +472,17 @@ class KafkaCluster:
     itself, as before clusters existed). A data directory keeps the node count it was first started with:
     a different count would need a quorum change, so it is refused with the reason."""
 
-    def __init__(self, data_dir: Path, port: int = 9092, nodes: int = 1, heap: str = "512m") -> None:
+    def __init__(self, data_dir: Path, port: int = 9092, nodes: int = 1, heap: str = "512m",
+                 request_log: bool = False) -> None:
         self.data_dir = data_dir
         self.layout = ClusterLayout.plan(port, nodes)
         self._check_node_count(nodes)
         if nodes == 1:
-            self.brokers = [KafkaBroker(data_dir, port, heap=heap)]
+            self.brokers = [KafkaBroker(data_dir, port, heap=heap, request_log=request_log)]
         else:
             self.brokers = [KafkaBroker(data_dir / f"node-{n.node_id}", n.port, heap=heap, node_id=n.node_id,
-                                        layout=self.layout, cluster_id_file=data_dir / "cluster.id")
+                                        layout=self.layout, cluster_id_file=data_dir / "cluster.id",
+                                        request_log=request_log)
                             for n in self.layout.nodes]
 
     def _check_node_count(self, nodes: int) -> None:
@@ -542,9 +563,9 @@ def _kafka_uuid() -> str:
             return cluster_id
 
 
-def run_foreground(data_dir: Path, port: int, heap: str, nodes: int = 1) -> int:
+def run_foreground(data_dir: Path, port: int, heap: str, nodes: int = 1, request_log: bool = False) -> int:
     """``clawr1 kafka``: run until SIGINT/SIGTERM (or a node exits), then stop every node cleanly."""
-    cluster = KafkaCluster(data_dir, port, nodes, heap)
+    cluster = KafkaCluster(data_dir, port, nodes, heap, request_log)
     started = time.monotonic()
     cluster.start()
     print(

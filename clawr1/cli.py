@@ -234,7 +234,7 @@ def _cmd_kafka(settings: Settings) -> int:
     from clawr1.broker.launcher import run_foreground
 
     return run_foreground(settings.data_dir / "kafka", settings.kafka_port, settings.kafka_heap,
-                          settings.kafka_nodes)
+                          settings.kafka_nodes, settings.role_setting(registry.KAFKA_REQUEST_LOG))
 
 
 def _pipeline_groups(settings: Settings, with_sink: bool) -> dict[str, tuple[str, list[str]]]:

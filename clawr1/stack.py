@@ -95,7 +95,7 @@ def run_stack(settings: Settings, demo: bool = False, health_timeout: float = 18
         replicated: dict[str, str] = {}
         if settings.manages_kafka:
             cluster = KafkaCluster(data_dir / "kafka", settings.kafka_port, settings.kafka_nodes,
-                                   settings.kafka_heap)
+                                   settings.kafka_heap, settings.role_setting(registry.KAFKA_REQUEST_LOG))
             for broker in cluster.brokers:
                 # Tier 0: stopped after its clients, so they flush into it first.
                 # A JVM prints every thread's stack to its stdout (our log) on SIGQUIT, and goes on.

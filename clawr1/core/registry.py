@@ -574,6 +574,10 @@ DEMO_SEED = option("DEMO_SEED", int, 7, "random seed of the demo workload", _DEM
 
 # -- outside the stack's processes: broker files, client tools, tests, benchmarks --------------------
 
+KAFKA_REQUEST_LOG = option("KAFKA_REQUEST_LOG", bool, False,
+                           "the local broker logs every request it serves, one JSON line each, to "
+                           "`kafka.log.requests` beside its log (what bench/broker_requests.py counts; a "
+                           "line per request, for measurements)", ("kafka", "up"))
 KAFKA_LIB_DIR = option("KAFKA_LIB_DIR", str, "", "where the Kafka broker's jars are (downloaded once)",
                        ("kafka", "up"), default_text="`.cache/kafka/lib` in the repository")
 API_KEY = option("API_KEY", str, "", "the key `clawr1 sql --api` and the consumer SDK send",

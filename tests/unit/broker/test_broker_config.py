@@ -70,6 +70,22 @@ def test_single_node_settings_keep_internal_topics_on_one_replica() -> None:
     assert props["transaction.abort.timed.out.transaction.cleanup.interval.ms"] == "1000"
 
 
+def test_the_request_log_is_off_unless_asked_and_then_takes_kafkas_request_logger_alone(
+        tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    plain = ET.fromstring(launcher.log4j2_xml(tmp_path / "kafka.log"))
+    assert plain.find("Loggers/Logger") is None
+    assert [a.get("name") for a in plain.find("Appenders") or []] == ["file", "console"]
+    logged = ET.fromstring(launcher.log4j2_xml(tmp_path / "kafka.log", tmp_path / "kafka.log.requests"))
+    (logger,) = logged.findall("Loggers/Logger")
+    assert (logger.get("name"), logger.get("level"), logger.get("additivity")) == (
+        "kafka.request.logger", "DEBUG", "false")
+    requests = next(a for a in logged.find("Appenders") or [] if a.get("name") == "requests")
+    assert requests.get("fileName") == str(tmp_path / "kafka.log.requests")
+    assert logged.find("Loggers/Root").get("level") == "INFO"  # type: ignore[union-attr]
+
+
 def test_replication_is_three_copies_two_in_sync_from_three_nodes_on() -> None:
     assert [(r.factor, r.min_insync) for r in map(launcher.replication_for, (1, 2, 3, 5))] == [
         (1, 1), (2, 1), (3, 2), (3, 2)]
