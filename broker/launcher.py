@@ -33,18 +33,21 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 <Configuration status="WARN">
   <Appenders>
     <File name="file" fileName="{log_file}"><PatternLayout pattern="[%d] %p %m (%c)%n"/></File>
-    <Console name="console" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %p %m%n"/></Console>{appenders}
-  </Appenders>
+    <Console name="console" target="SYSTEM_ERR"><PatternLayout pattern="[kafka] %p %m%n"/></Console>
+{appenders}  </Appenders>
   <Loggers>{loggers}
     <Root level="INFO"><AppenderRef ref="file"/><AppenderRef ref="console" level="ERROR"/></Root>
   </Loggers>
 </Configuration>
 """
 # Kafka's request logger at DEBUG writes one JSON line per request served ("Completed request:{...}").
-_REQUEST_APPENDER = """
-    <File name="requests" fileName="{requests_file}"><PatternLayout pattern="%m%n"/></File>"""
+_REQUEST_APPENDER = """\
+    <File name="requests" fileName="{requests_file}"><PatternLayout pattern="%m%n"/></File>
+"""
 _REQUEST_LOGGER = """
-    <Logger name="kafka.request.logger" level="DEBUG" additivity="false"><AppenderRef ref="requests"/></Logger>"""
+    <Logger name="kafka.request.logger" level="DEBUG" additivity="false">
+      <AppenderRef ref="requests"/>
+    </Logger>"""
 
 
 def log4j2_xml(log_file: Path, requests_file: Path | None = None) -> str:
