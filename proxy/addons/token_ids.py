@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ssl
 import time
+from dataclasses import replace
 
 import httpx
 from mitmproxy import http
@@ -59,7 +60,7 @@ class TokenIdCapture:
                     request.headers[name] = "1"
             else:  # in one step: each header set scans every header
                 request.headers.fields += _SGLEXT_ASKED
-            injection = Injection(injection.token_ids, injection.logprobs, sglext=True)
+            injection = replace(injection, sglext=True)
         state.injection = injection
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
