@@ -234,7 +234,7 @@ class ProxyProcess:
         assert self.process is not None and self.process.stdout is not None
         for line in self.process.stdout:
             self.output.append(line)
-            if line.strip() == "READY":
+            if line.startswith("READY"):
                 self._ready.set()
 
     def stop(self, timeout: float = 30.0) -> int:
