@@ -12,6 +12,9 @@ front of the same stand-in engine, in one run.
   pool. ``--before DIR``: a checkout of an earlier Claw-R1 (``git archive``; give it the ``.cache`` and
   ``.venv`` links a worktree has) on a stack and stand-in engine of its own, a third side
   (``clawr1_before``): before and after in the same run.
+- Bare ``mitmdump`` (``bare_mitmdump``): mitmproxy in reverse mode in front of the engine with no addon,
+  capturing nothing: the relay every mitmproxy addon stands on (the stack's capture is a mitmproxy addon),
+  so the floor under Claw-R1's proxy, measured with the same agents in the same rounds.
 - Workload: ``--agents`` (8) openai-SDK agents at once, each holding rollouts of ``--turns`` (4)
   non-streamed calls that send the conversation so far (about 300 tokens at the first turn to 1,500 at
   the fourth: the stand-in engine's tokens are bytes), ``--calls`` per run.
@@ -23,11 +26,11 @@ Per side: calls/s (calls over the time from the first call to the last answer, a
 run of the same round),
 added latency p50/p99 (over the direct run of the same round), CPU per call of the capture processes
 (utime + stime from /proc over the run: for Claw-R1 every process of the stack, the broker's JIT
-compiler threads apart; for Agent Lightning its server process), the idle floor apart (CPU of those
-processes over ``--idle-s`` of no traffic before each run, as cores and as ms per call of the run's
-length, up to the last call queryable), freshness (Claw-R1: call captured -> queryable, p50/p99; Agent
-Lightning: in its store when the call returns), and the ratios Claw-R1 / Agent Lightning, per round and
-over all rounds.
+compiler threads apart; for Agent Lightning its server process; for bare mitmdump its process), the idle
+floor apart (CPU of those processes over ``--idle-s`` of no traffic before each run, as cores and as ms
+per call of the run's length, up to the last call queryable), freshness (Claw-R1: call captured ->
+queryable, p50/p99; Agent Lightning: in its store when the call returns), and the ratios of each side to
+Agent Lightning, per round and over all rounds.
 
     .venv/bin/python -m bench.bench_peer [--calls 512] [--pairs 3] [--agents 8] [--turns 4]
     .venv/bin/python -m bench.bench_peer --calls 128 --pairs 3 --warmup 32 --idle-s 3   # quick
@@ -46,6 +49,7 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -59,7 +63,7 @@ from typing import Any
 import httpx
 
 from bench.bench_pipeline import Stack
-from bench.common import cpu_by_role, percentile, wait_port
+from bench.common import cpu_by_role, percentile, process, wait_port
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -300,6 +304,16 @@ def agl_target(url: str) -> Target:
         captured=lambda rollouts: agl_captured(url, rollouts))
 
 
+@contextmanager
+def bare_mitmdump(engine: str, workdir: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """mitmdump reverse-proxying to ``engine`` with no addon; (process, URL)."""
+    port = free_port()
+    with process([str(Path(sys.executable).parent / "mitmdump"), "-q", "--mode",
+                  f"reverse:{engine}@127.0.0.1:{port}", "--set", f"confdir={workdir / 'mitmdump'}"],
+                 port=port) as child:
+        yield child, f"http://127.0.0.1:{port}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=512, help="calls per run")
@@ -335,10 +349,13 @@ def main() -> int:
             stack.wait_healthy()
         engine = f"http://127.0.0.1:{stacks['clawr1'].engine_port}"
         agl, agl_url = held.enter_context(agl_server(bin_dir, engine, work))
+        bare, bare_url = held.enter_context(bare_mitmdump(engine, work))
         targets = {"direct": Target("direct", lambda _r: f"{engine}/v1"),
                    "agent_lightning": agl_target(agl_url),
+                   "bare_mitmdump": Target("bare_mitmdump", lambda _r: f"{bare_url}/v1"),
                    **{name: clawr1_target(name, stack) for name, stack in stacks.items()}}
-        cpus: dict[str, Callable[[], dict[str, float]]] = {"agent_lightning": lambda: cpu_by_role(agl.pid)}
+        cpus: dict[str, Callable[[], dict[str, float]]] = {"agent_lightning": lambda: cpu_by_role(agl.pid),
+                                                           "bare_mitmdump": lambda: cpu_by_role(bare.pid)}
         cpus |= {name: (lambda s=stack: cpu_by_role(s.up.pid)) for name, stack in stacks.items()}
         settles = {name: clawr1_settle(stack) for name, stack in stacks.items()}
 
@@ -349,7 +366,7 @@ def main() -> int:
         if args.warmup:
             for side in targets:
                 one(side, args.warmup)
-        captures = ["agent_lightning", *stacks]
+        captures = ["agent_lightning", "bare_mitmdump", *stacks]
         for n in range(args.pairs):
             order = ["direct", *captures[n % len(captures):], *captures[:n % len(captures)]]
             runs = {side: one(side, args.calls) for side in order}
@@ -358,12 +375,12 @@ def main() -> int:
             theirs = summaries["agent_lightning"]
             rounds.append({"order": order, **summaries,
                            **{f"{name}_vs_agent_lightning": ratios(summaries[name], theirs)
-                              for name in stacks}})
+                              for name in ("bare_mitmdump", *stacks)}})
             print(json.dumps({"round": n, **rounds[-1]}), flush=True)
 
     result = {"bench": "peer", "peer": AGL, "calls_per_run": rounds[0]["clawr1"]["calls"], "env": args.env,
               "agents": args.agents, "turns": args.turns, "pairs": args.pairs, "rounds": rounds,
-              "overall": overall(rounds, list(stacks))}
+              "overall": overall(rounds, ["bare_mitmdump", *stacks])}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result["overall"], indent=2))
@@ -371,26 +388,28 @@ def main() -> int:
     return 0
 
 
-def overall(rounds: list[dict[str, Any]], ours: list[str]) -> dict[str, Any]:
-    """Per side the median over rounds of each figure, and the ratios of the medians."""
+def overall(rounds: list[dict[str, Any]], compared: list[str]) -> dict[str, Any]:
+    """Per side the median over rounds of each figure, and the ratios of the medians to Agent Lightning's."""
     def median(side: str, key: str) -> float:
         return round(statistics.median(r[side][key] for r in rounds), 2)
 
     keys = ("calls_per_s", "calls_per_s_vs_direct", "added_p50_ms", "added_p99_ms", "cpu_ms_per_call",
             "idle_ms_per_call", "cpu_ms_per_call_over_idle", "idle_cores")
     sides: dict[str, dict[str, Any]] = {side: {k: median(side, k) for k in keys}
-                                        for side in ("agent_lightning", *ours)}
-    for side in ours:
+                                        for side in ("agent_lightning", *compared)}
+    for side in compared:
         roles = {k for r in rounds for k in r[side]["cpu_ms_per_call_by_process"]}
         sides[side]["cpu_ms_per_call_by_process"] = {
             k: round(statistics.median(r[side]["cpu_ms_per_call_by_process"].get(k, 0.0) for r in rounds), 2)
             for k in sorted(roles)}
-        sides[side]["freshness_p50_ms"] = median(side, "freshness_p50_ms")
-        sides[side]["freshness_p99_ms"] = median(side, "freshness_p99_ms")
+        if "freshness_p50_ms" in rounds[0][side]:  # a side that captures nothing has none
+            sides[side]["freshness_p50_ms"] = median(side, "freshness_p50_ms")
+            sides[side]["freshness_p99_ms"] = median(side, "freshness_p99_ms")
     return {**sides, "direct_latency_p50_ms": median("direct", "latency_p50_ms"),
-            **{f"{side}_vs_agent_lightning": ratios(sides[side], sides["agent_lightning"]) for side in ours},
+            **{f"{side}_vs_agent_lightning": ratios(sides[side], sides["agent_lightning"])
+               for side in compared},
             **{f"{side}_per_round_cpu_ratio": [r[f"{side}_vs_agent_lightning"]["cpu_per_call"]
-                                               for r in rounds] for side in ours}}
+                                               for r in rounds] for side in compared}}
 
 
 if __name__ == "__main__":

@@ -30,15 +30,12 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,9 +45,9 @@ import httpx
 from bench.common import (
     captured_chat_call,
     cpu_by_role,
+    process,
     process_cpu_s,
     records_on_topic,
-    wait_port,
 )
 from clawr1.broker.launcher import KafkaBroker
 from clawr1.core.kafka_io import ensure_topics
@@ -85,39 +82,6 @@ class Target:
     cpu_ms_per_call: float | None = None
     loop_cpu_ms_per_call: float | None = None
     errors: int = 0
-
-
-@contextmanager
-def process(
-    args: list[str], env: dict[str, str] | None = None, ready_line: str | None = None,
-    port: int | None = None, cwd: Path = REPO,
-) -> Iterator[subprocess.Popen[str]]:
-    child = subprocess.Popen(
-        args,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        if ready_line is not None:
-            assert child.stdout is not None
-            for line in child.stdout:
-                if ready_line in line:
-                    break
-            else:
-                raise RuntimeError(f"{args[0]} exited with {child.wait()} before it was ready")
-        if port is not None:
-            wait_port(port)
-        yield child
-    finally:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 def cpu_seconds(pid: int) -> tuple[float, float]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,8 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from clawr1.core.kafka_io import make_consumer
 from clawr1.schemas.codec import codec_for
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -201,3 +206,37 @@ def captured_chat_call(request: dict[str, Any], reply_text: str, reply_id: str =
         response_headers=(("content-type", "application/json"),), response_body=json.dumps(reply).encode(),
         response_encoding="", engine_body=None, injection=None, started=1.0, first_byte=1.1, finished=1.2,
         captured_at=1.3)
+
+
+@contextmanager
+def process(
+    args: list[str], env: dict[str, str] | None = None, ready_line: str | None = None,
+    port: int | None = None, cwd: Path = REPO,
+) -> Iterator[subprocess.Popen[str]]:
+    """A child process (ready once ``ready_line`` is printed or ``port`` listens), SIGTERMed on exit."""
+    child = subprocess.Popen(
+        args,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        if ready_line is not None:
+            assert child.stdout is not None
+            for line in child.stdout:
+                if ready_line in line:
+                    break
+            else:
+                raise RuntimeError(f"{args[0]} exited with {child.wait()} before it was ready")
+        if port is not None:
+            wait_port(port)
+        yield child
+    finally:
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
