@@ -63,7 +63,7 @@ from typing import Any
 import httpx
 
 from bench.bench_pipeline import Stack
-from bench.common import cpu_by_role, percentile, process, wait_port
+from bench.common import cpu_by_role, percentile, process, stop_process, wait_port
 from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
@@ -126,12 +126,7 @@ def agl_server(bin_dir: Path, engine: str, workdir: Path) -> Iterator[tuple[subp
                    timeout=30).raise_for_status()
         yield process, url
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, signal.SIGINT)
         log.close()
 
 

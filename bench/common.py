@@ -234,9 +234,14 @@ def process(
             wait_port(port)
         yield child
     finally:
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_process(child, signal.SIGTERM)
+
+
+def stop_process(child: subprocess.Popen[Any], sig: signal.Signals) -> None:
+    """``sig``, then SIGKILL if it has not exited within 30 s."""
+    child.send_signal(sig)
+    try:
+        child.wait(30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
