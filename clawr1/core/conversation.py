@@ -95,8 +95,8 @@ _INT64 = range(-(2**63), 2**63)
 def _orjson_writes_the_same(value: Any) -> bool:
     """Whether orjson writes ``value`` byte for byte as ``json.dumps(sort_keys, ensure_ascii=False,
     compact)`` does: strings (every code point escapes alike), 64-bit ints, bools, None, lists and
-    str-keyed dicts. Floats are spelled differently (``1e16`` against ``1e+16``, NaN), so they and
-    anything else take the standard library."""
+    str-keyed dicts. Some floats are spelled differently (``1.5e-7`` against ``1.5e-07``, NaN as
+    ``null``), so floats and anything else take the standard library."""
     kind = type(value)
     if kind is str or value is None or kind is bool:
         return True
