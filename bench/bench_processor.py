@@ -3,16 +3,17 @@
 A ``Processor`` over dict stores (``tests/unit/streams``' harness: a checkpoint flushes, the worker's
 own messages are delivered to their partitions) takes ``bench_streams.py``'s black-box load (8-turn
 conversations with engine token ids, event ids minted as the proxy mints them, a reward per call), the
-conversations interleaved turn by turn as agents running at once send them, a checkpoint every
-``--checkpoint`` events; or its white-box load (``--load whitebox``: steps of 512 + 128 tokens in
-trajectories of ``--length`` 10, a checkpoint per 100); or GRPO rollouts (``--load rollouts``:
+conversations interleaved turn by turn as agents running at once send them, ``--group`` of them
+rollouts of one task (same first messages), a checkpoint every ``--checkpoint`` events; or its white-box
+load (``--load whitebox``: steps of 512 + 128 tokens in trajectories of ``--length`` 10, a checkpoint per
+100); or GRPO rollouts (``--load rollouts``:
 ``bench_streams.rollout_steps``, groups of 8 rollouts of 8 turns whose prompts grow from 1,024 tokens
 by 256 a turn, a checkpoint per 200 steps, as a rollout worker posts them). What it explains: where the
 worker's CPU per step goes (``--profile``), and what a change does to it, run against two checkouts
 alternately (this file imports the checkout it lies in)::
 
     .venv/bin/python -m bench.bench_processor [--load blackbox|whitebox|rollouts] [--steps 1600]
-        [--length 10] [--repeat 3] [--checkpoint 40] [--profile]
+        [--length 10] [--group 1] [--repeat 3] [--checkpoint 40] [--profile]
 
 Prints one JSON line: CPU ms per step of each repeat (process time), state writes per step (changelog
 records the worker would produce) and internal hops per step.
@@ -42,8 +43,10 @@ def _decoded(schema: str, record: dict[str, Any]) -> dict[str, Any]:
         return CODEC.decode_records(message, expect=schema)[0]
 
 
-def blackbox_events(steps: int) -> list[tuple[str, dict[str, Any]]]:
-    calls = [c for n in range(max(1, steps // 8)) for c in conversation("bp", n)]
+def blackbox_events(steps: int, group: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    """Conversations of 8 calls; ``group`` of them at a time are rollouts of one task (same first
+    messages, their own replies), as a GRPO group's agents send them."""
+    calls = [c for n in range(max(1, steps // 8)) for c in conversation("bp", n, n // group)]
     calls.sort(key=lambda c: (c["request_started_ms"], c["event_id"]))  # turn by turn across agents
     events: list[tuple[str, dict[str, Any]]] = []
     for call in calls:
@@ -85,13 +88,16 @@ def main() -> int:
     parser.add_argument("--load", choices=("blackbox", "whitebox", "rollouts"), default="blackbox")
     parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--length", type=int, default=10, help="white-box steps per trajectory")
+    parser.add_argument("--group", type=int, default=1,
+                        help="black-box conversations per task: rollouts that share their first messages")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--checkpoint", type=int, default=0,
                         help="events per checkpoint (default 40 black-box events, 100 white-box steps)")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of one run")
     args = parser.parse_args()
     events = (whitebox_events(args.steps, args.length) if args.load == "whitebox"
-              else {"blackbox": blackbox_events, "rollouts": rollout_events}[args.load](args.steps))
+              else blackbox_events(args.steps, args.group) if args.load == "blackbox"
+              else rollout_events(args.steps))
     steps = sum(kind != "feedback" for kind, _ in events)
     checkpoint = args.checkpoint or {"blackbox": 40, "whitebox": 100, "rollouts": 200}[args.load]
     if args.profile:

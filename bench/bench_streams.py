@@ -71,11 +71,13 @@ TURNS, FIRST_PROMPT, TURN_TOKENS, REPLY_TOKENS = 8, 256, 32, 32
 CODEC = codec_for()
 
 
-def conversation(tag: str, n: int) -> list[dict[str, Any]]:
-    """One agent run of TURNS calls; each prompt is the previous prompt + reply + a new user turn."""
+def conversation(tag: str, n: int, task: int | None = None) -> list[dict[str, Any]]:
+    """One agent run of TURNS calls; each prompt is the previous prompt + reply + a new user turn. Runs
+    of one ``task`` (default: their own) start with the same messages and prompt, as a group's rollouts do."""
+    task = n if task is None else task
     messages: list[dict[str, Any]] = [{"role": "system", "content": "bench"},
-                                      {"role": "user", "content": f"{tag}-{n}"}]
-    prompt = [(n * 31 + i) % 32_000 for i in range(FIRST_PROMPT)]
+                                      {"role": "user", "content": f"{tag}-{task}"}]
+    prompt = [(task * 31 + i) % 32_000 for i in range(FIRST_PROMPT)]
     calls = []
     for turn in range(TURNS):
         reply_ids = [(n * 17 + turn * 7 + i) % 32_000 for i in range(REPLY_TOKENS)]
