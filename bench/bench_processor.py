@@ -95,9 +95,10 @@ def main() -> int:
                         help="events per checkpoint (default 40 black-box events, 100 white-box steps)")
     parser.add_argument("--profile", action="store_true", help="print the top of a cProfile of one run")
     args = parser.parse_args()
-    events = (whitebox_events(args.steps, args.length) if args.load == "whitebox"
-              else blackbox_events(args.steps, args.group) if args.load == "blackbox"
-              else rollout_events(args.steps))
+    loads = {"whitebox": lambda: whitebox_events(args.steps, args.length),
+             "blackbox": lambda: blackbox_events(args.steps, args.group),
+             "rollouts": lambda: rollout_events(args.steps)}
+    events = loads[args.load]()
     steps = sum(kind != "feedback" for kind, _ in events)
     checkpoint = args.checkpoint or {"blackbox": 40, "whitebox": 100, "rollouts": 200}[args.load]
     if args.profile:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import MISSING, fields
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 STATE_VERSION = 2
 
@@ -19,16 +19,21 @@ T = TypeVar("T")
 _EMPTY = frozenset({list, dict, set, tuple})
 
 
-_Defaults = tuple[tuple[str, Any, Callable[[], Any] | None], ...]
-_DEFAULTS: dict[type, _Defaults] = {}
-_NAMES: dict[type, frozenset[str]] = {}
+class _Shape(NamedTuple):
+    """A dataclass's fields as the codec reads them: (name, default, factory) each (MISSING: none; a
+    factory kept only where its value may differ call by call), and their names."""
+
+    fields: tuple[tuple[str, Any, Callable[[], Any] | None], ...]
+    names: frozenset[str]
 
 
-def _defaults(cls: type) -> _Defaults:
-    """(name, default, factory) of each field of ``cls`` (MISSING: none; a factory left only where its
-    value may differ call by call), once per class: ``dataclasses.fields`` builds its tuple anew on
-    every call, on every state record the worker reads and writes (8% of the worker's logic)."""
-    known = _DEFAULTS.get(cls)
+_SHAPES: dict[type, _Shape] = {}
+
+
+def _shape(cls: type) -> _Shape:
+    """Once per class: ``dataclasses.fields`` builds its tuple anew on every call, on every state record
+    the worker reads and writes (8% of the worker's logic)."""
+    known = _SHAPES.get(cls)
     if known is None:
         made: list[tuple[str, Any, Callable[[], Any] | None]] = []
         for f in fields(cls):
@@ -37,21 +42,14 @@ def _defaults(cls: type) -> _Defaults:
                 made.append((f.name, factory(), None))  # type: ignore[misc]
             else:
                 made.append((f.name, f.default, factory))
-        known = _DEFAULTS[cls] = tuple(made)
-    return known
-
-
-def _names(cls: type) -> frozenset[str]:
-    known = _NAMES.get(cls)
-    if known is None:
-        known = _NAMES[cls] = frozenset(name for name, _, _ in _defaults(cls))
+        known = _SHAPES[cls] = _Shape(tuple(made), frozenset(name for name, _, _ in made))
     return known
 
 
 def encode(obj: Any) -> dict[str, Any]:
     """A dataclass instance's fields by name, without those at their default."""
     out = {}
-    for name, default, factory in _defaults(type(obj)):
+    for name, default, factory in _shape(type(obj)).fields:
         value = getattr(obj, name)
         if value != (default if factory is None else factory()):
             out[name] = value
@@ -63,5 +61,5 @@ def decode(cls: type[T], data: list[Any] | dict[str, Any]) -> T:
     longer has are ignored (a field that was removed)."""
     if isinstance(data, list):
         return cls(*data)
-    names = _names(cls)
+    names = _shape(cls).names
     return cls(**{k: v for k, v in data.items() if k in names})
